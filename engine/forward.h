@@ -1,0 +1,55 @@
+/* The forward pass: one call runs any mix of prefill chunks and single decode
+ * tokens for a batch of sequences, each with its own cache state.
+ *
+ * Cache discipline (what makes chunking and batching bit-exact): every K=V
+ * vector, compressed entry and indexer key is written to its pool in the
+ * pool's encoding and attention reads it back from there, so a key has the
+ * same bits whether it was computed in this call or an earlier one.  Rows of
+ * the current chunk that are not yet in the SWA ring go through the same
+ * encode/decode.  All reads go through duet_kv_cache_layer(). */
+#ifndef DUET_FORWARD_H
+#define DUET_FORWARD_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "kv_cache.h"
+#include "model.h"
+
+/* A sequence's cache state: its token pages, its ring/state slot, and how many tokens are cached. */
+typedef struct {
+    uint32_t *pages;
+    uint32_t n_pages, cap_pages;
+    uint32_t slot;
+    int has_slot;
+    int64_t n_past;
+} duet_seq_t;
+
+/* Take a slot for a new sequence (n_past = 0, no pages). */
+duet_status_t duet_seq_init(duet_kv_cache_t *c, duet_seq_t *s, duet_err_t *err);
+/* Make sure pages cover `n_tokens` tokens (all-or-nothing). */
+duet_status_t duet_seq_reserve(duet_kv_cache_t *c, duet_seq_t *s, int64_t n_tokens, duet_err_t *err);
+/* Give every page and the slot back (free list) and reset the sequence. */
+void duet_seq_release(duet_kv_cache_t *c, duet_seq_t *s);
+
+typedef enum {
+    DUET_LOGITS_NONE = 0,
+    DUET_LOGITS_LAST = 1, /* one row: the last token of the chunk */
+    DUET_LOGITS_ALL = 2,  /* n_tokens rows */
+} duet_logits_mode_t;
+
+typedef struct {
+    duet_seq_t *seq;
+    const int32_t *tokens;     /* at positions seq->n_past .. + n_tokens - 1 */
+    int n_tokens;
+    duet_logits_mode_t logits_mode;
+    float *logits;             /* (rows, vocab), caller-owned */
+} duet_fwd_item_t;
+
+/* Run the items; on success each seq->n_past advances by its n_tokens.  Token
+ * ids outside the vocabulary, a sequence without enough pages, or a sequence
+ * appearing twice give a typed error before anything is written. */
+duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
+                           duet_err_t *err);
+
+#endif

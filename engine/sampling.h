@@ -1,0 +1,33 @@
+/* Token sampling.  The random draw for a token is a pure function of the
+ * request seed and the token's position (DESIGN §2), so a request yields the
+ * same tokens whichever process samples each of them. */
+#ifndef DUET_SAMPLING_H
+#define DUET_SAMPLING_H
+
+#include <stdint.h>
+
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    float top_p;       /* (0, 1]; 1: off */
+    int top_k;         /* 0: off */
+    float min_p;       /* [0, 1); 0: off */
+    uint64_t seed;
+} duet_sampling_t;
+
+/* Defaults: greedy, no filters, seed 0. */
+void duet_sampling_default(duet_sampling_t *s);
+
+/* Uniform [0, 1) draw for (seed, position): splitmix64 of the pair. */
+double duet_sample_uniform(uint64_t seed, int64_t position);
+
+/* Pick a token from logits(vocab) for the token at `position`.  Greedy takes
+ * the largest logit (lowest id on ties).  Otherwise: logits / temperature,
+ * top-k, softmax, min-p (p >= min_p * p_max), top-p (smallest prefix of the
+ * probability-sorted list whose mass reaches top_p), then the draw over what
+ * remains in (probability desc, id asc) order.  Candidates whose probability
+ * is below 1e-9 of the largest are dropped first (their total mass is below
+ * vocab * 1e-9); the rule is the same everywhere so results stay
+ * reproducible. */
+int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position);
+
+#endif
