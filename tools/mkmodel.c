@@ -39,6 +39,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -654,6 +655,10 @@ static void block_range(const tensor_t *t, int64_t b, size_t *off, size_t *len)
     *len = (size_t)nr * rb;
 }
 
+/* 1 / scale for a ue8m0 byte (1..254 from duet_f32_to_e8m0_ceil, or 0):
+ * 2^(127-b), itself exact, so w * inverse == w / scale bit for bit. */
+static inline float scale_inverse(uint8_t b) { return duet_e8m0_to_f32((uint8_t)(254 - b)); }
+
 /* Generate block b of tensor t into out (its bytes per block_range). fbuf
  * holds MK_RB * max_cols floats. */
 static void gen_block(const tensor_t *t, int64_t b, uint64_t seed, float *fbuf, uint8_t *out)
@@ -718,10 +723,10 @@ static void gen_block(const tensor_t *t, int64_t b, uint64_t seed, float *fbuf, 
                 out[c0 / MK_FP8_BLOCK] = sb;
                 continue;
             }
-            float sf = duet_e8m0_to_f32(sb);
+            float inv = scale_inverse(sb);
             for (int64_t i = 0; i < nr; i++)
                 for (int64_t c = c0; c < c1; c++)
-                    out[i * C + c] = duet_f32_to_e4m3(fbuf[i * C + c] / sf);
+                    out[i * C + c] = duet_f32_to_e4m3(fbuf[i * C + c] * inv);
         }
         break;
     case ST_FP4W:
@@ -740,10 +745,10 @@ static void gen_block(const tensor_t *t, int64_t b, uint64_t seed, float *fbuf, 
                     out[i * (C / MK_FP4_GROUP) + g] = sb;
                     continue;
                 }
-                float sf = duet_e8m0_to_f32(sb);
+                float inv = scale_inverse(sb);
                 uint8_t *o = out + i * (C / 2) + g * (MK_FP4_GROUP / 2);
                 for (int k = 0; k < MK_FP4_GROUP; k += 2) {
-                    uint8_t lo = duet_f32_to_e2m1(v[k] / sf), hi = duet_f32_to_e2m1(v[k + 1] / sf);
+                    uint8_t lo = duet_f32_to_e2m1(v[k] * inv), hi = duet_f32_to_e2m1(v[k + 1] * inv);
                     o[k / 2] = (uint8_t)(lo | (hi << 4)); /* low nibble: even element */
                 }
             }
@@ -1401,6 +1406,9 @@ static duet_status_t generate(const opts_t *o, const plan_t *p, const char *conf
     uint8_t *buf = malloc(buf_size);
     item_t *items = malloc(max_items * sizeof *items);
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) > 0)
+        nc = CPU_COUNT(&cpus); /* respect taskset / cpusets */
     if (!pool || !buf || !items) {
         st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory allocating %zu bytes of batch buffer", buf_size);
         goto done;

@@ -12,22 +12,40 @@ static inline float scale_at(const duet_weight_t *w, int r, int c)
     return duet_e8m0_to_f32(((const uint8_t *)w->scale)[i]);
 }
 
+/* Dot products use 8 interleaved partial sums (lane j takes columns j, j+8, ...),
+ * added in a fixed order at the end: the result depends only on the inputs and
+ * the column count, and the compiler can keep the lanes in one vector register. */
+#define LANES 8
+
+static inline float lanes_sum(const float *acc) 
+{
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 static void row_bf16(const duet_weight_t *w, int r, const float *x, float *out)
 {
     const uint16_t *wr = (const uint16_t *)w->data + (size_t)r * (size_t)w->cols;
-    float acc = 0.0f;
-    for (int c = 0; c < w->cols; c++)
-        acc += x[c] * duet_bf16_to_f32(wr[c]);
-    *out = acc;
+    float acc[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= w->cols; c += LANES)
+        for (int j = 0; j < LANES; j++)
+            acc[j] += x[c + j] * duet_u32_as_f32((uint32_t)wr[c + j] << 16);
+    for (; c < w->cols; c++)
+        acc[c % LANES] += x[c] * duet_bf16_to_f32(wr[c]);
+    *out = lanes_sum(acc);
 }
 
 static void row_f32(const duet_weight_t *w, int r, const float *x, float *out)
 {
     const float *wr = (const float *)w->data + (size_t)r * (size_t)w->cols;
-    float acc = 0.0f;
-    for (int c = 0; c < w->cols; c++)
-        acc += x[c] * wr[c];
-    *out = acc;
+    float acc[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= w->cols; c += LANES)
+        for (int j = 0; j < LANES; j++)
+            acc[j] += x[c + j] * wr[c + j];
+    for (; c < w->cols; c++)
+        acc[c % LANES] += x[c] * wr[c];
+    *out = lanes_sum(acc);
 }
 
 static void row_fp8(const duet_weight_t *w, int r, const float *x, const float *lut, float *out)
@@ -36,10 +54,14 @@ static void row_fp8(const duet_weight_t *w, int r, const float *x, const float *
     float acc = 0.0f;
     for (int c0 = 0; c0 < w->cols; c0 += 128) {
         int c1 = c0 + 128 < w->cols ? c0 + 128 : w->cols;
-        float part = 0.0f;
-        for (int c = c0; c < c1; c++)
-            part += x[c] * lut[wr[c]];
-        acc += part * scale_at(w, r / 128, c0 / 128);
+        float part[LANES] = {0};
+        int c = c0;
+        for (; c + LANES <= c1; c += LANES)
+            for (int j = 0; j < LANES; j++)
+                part[j] += x[c + j] * lut[wr[c + j]];
+        for (; c < c1; c++)
+            part[(c - c0) % LANES] += x[c] * lut[wr[c]];
+        acc += lanes_sum(part) * scale_at(w, r / 128, c0 / 128);
     }
     *out = acc;
 }

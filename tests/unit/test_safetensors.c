@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/safetensors.h"
+#include "safetensors.h"
 
 typedef struct {
     char dir[256];
