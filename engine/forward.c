@@ -10,6 +10,8 @@
 #include "alloc.h"
 #include "log.h"
 
+duet_fault_t duet_forward_fault = DUET_FAULT_NONE;
+
 duet_status_t duet_seq_init(duet_kv_cache_t *c, duet_seq_t *s, duet_err_t *err)
 {
     memset(s, 0, sizeof *s);
@@ -127,7 +129,7 @@ static void compressor_run(fwd_t *F, const duet_cache_layer_t *v, const duet_com
         int ns = 0;
         if (cp->coff == 2) {
             /* Ca (first half) of window w-1, when there is one; Cb (second half) of window w */
-            if (w > 0)
+            if (w > 0 && duet_forward_fault != DUET_FAULT_OVERLAP)
                 for (int j = 0; j < ratio; j++) {
                     const float *r = state + (size_t)(((w - 1) * ratio + j) % ring) * stride + row_off;
                     memcpy(slots_kv + (size_t)ns * dim, r, sizeof(float) * dim);
@@ -172,6 +174,8 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
     int ih = c->index_n_heads, id = c->index_head_dim;
     float eps = (float)c->rms_norm_eps;
     const duet_rope_t *rope = duet_model_layer_rope(F->m, layer);
+    if (duet_forward_fault == DUET_FAULT_ROPE)
+        rope = &F->m->rope_main;
     duet_cache_layer_t v;
     duet_status_t st = duet_kv_cache_layer(F->cache, layer, &v);
     if (st != DUET_OK)
@@ -215,6 +219,9 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
     const duet_cache_layout_t *swa_l = v.layout[DUET_POOL_SWA_KV];
     uint8_t *tmp = duet_alloc_aligned(1, swa_l->page_bytes);
     float scale = 1.0f / sqrtf((float)hd);
+    float *sinks = ALLOC_F(H); /* (H) */
+    for (int h = 0; h < H; h++)
+        sinks[h] = duet_forward_fault == DUET_FAULT_SINK ? -INFINITY : lw->attn_sink[h];
     for (int it = 0; it < F->n_items; it++) {
         duet_fwd_item_t *item = &F->items[it];
         duet_seq_t *s = item->seq;
@@ -260,14 +267,15 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
         for (int i = 0; i < n; i++)
             cache_round_trip(k, swa_l, tmp, kv + (size_t)(r0 + i) * hd, win + (size_t)(P - base + i) * hd);
         /* 4. per row: window + compressed keys, attention, inverse rope */
-        int max_keys = W + (int)(lw->ratio == 4 ? (n_ent < c->index_topk ? n_ent : c->index_topk) : n_ent);
+        int max_keys = W + 1 + (int)(lw->ratio == 4 ? (n_ent < c->index_topk ? n_ent : c->index_topk) : n_ent);
         float *keys = ALLOC_F((size_t)(max_keys > 0 ? max_keys : 1) * hd);
         float *score = ALLOC_F(n_ent > 0 ? n_ent : 1);
         int32_t *sel = malloc(sizeof(int32_t) * (size_t)(c->index_topk > 0 ? c->index_topk : 1));
         for (int i = 0; i < n; i++) {
             int r = r0 + i;
             int64_t p = P + i;
-            int64_t lo = p - (W - 1) > 0 ? p - (W - 1) : 0;
+            int64_t span = duet_forward_fault == DUET_FAULT_MASK ? W : W - 1;
+            int64_t lo = p - span > base ? p - span : base;
             int nk = (int)(p - lo + 1);
             memcpy(keys, win + (size_t)(lo - base) * hd, sizeof(float) * (size_t)nk * hd);
             if (lw->ratio == 128) {
@@ -286,7 +294,7 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
                     nk += kk;
                 }
             }
-            k->attn_row(q + (size_t)r * H * hd, H, hd, keys, nk, lw->attn_sink, scale, att + (size_t)r * H * hd);
+            k->attn_row(q + (size_t)r * H * hd, H, hd, keys, nk, sinks, scale, att + (size_t)r * H * hd);
         }
         /* 5. this chunk's K=V into the ring (after every row has read the old contents) */
         for (int i = (n > W ? n - W : 0); i < n; i++)
@@ -314,7 +322,7 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
     }
     k->matmul(&lw->wo_b, 0, D, mid, R, F->f);
 
-    free(gx); free(gy); free(mid); free(tmp);
+    free(gx); free(gy); free(mid); free(tmp); free(sinks);
     free(qlora); free(q); free(kv); free(att);
     free(ckv); free(cg); free(ikv); free(ig); free(iq); free(iw);
     return DUET_OK;

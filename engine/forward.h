@@ -52,4 +52,17 @@ typedef struct {
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
                            duet_err_t *err);
 
+/* Test hook: deliberately wrong math, so the numerical tests can show they
+ * would notice a wrong RoPE, mask, compressor overlap or attention sink.
+ * Always DUET_FAULT_NONE outside those tests. */
+typedef enum {
+    DUET_FAULT_NONE = 0,
+    DUET_FAULT_ROPE,    /* compressed layers use the main rope table */
+    DUET_FAULT_MASK,    /* sliding window one key too wide */
+    DUET_FAULT_OVERLAP, /* C4 entries pool without the previous window's overlap slice */
+    DUET_FAULT_SINK,    /* attention ignores the sink */
+} duet_fault_t;
+
+extern duet_fault_t duet_forward_fault;
+
 #endif

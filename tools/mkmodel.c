@@ -655,6 +655,43 @@ static void block_range(const tensor_t *t, int64_t b, size_t *off, size_t *len)
     *len = (size_t)nr * rb;
 }
 
+/* duet_f32_to_e4m3 / duet_f32_to_e2m1 memoised.  Both depend on |f| only
+ * through its exponent, its top 4 mantissa bits and whether any lower
+ * mantissa bit is set: every rounding threshold of e4m3 (3 mantissa bits,
+ * ties to even, saturation at 464) and of e2m1 (0.25, 0.75, ..., 5) is a
+ * float with at most 4 mantissa bits.  So the table is filled by calling the
+ * dtype.h converters on one member of each class, and a lookup returns
+ * exactly what they return for every finite input (checked exhaustively when
+ * the table was written), without their data-dependent branches, which
+ * dominate the generator's time on random data. */
+static uint8_t g_e4m3_lut[8192], g_e2m1_lut[8192];
+
+static void init_luts(void)
+{
+    for (uint32_t k = 0; k < 8192; k++) {
+        float f = duet_u32_as_f32(((k >> 1) << 19) | (k & 1));
+        g_e4m3_lut[k] = duet_f32_to_e4m3(f);
+        g_e2m1_lut[k] = duet_f32_to_e2m1(f);
+    }
+}
+
+static inline uint32_t lut_key(uint32_t u)
+{
+    return (((u & 0x7fffffffu) >> 19) << 1) | ((u & 0x7ffffu) != 0);
+}
+
+static inline uint8_t enc_e4m3(float f)
+{
+    uint32_t u = duet_f32_as_u32(f);
+    return (uint8_t)(g_e4m3_lut[lut_key(u)] | ((u >> 24) & 0x80));
+}
+
+static inline uint8_t enc_e2m1(float f)
+{
+    uint32_t u = duet_f32_as_u32(f);
+    return (uint8_t)(g_e2m1_lut[lut_key(u)] | ((u >> 28) & 8));
+}
+
 /* 1 / scale for a ue8m0 byte (1..254 from duet_f32_to_e8m0_ceil, or 0):
  * 2^(127-b), itself exact, so w * inverse == w / scale bit for bit. */
 static inline float scale_inverse(uint8_t b) { return duet_e8m0_to_f32((uint8_t)(254 - b)); }
@@ -726,7 +763,7 @@ static void gen_block(const tensor_t *t, int64_t b, uint64_t seed, float *fbuf, 
             float inv = scale_inverse(sb);
             for (int64_t i = 0; i < nr; i++)
                 for (int64_t c = c0; c < c1; c++)
-                    out[i * C + c] = duet_f32_to_e4m3(fbuf[i * C + c] * inv);
+                    out[i * C + c] = enc_e4m3(fbuf[i * C + c] * inv);
         }
         break;
     case ST_FP4W:
@@ -748,7 +785,7 @@ static void gen_block(const tensor_t *t, int64_t b, uint64_t seed, float *fbuf, 
                 float inv = scale_inverse(sb);
                 uint8_t *o = out + i * (C / 2) + g * (MK_FP4_GROUP / 2);
                 for (int k = 0; k < MK_FP4_GROUP; k += 2) {
-                    uint8_t lo = duet_f32_to_e2m1(v[k] * inv), hi = duet_f32_to_e2m1(v[k + 1] * inv);
+                    uint8_t lo = enc_e2m1(v[k] * inv), hi = enc_e2m1(v[k + 1] * inv);
                     o[k / 2] = (uint8_t)(lo | (hi << 4)); /* low nibble: even element */
                 }
             }
@@ -1459,6 +1496,7 @@ int main(int argc, char **argv)
         return rc;
 
     double t0 = now_s();
+    init_luts();
     duet_err_t err;
     duet_err_clear(&err);
     plan_t plan;
