@@ -241,14 +241,14 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
         int64_t n_ent = lw->ratio ? total / lw->ratio : 0;
         float *ent = NULL, *ikeys = NULL;
         if (n_ent) {
-            duet_pool_kind_t kp = lw->ratio == 4 ? DUET_POOL_C4_KV : DUET_POOL_C128_KV;
-            ent = ALLOC_F((size_t)n_ent * hd);
-            for (int64_t e = 0; e < n_ent; e++) {
-                uint32_t idx;
-                const uint8_t *pg = paged_entry(&v, kp, s, e, &idx);
-                k->cache_load(v.layout[kp], pg, idx, ent + (size_t)e * hd);
-            }
-            if (lw->ratio == 4) {
+            if (lw->ratio == 128) { /* every row attends to all entries it may see */
+                ent = ALLOC_F((size_t)n_ent * hd);
+                for (int64_t e = 0; e < n_ent; e++) {
+                    uint32_t idx;
+                    const uint8_t *pg = paged_entry(&v, DUET_POOL_C128_KV, s, e, &idx);
+                    k->cache_load(v.layout[DUET_POOL_C128_KV], pg, idx, ent + (size_t)e * hd);
+                }
+            } else { /* C4: every indexer key is scored; only the selected K=V entries are decoded */
                 ikeys = ALLOC_F((size_t)n_ent * id);
                 for (int64_t e = 0; e < n_ent; e++) {
                     uint32_t idx;
@@ -289,8 +289,11 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
                                    1.0f / sqrtf((float)id), score);
                     int kk = nv < c->index_topk ? nv : c->index_topk;
                     k->topk(score, nv, kk, sel);
-                    for (int j = 0; j < kk; j++)
-                        memcpy(keys + (size_t)(nk + j) * hd, ent + (size_t)sel[j] * hd, sizeof(float) * hd);
+                    for (int j = 0; j < kk; j++) {
+                        uint32_t idx;
+                        const uint8_t *pg = paged_entry(&v, DUET_POOL_C4_KV, s, sel[j], &idx);
+                        k->cache_load(v.layout[DUET_POOL_C4_KV], pg, idx, keys + (size_t)(nk + j) * hd);
+                    }
                     nk += kk;
                 }
             }
