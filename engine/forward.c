@@ -425,6 +425,12 @@ static void moe(fwd_t *F, int layer)
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
                            duet_err_t *err)
 {
+    return duet_forward_hooked(m, cache, items, n_items, NULL, NULL, err);
+}
+
+duet_status_t duet_forward_hooked(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items,
+                                  int n_items, duet_layer_done_fn layer_done, void *arg, duet_err_t *err)
+{
     const duet_model_config_t *c = &m->cfg;
     fwd_t F;
     memset(&F, 0, sizeof F);
@@ -504,6 +510,10 @@ duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_f
         st = attention(&F, l, err);
         if (st != DUET_OK)
             goto out;
+        if (layer_done && (st = layer_done(arg, l)) != DUET_OK) {
+            duet_err_set(err, st, "layer %d: the layer hook failed", l);
+            goto out;
+        }
         F.k->hc_post(F.h, R, hc, D, F.f, F.post, F.comb);
         F.k->hc_pre(F.h, R, hc, D, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, c->hc_sinkhorn_iters, hc_eps,
                     eps, F.post, F.comb, F.x);

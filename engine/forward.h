@@ -52,6 +52,15 @@ typedef struct {
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
                            duet_err_t *err);
 
+/* Called once per layer as soon as every cache write of that layer (pools,
+ * ring, compressor state) for all items is complete — before the next layer
+ * starts.  Prefill uses it to push a layer's pages while later layers
+ * compute (DESIGN §2 step 5).  Returning an error stops the forward. */
+typedef duet_status_t (*duet_layer_done_fn)(void *arg, int layer);
+
+duet_status_t duet_forward_hooked(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items,
+                                  int n_items, duet_layer_done_fn layer_done, void *arg, duet_err_t *err);
+
 /* Test hook: deliberately wrong math, so the numerical tests can show they
  * would notice a wrong RoPE, mask, compressor overlap or attention sink.
  * Always DUET_FAULT_NONE outside those tests. */

@@ -726,6 +726,8 @@ static void gen_block(const tensor_t *t, int64_t b, uint64_t seed, float *fbuf, 
         return;
     }
 
+    /* Bit-exact output relies on no FMA contraction here (-ffp-contract=off,
+     * the project default and the default in ISO C mode). */
     size_t n = (size_t)nr * (size_t)C;
     if (t->vk == V_ONEPLUS) {
         for (size_t i = 0; i < n; i++)
@@ -868,6 +870,13 @@ static void run_batch(pool_t *pool, batch_t *bt)
 /* ------------------------------------------------------------------------ */
 /* files */
 
+/* dir/name into buf; -1 when it does not fit (never silently truncated). */
+static int join_path(char *buf, size_t len, const char *dir, const char *name)
+{
+    int n = snprintf(buf, len, "%s/%s", dir, name);
+    return n >= 0 && (size_t)n < len ? 0 : -1;
+}
+
 static duet_status_t write_all(int fd, const void *data, size_t len, const char *path, duet_err_t *err)
 {
     const uint8_t *p = data;
@@ -915,12 +924,100 @@ static char *read_small_file(const char *path, size_t max)
     return buf;
 }
 
-static duet_status_t write_shard(const plan_t *p, int s, const char *dir, uint64_t seed, pool_t *pool,
-                                 uint8_t *buf, size_t buf_size, item_t *items, size_t max_items, duet_err_t *err)
+/* Writing overlaps generation: while the pool fills one batch buffer, a
+ * writer thread writes the other (and fsyncs and closes a finished shard). */
+typedef struct {
+    int fd;
+    char path[PATH_MAX];
+    const uint8_t *buf;
+    size_t len;
+    int close_after;
+    duet_status_t st;
+    duet_err_t err;
+} wjob_t;
+
+static void *writer_main(void *arg)
 {
+    wjob_t *j = arg;
+    duet_err_clear(&j->err);
+    j->st = write_all(j->fd, j->buf, j->len, j->path, &j->err);
+    if (j->close_after) {
+        if (j->st == DUET_OK && fsync(j->fd) != 0)
+            j->st = duet_err_set(&j->err, DUET_ERR_IO, "%s: fsync: %s", j->path, strerror(errno));
+        if (close(j->fd) != 0 && j->st == DUET_OK)
+            j->st = duet_err_set(&j->err, DUET_ERR_IO, "%s: close: %s", j->path, strerror(errno));
+    }
+    return NULL;
+}
+
+typedef struct {
+    const plan_t *p;
+    uint64_t seed;
+    pool_t *pool;
+    uint8_t *buf[2];
+    size_t buf_size;
+    int cur;
+    item_t *items;
+    size_t max_items;
+    wjob_t job[2];
+    pthread_t wt;
+    int w_running;
+    int w_job;
+} stream_t;
+
+/* Wait for the pending write, if any; its status. */
+static duet_status_t stream_wait(stream_t *sm, duet_err_t *err)
+{
+    if (!sm->w_running)
+        return DUET_OK;
+    pthread_join(sm->wt, NULL);
+    sm->w_running = 0;
+    wjob_t *j = &sm->job[sm->w_job];
+    if (j->st != DUET_OK && err)
+        *err = j->err;
+    return j->st;
+}
+
+/* Generate the collected items into the current buffer, then hand it to the
+ * writer (the fd is closed by the writer when close_after). */
+static duet_status_t stream_flush(stream_t *sm, int fd, const char *path, size_t n_items, size_t used,
+                                  int close_after, duet_err_t *err)
+{
+    batch_t bt = {.p = sm->p, .seed = sm->seed, .items = sm->items, .n_items = n_items, .buf = sm->buf[sm->cur]};
+    run_batch(sm->pool, &bt);
+    duet_status_t st = stream_wait(sm, err);
+    if (st != DUET_OK) {
+        if (close_after)
+            close(fd);
+        return st;
+    }
+    wjob_t *j = &sm->job[sm->cur];
+    j->fd = fd;
+    snprintf(j->path, sizeof j->path, "%s", path);
+    j->buf = sm->buf[sm->cur];
+    j->len = used;
+    j->close_after = close_after;
+    sm->w_job = sm->cur;
+    if (pthread_create(&sm->wt, NULL, writer_main, j) != 0) {
+        writer_main(j); /* no thread: write in place */
+        if (j->st != DUET_OK && err)
+            *err = j->err;
+        if (j->st != DUET_OK)
+            return j->st;
+    } else {
+        sm->w_running = 1;
+    }
+    sm->cur ^= 1;
+    return DUET_OK;
+}
+
+static duet_status_t write_shard(stream_t *sm, int s, const char *dir, duet_err_t *err)
+{
+    const plan_t *p = sm->p;
     char fname[64], path[PATH_MAX];
     shard_name(fname, sizeof fname, s, p->n_shards);
-    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    if (join_path(path, sizeof path, dir, fname) != 0)
+        return duet_err_set(err, DUET_ERR_INVALID, "path too long in %s", dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return duet_err_set(err, DUET_ERR_IO, "%s: %s", path, strerror(errno));
@@ -931,14 +1028,17 @@ static duet_status_t write_shard(const plan_t *p, int s, const char *dir, uint64
     duet_status_t st = write_all(fd, len8, 8, path, err);
     if (st == DUET_OK)
         st = write_all(fd, p->shard_header[s], p->shard_hlen[s], path, err);
+    if (st != DUET_OK) {
+        close(fd);
+        return st;
+    }
 
-    batch_t bt = {.p = p, .seed = seed, .items = items, .buf = buf};
     size_t n_items = 0, used = 0;
-    for (size_t k = 0; k < p->shard_count[s] && st == DUET_OK; k++) {
+    for (size_t k = 0; k < p->shard_count[s]; k++) {
         size_t ti = p->shard_order[s][k];
         const tensor_t *t = &p->t[ti];
         int64_t nb = n_blocks(t);
-        for (int64_t b = 0; b < nb && st == DUET_OK;) {
+        for (int64_t b = 0; b < nb;) {
             /* one item: consecutive blocks up to MK_ITEM_BYTES (at least one) */
             size_t off0, len, off1;
             block_range(t, b, &off0, &len);
@@ -953,30 +1053,23 @@ static duet_status_t write_shard(const plan_t *p, int s, const char *dir, uint64
                 e++;
             }
             size_t ib = off1 - off0;
-            if (n_items > 0 && (used + ib > buf_size || n_items == max_items)) {
-                bt.n_items = n_items;
-                run_batch(pool, &bt);
-                st = write_all(fd, buf, used, path, err);
+            if (n_items > 0 && (used + ib > sm->buf_size || n_items == sm->max_items)) {
+                st = stream_flush(sm, fd, path, n_items, used, 0, err);
+                if (st != DUET_OK) {
+                    stream_wait(sm, NULL);
+                    close(fd);
+                    return st;
+                }
                 n_items = 0;
                 used = 0;
-                if (st != DUET_OK)
-                    break;
             }
-            items[n_items++] = (item_t){.t = ti, .b0 = b, .b1 = e, .off = used};
+            sm->items[n_items++] = (item_t){.t = ti, .b0 = b, .b1 = e, .off = used};
             used += ib;
             b = e;
         }
     }
-    if (st == DUET_OK && n_items > 0) {
-        bt.n_items = n_items;
-        run_batch(pool, &bt);
-        st = write_all(fd, buf, used, path, err);
-    }
-    if (st == DUET_OK && fsync(fd) != 0)
-        st = duet_err_set(err, DUET_ERR_IO, "%s: fsync: %s", path, strerror(errno));
-    if (close(fd) != 0 && st == DUET_OK)
-        st = duet_err_set(err, DUET_ERR_IO, "%s: close: %s", path, strerror(errno));
-    return st;
+    /* every shard holds at least one tensor of at least one byte */
+    return stream_flush(sm, fd, path, n_items, used, 1, err);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1114,7 +1207,8 @@ static char *build_stamp(const opts_t *o)
 static int file_equals(const char *dir, const char *name, const char *want)
 {
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (join_path(path, sizeof path, dir, name) != 0)
+        return 0;
     size_t wl = strlen(want);
     char *have = read_small_file(path, wl);
     int eq = have && strlen(have) == wl && memcmp(have, want, wl) == 0;
@@ -1130,12 +1224,14 @@ static int fixture_up_to_date(const char *dir, const plan_t *p, const char *conf
         return 0;
     char path[PATH_MAX], fname[64];
     struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", dir, MK_PARTIAL_NAME);
+    if (join_path(path, sizeof path, dir, MK_PARTIAL_NAME) != 0)
+        return 0;
     if (lstat(path, &sb) == 0)
         return 0;
     for (int s = 0; s < p->n_shards; s++) {
         shard_name(fname, sizeof fname, s, p->n_shards);
-        snprintf(path, sizeof path, "%s/%s", dir, fname);
+        if (join_path(path, sizeof path, dir, fname) != 0)
+            return 0;
         if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) ||
             (uint64_t)sb.st_size != 8 + p->shard_hlen[s] + p->shard_data[s])
             return 0;
@@ -1173,10 +1269,12 @@ static int dir_replaceable(const char *dir)
 {
     char path[PATH_MAX];
     struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", dir, MK_STAMP_NAME);
+    if (join_path(path, sizeof path, dir, MK_STAMP_NAME) != 0)
+        return 0;
     if (lstat(path, &sb) == 0)
         return 1;
-    snprintf(path, sizeof path, "%s/%s", dir, MK_PARTIAL_NAME);
+    if (join_path(path, sizeof path, dir, MK_PARTIAL_NAME) != 0)
+        return 0;
     if (lstat(path, &sb) == 0)
         return 1;
     DIR *d = opendir(dir);
@@ -1203,7 +1301,8 @@ static int remove_fixture_dir(const char *dir)
     while ((de = readdir(d)) != NULL) {
         if (!is_fixture_file(de->d_name))
             continue;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (join_path(path, sizeof path, dir, de->d_name) != 0)
+            continue;
         struct stat sb;
         if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode))
             unlink(path);
@@ -1233,7 +1332,8 @@ static void clean_stale(const char *parent, const char *base)
             continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
-        snprintf(path, sizeof path, "%s/%s", parent, n);
+        if (join_path(path, sizeof path, parent, n) != 0)
+            continue;
         if (dir_replaceable(path))
             remove_fixture_dir(path);
     }
@@ -1253,11 +1353,18 @@ static void fsync_dir(const char *dir)
 static duet_status_t install_dir(const char *tmp, const char *out, int out_exists, duet_err_t *err)
 {
     char old[PATH_MAX];
-    snprintf(old, sizeof old, "%s.old.%ld", out, (long)getpid());
+    int on = snprintf(old, sizeof old, "%s.old.%ld", out, (long)getpid());
+    if (on < 0 || (size_t)on >= sizeof old)
+        return duet_err_set(err, DUET_ERR_INVALID, "path too long: %s", out);
     if (!out_exists) {
         if (rename(tmp, out) == 0)
             return DUET_OK;
-        return duet_err_set(err, DUET_ERR_IO, "rename %s -> %s: %s", tmp, out, strerror(errno));
+        if (errno != ENOTEMPTY && errno != EEXIST)
+            return duet_err_set(err, DUET_ERR_IO, "rename %s -> %s: %s", tmp, out, strerror(errno));
+        /* a concurrent run installed DIR meanwhile: replace it only if it is a fixture */
+        if (!dir_replaceable(out))
+            return duet_err_set(err, DUET_ERR_INVALID, "%s appeared meanwhile and is not a duet-mkmodel fixture",
+                                out);
     }
 #ifdef RENAME_EXCHANGE
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) == 0) {
@@ -1423,7 +1530,8 @@ static duet_status_t generate(const opts_t *o, const plan_t *p, const char *conf
     char path[PATH_MAX];
     if (mkdir(tmp, 0755) != 0)
         return duet_err_set(err, DUET_ERR_IO, "mkdir %s: %s", tmp, strerror(errno));
-    snprintf(path, sizeof path, "%s/%s", tmp, MK_PARTIAL_NAME);
+    if (join_path(path, sizeof path, tmp, MK_PARTIAL_NAME) != 0)
+        return duet_err_set(err, DUET_ERR_INVALID, "path too long in %s", tmp);
     duet_status_t st = write_file(path, "duet-mkmodel: incomplete\n", err);
     if (st != DUET_OK)
         return st;
@@ -1440,14 +1548,14 @@ static duet_status_t generate(const opts_t *o, const plan_t *p, const char *conf
     size_t max_items = 1u << 16;
 
     pool_t *pool = calloc(1, sizeof *pool);
-    uint8_t *buf = malloc(buf_size);
+    uint8_t *buf = malloc(buf_size), *buf2 = malloc(buf_size);
     item_t *items = malloc(max_items * sizeof *items);
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) > 0)
         nc = CPU_COUNT(&cpus); /* respect taskset / cpusets */
-    if (!pool || !buf || !items) {
-        st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory allocating %zu bytes of batch buffer", buf_size);
+    if (!pool || !buf || !buf2 || !items) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory allocating 2 x %zu bytes of batch buffers", buf_size);
         goto done;
     }
     pool->n_threads = nc < 1 ? 1 : nc > MK_MAX_THREADS ? MK_MAX_THREADS : (int)nc;
@@ -1462,20 +1570,37 @@ static duet_status_t generate(const opts_t *o, const plan_t *p, const char *conf
             break;
         }
     }
+    stream_t sm = {.p = p, .seed = o->seed, .pool = pool, .buf = {buf, buf2}, .buf_size = buf_size,
+                   .items = items, .max_items = max_items};
     for (int s = 0; s < p->n_shards && st == DUET_OK; s++)
-        st = write_shard(p, s, tmp, o->seed, pool, buf, buf_size, items, max_items, err);
+        st = write_shard(&sm, s, tmp, err);
+    duet_status_t wst = stream_wait(&sm, st == DUET_OK ? err : NULL);
+    if (st == DUET_OK)
+        st = wst;
     if (st != DUET_OK)
         goto done;
-    snprintf(path, sizeof path, "%s/%s", tmp, MK_INDEX_NAME);
+    if (join_path(path, sizeof path, tmp, MK_INDEX_NAME) != 0) {
+        st = duet_err_set(err, DUET_ERR_INVALID, "path too long in %s", tmp);
+        goto done;
+    }
     if ((st = write_file(path, index, err)) != DUET_OK)
         goto done;
-    snprintf(path, sizeof path, "%s/%s", tmp, MK_CONFIG_NAME);
+    if (join_path(path, sizeof path, tmp, MK_CONFIG_NAME) != 0) {
+        st = duet_err_set(err, DUET_ERR_INVALID, "path too long in %s", tmp);
+        goto done;
+    }
     if ((st = write_file(path, config, err)) != DUET_OK)
         goto done;
-    snprintf(path, sizeof path, "%s/%s", tmp, MK_STAMP_NAME);
+    if (join_path(path, sizeof path, tmp, MK_STAMP_NAME) != 0) {
+        st = duet_err_set(err, DUET_ERR_INVALID, "path too long in %s", tmp);
+        goto done;
+    }
     if ((st = write_file(path, stamp, err)) != DUET_OK)
         goto done;
-    snprintf(path, sizeof path, "%s/%s", tmp, MK_PARTIAL_NAME);
+    if (join_path(path, sizeof path, tmp, MK_PARTIAL_NAME) != 0) {
+        st = duet_err_set(err, DUET_ERR_INVALID, "path too long in %s", tmp);
+        goto done;
+    }
     unlink(path);
     fsync_dir(tmp);
 done:
@@ -1484,6 +1609,7 @@ done:
             free(pool->w[i].fbuf);
     free(pool);
     free(buf);
+    free(buf2);
     free(items);
     return st;
 }
@@ -1578,7 +1704,12 @@ int main(int argc, char **argv)
                           out, MK_STAMP_NAME);
         goto fail;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
+    int tn = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
+    if (tn < 0 || (size_t)tn >= sizeof tmp) {
+        tmp[0] = '\0';
+        st = duet_err_set(&err, DUET_ERR_INVALID, "--out path is too long");
+        goto fail;
+    }
     st = generate(&o, &plan, config, index, stamp, tmp, &err);
     if (st == DUET_OK)
         st = install_dir(tmp, out, exists, &err);
