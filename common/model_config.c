@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -185,11 +186,33 @@ static void parse_rope(cfg_reader_t *r, duet_model_config_t *c)
     duet_yarn_t *y = &c->yarn;
     y->enabled = 1;
     json_t *v;
-    y->factor = (v = json_object_get(rs, "factor")) && json_is_number(v) ? json_number_value(v) : 1.0;
-    y->beta_fast = (v = json_object_get(rs, "beta_fast")) && json_is_number(v) ? json_number_value(v) : 32.0;
-    y->beta_slow = (v = json_object_get(rs, "beta_slow")) && json_is_number(v) ? json_number_value(v) : 1.0;
-    y->mscale = (v = json_object_get(rs, "mscale")) && json_is_number(v) ? json_number_value(v) : 0.0;
-    y->mscale_all_dim = (v = json_object_get(rs, "mscale_all_dim")) && json_is_number(v) ? json_number_value(v) : 0.0;
+    static const struct {
+        const char *key;
+        double def;
+        size_t off;
+    } yk[] = {{"factor", 1.0, offsetof(duet_yarn_t, factor)},
+              {"beta_fast", 32.0, offsetof(duet_yarn_t, beta_fast)},
+              {"beta_slow", 1.0, offsetof(duet_yarn_t, beta_slow)},
+              {"mscale", 0.0, offsetof(duet_yarn_t, mscale)},
+              {"mscale_all_dim", 0.0, offsetof(duet_yarn_t, mscale_all_dim)}};
+    for (size_t i = 0; i < sizeof yk / sizeof yk[0]; i++) {
+        double *dst = (double *)((char *)y + yk[i].off);
+        v = json_object_get(rs, yk[i].key);
+        if (!v || json_is_null(v)) {
+            *dst = yk[i].def;
+        } else if (!json_is_number(v) || !isfinite(json_number_value(v))) {
+            char key[64];
+            snprintf(key, sizeof key, "rope_scaling.%s", yk[i].key);
+            rd_fail(r, key, "must be a finite number");
+            return;
+        } else {
+            *dst = json_number_value(v);
+        }
+    }
+    if (!(y->beta_fast > 0) || !(y->beta_slow > 0)) {
+        rd_fail(r, "rope_scaling.beta_fast", "and beta_slow must be positive");
+        return;
+    }
     v = json_object_get(rs, "original_max_position_embeddings");
     if (!v || !json_is_integer(v) || json_integer_value(v) <= 0) {
         rd_fail(r, "rope_scaling.original_max_position_embeddings", "must be a positive integer");
@@ -272,8 +295,18 @@ static void check_consistency(cfg_reader_t *r, duet_model_config_t *c)
     else if (c->index_head_dim < c->qk_rope_head_dim || c->index_head_dim % 2)
         r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: index_head_dim %d must be even and at least qk_rope_head_dim %d", o,
                              c->index_head_dim, c->qk_rope_head_dim);
-    else if (c->bos_token_id >= c->vocab_size || c->eos_token_id >= c->vocab_size)
-        r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: bos/eos token id outside the vocabulary", o);
+    else if (c->bos_token_id >= c->vocab_size)
+        r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: field \"bos_token_id\" = %d is outside the vocabulary", o,
+                             c->bos_token_id);
+    else if (c->eos_token_id >= c->vocab_size)
+        r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: field \"eos_token_id\" = %d is outside the vocabulary", o,
+                             c->eos_token_id);
+    else if (!(c->rope_theta > 1.0) || !(c->compress_rope_theta > 1.0))
+        r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: field \"rope_theta\" / \"compress_rope_theta\" must be > 1", o);
+    else if (!(c->hc_eps >= 0.0) || !(c->rms_norm_eps > 0.0))
+        r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: field \"hc_eps\" must be >= 0 and \"rms_norm_eps\" > 0", o);
+    else if (!(c->routed_scaling_factor > 0.0))
+        r->st = duet_err_set(e, DUET_ERR_CONFIG, "%s: field \"routed_scaling_factor\" must be > 0", o);
 }
 
 duet_status_t duet_model_config_parse(const char *json, size_t len, const char *origin, duet_model_config_t *out,
@@ -331,7 +364,22 @@ duet_status_t duet_model_config_parse(const char *json, size_t len, const char *
     c.routed_scaling_factor = rd_num(&r, "routed_scaling_factor", 0, 1.0);
     c.norm_topk_prob = rd_bool(&r, "norm_topk_prob", 1);
     c.swiglu_limit = rd_num(&r, "swiglu_limit", 0, 0.0);
-    c.num_hash_layers = rd_int(&r, "num_hash_layers", 0, 0, 0, DUET_MAX_LAYERS);
+    c.num_hash_layers = rd_int(&r, "num_hash_layers", 0, -1, 0, DUET_MAX_LAYERS);
+    if (c.num_hash_layers < 0) {
+        /* transformers form: mlp_layer_types = ["hash_moe"] * n + ["moe"] * rest */
+        json_t *mt = rd_get(&r, "mlp_layer_types");
+        c.num_hash_layers = 0;
+        if (mt && !json_is_array(mt))
+            rd_fail(&r, "mlp_layer_types", "must be an array");
+        for (size_t i = 0; mt && i < json_array_size(mt); i++) {
+            const char *s = json_string_value(json_array_get(mt, i));
+            if (!s || (strcmp(s, "hash_moe") && strcmp(s, "moe")) || (!strcmp(s, "hash_moe") && (int)i != c.num_hash_layers)) {
+                rd_fail(&r, "mlp_layer_types", "must be [\"hash_moe\"] * n + [\"moe\"] * rest");
+                break;
+            }
+            c.num_hash_layers += !strcmp(s, "hash_moe");
+        }
+    }
     c.hc_mult = rd_int(&r, "hc_mult", 1, 0, 1, 64);
     c.hc_sinkhorn_iters = rd_int(&r, "hc_sinkhorn_iters", 0, 20, 1, 1000);
     c.hc_eps = rd_num(&r, "hc_eps", 0, 1e-6);

@@ -41,11 +41,14 @@ static int cand_cmp(const void *a, const void *b)
 
 int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position)
 {
-    int32_t best = 0;
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > logits[best])
+    /* NaN logits never win; +inf wins outright (greedy, and sampling falls back to it) */
+    int32_t best = -1;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] == logits[i] && (best < 0 || logits[i] > logits[best]))
             best = i;
-    if (!(s->temperature > 0.0f))
+    if (best < 0)
+        return 0;
+    if (!(s->temperature > 0.0f) || isinf(logits[best]))
         return best;
     float inv_t = 1.0f / s->temperature, mx = logits[best] * inv_t;
     cand_t *c = malloc(sizeof(cand_t) * (size_t)vocab);
@@ -56,6 +59,10 @@ int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, in
         float e = expf(logits[i] * inv_t - mx);
         if (e >= 1e-9f)
             c[n++] = (cand_t){e, i};
+    }
+    if (n == 0) { /* only when the scaled maximum overflowed */
+        free(c);
+        return best;
     }
     qsort(c, (size_t)n, sizeof(cand_t), cand_cmp);
     if (s->top_k > 0 && n > s->top_k)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Golden logits for duet's numerical test, from transformers' DeepseekV4ForCausalLM.
 
-Loads a duet fixture checkpoint (official DeepSeek-V4 tensor names, BF16 weights) into
+Loads a duet fixture checkpoint (official DeepSeek-V4 tensor names; BF16 weights, or FP8 weights
+with ue8m0 128x128 block scales and packed FP4 experts, dequantized exactly to float32) into
 transformers' DeepseekV4ForCausalLM in float32, runs each prompt as one forward pass and
 writes, per position, the argmax over the whole vocabulary and the logits at a fixed set of
 columns (the golden file stays small).
@@ -73,15 +74,50 @@ def official_to_hf(name):
     raise KeyError(f"no mapping for {name}")
 
 
+FP4_TABLE = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def e8m0_to_f32(s):
+    """ue8m0 scale bytes -> 2^(e-127) (exact in float32)."""
+    return torch.exp2(s.view(torch.uint8).to(torch.float64) - 127).to(torch.float32)
+
+
+def dequantize(raw):
+    """Exact float32 weights from quantized ones, each "<base>.weight" with its "<base>.scale":
+    F8_E4M3 [out, in] with F8_E8M0 [ceil(out/128), ceil(in/128)] block scales, or packed fp4
+    (I8 [out, in/2], low nibble = even column, e2m1 codes) with F8_E8M0 [out, in/32] scales."""
+    out = {}
+    for k, v in raw.items():
+        if k.endswith(".scale"):
+            if k[: -len(".scale")] + ".weight" not in raw:
+                sys.exit(f"golden_logits: {k}: scale without a weight")
+            continue
+        s = raw.get(k[: -len(".weight")] + ".scale") if k.endswith(".weight") else None
+        if v.dtype == torch.float8_e4m3fn:
+            if s is None:
+                sys.exit(f"golden_logits: {k}: fp8 weight without a .scale")
+            rows, cols = v.shape
+            sc = e8m0_to_f32(s).repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
+            out[k] = v.to(torch.float32) * sc
+        elif v.dtype in (torch.int8, torch.uint8) and s is not None:
+            b = v.view(torch.uint8).to(torch.long)
+            lut = torch.tensor(FP4_TABLE, dtype=torch.float32)
+            w = torch.stack([lut[b & 0xF], lut[b >> 4]], dim=-1).flatten(1)  # [out, in]
+            out[k] = w * e8m0_to_f32(s).repeat_interleave(32, 1)
+        elif s is not None:
+            sys.exit(f"golden_logits: {k}: unexpected .scale for a {v.dtype} weight")
+        else:
+            out[k] = v
+    return out
+
+
 def load_state(model_dir, cfg):
     index = json.load(open(f"{model_dir}/model.safetensors.index.json"))
     shards = sorted(set(index["weight_map"].values()))
     raw = {}
     for s in shards:
         raw.update(load_file(f"{model_dir}/{s}"))
-    for k, v in raw.items():
-        if v.dtype in (torch.float8_e4m3fn,) or k.endswith(".scale") and k != "hc_head_scale" and "hc_" not in k:
-            sys.exit(f"golden_logits: {k}: quantized weights are not supported here; use a --weights bf16 fixture")
+    raw = dequantize(raw)
     state, experts = {}, {}
     for k, v in raw.items():
         hf = official_to_hf(k)

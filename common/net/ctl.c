@@ -1,0 +1,678 @@
+/* Control plane over NNG (ctl.h). */
+#include "ctl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/util/platform.h>
+
+#include "alloc.h"
+#include "log.h"
+#include "time_util.h"
+
+#define CTL_POLL_BATCH 64          /* requests served per poll at most */
+#define CTL_REPLY_TIMEOUT_MS 100   /* a reply that cannot be queued by then is dropped */
+#define CTL_RECV_SLACK (1u << 20)  /* transport limit above max_message_bytes */
+#define CTL_RECONNECT_MIN_MS 10
+#define CTL_DEFAULT_RECONNECT_MAX_MS 250
+#define CTL_DEFAULT_QUEUE_LEN 1024
+#define CTL_MAX_QUEUE_LEN 8192     /* NNG's bound on NNG_OPT_SENDBUF */
+#define CTL_URL_MAX 256
+
+duet_status_t duet_ctl_status_from_nng(int rv)
+{
+    switch (rv) {
+    case 0:
+        return DUET_OK;
+    case NNG_ETIMEDOUT:
+        return DUET_ERR_TIMEOUT;
+    case NNG_ECLOSED:       /* our socket, or the peer's connection, is closed */
+    case NNG_ECONNREFUSED:
+    case NNG_ECONNRESET:    /* req: the connection carrying a request broke */
+    case NNG_ECONNABORTED:
+    case NNG_ECONNSHUT:
+    case NNG_EUNREACHABLE:
+    case NNG_ECANCELED:     /* only our close cancels operations */
+    case NNG_EPEERAUTH:
+        return DUET_ERR_PEER;
+    case NNG_EAGAIN:
+    case NNG_EBUSY:
+    case NNG_EADDRINUSE:
+        return DUET_ERR_BUSY;
+    case NNG_ENOMEM:
+        return DUET_ERR_NOMEM;
+    case NNG_EINVAL:
+    case NNG_EADDRINVAL:
+    case NNG_ENOARG:
+    case NNG_EBADTYPE:
+    case NNG_EAMBIGUOUS:
+        return DUET_ERR_INVALID;
+    case NNG_ENOTSUP:
+        return DUET_ERR_UNSUPPORTED;
+    case NNG_EMSGSIZE:
+        return DUET_ERR_RANGE;
+    case NNG_EPROTO:
+        return DUET_ERR_PROTOCOL;
+    case NNG_ESTATE:
+        return DUET_ERR_STATE;
+    case NNG_ENOENT:
+        return DUET_ERR_NOT_FOUND;
+    case NNG_ENOFILES:
+    case NNG_ENOSPC:
+        return DUET_ERR_NO_SPACE;
+    case NNG_EINTR:
+    case NNG_EPERM:
+    case NNG_ECRYPTO:
+    case NNG_EREADONLY:
+    case NNG_EWRITEONLY:
+        return DUET_ERR_IO;
+    default:
+        if (rv & (NNG_ESYSERR | NNG_ETRANERR))
+            return DUET_ERR_IO;
+        return DUET_ERR_INTERNAL;
+    }
+}
+
+/* Record an NNG failure: the translated status and a sentence with NNG's text. */
+static duet_status_t nng_fail(duet_err_t *err, int rv, const char *url, const char *what)
+{
+    duet_status_t st = duet_ctl_status_from_nng(rv);
+    return duet_err_set(err, st, "%s: %s: %s", url, what, nng_strerror(rv));
+}
+
+/* Milliseconds until a deadline, rounded up, as an NNG timeout (0: now). */
+static nng_duration ms_until(uint64_t deadline_ns)
+{
+    uint64_t now = duet_time_ns();
+    if (deadline_ns <= now)
+        return NNG_DURATION_ZERO;
+    uint64_t ms = (deadline_ns - now + 999999u) / 1000000u;
+    return ms > INT32_MAX ? INT32_MAX : (nng_duration)ms;
+}
+
+typedef struct {
+    duet_msg_limits_t lim;
+    char url[CTL_URL_MAX];
+} common_t;
+
+static duet_status_t common_init(common_t *c, const duet_ctl_opts_t *o, duet_err_t *err)
+{
+    if (!o || !o->url || !o->url[0])
+        return duet_err_set(err, DUET_ERR_INVALID, "ctl: no URL");
+    if (strlen(o->url) >= sizeof c->url)
+        return duet_err_set(err, DUET_ERR_INVALID, "ctl: URL longer than %d bytes", CTL_URL_MAX - 1);
+    snprintf(c->url, sizeof c->url, "%s", o->url);
+    if (o->limits)
+        c->lim = *o->limits;
+    else
+        duet_msg_limits_default(&c->lim);
+    return DUET_OK;
+}
+
+static int set_recv_limit(nng_socket sock, const duet_msg_limits_t *lim)
+{
+    size_t max = lim->max_message_bytes > SIZE_MAX - CTL_RECV_SLACK ? SIZE_MAX
+                                                                    : lim->max_message_bytes + CTL_RECV_SLACK;
+    return nng_socket_set_size(sock, NNG_OPT_RECVMAXSZ, max);
+}
+
+static int set_reconnect(nng_socket sock, const duet_ctl_opts_t *o)
+{
+    int rv = nng_socket_set_ms(sock, NNG_OPT_RECONNMINT, CTL_RECONNECT_MIN_MS);
+    if (rv == 0)
+        rv = nng_socket_set_ms(sock, NNG_OPT_RECONNMAXT,
+                               o->reconnect_max_ms ? (nng_duration)o->reconnect_max_ms
+                                                   : CTL_DEFAULT_RECONNECT_MAX_MS);
+    return rv;
+}
+
+/* Validate and encode an envelope into a new NNG message. */
+static duet_status_t msg_encode(const duet_envelope_t *env, const duet_msg_limits_t *lim, nng_msg **out,
+                                duet_err_t *err)
+{
+    size_t n;
+    nng_msg *m;
+    duet_status_t st = duet_msg_encoded_size(env, lim, &n, err);
+    if (st)
+        return st;
+    int rv = nng_msg_alloc(&m, n);
+    if (rv)
+        return duet_err_set(err, duet_ctl_status_from_nng(rv), "cannot allocate a message of %zu bytes", n);
+    duet_msg_pack(env, nng_msg_body(m));
+    *out = m;
+    return DUET_OK;
+}
+
+/* Run one asynchronous operation to completion or deadline; returns NNG's result. */
+static int aio_run(nng_aio *aio, nng_duration timeout, void (*start)(void *, nng_aio *), void *target)
+{
+    nng_aio_set_timeout(aio, timeout);
+    start(target, aio);
+    nng_aio_wait(aio);
+    return nng_aio_result(aio);
+}
+
+static void start_sock_recv(void *sock, nng_aio *aio) { nng_recv_aio(*(nng_socket *)sock, aio); }
+static void start_sock_send(void *sock, nng_aio *aio) { nng_send_aio(*(nng_socket *)sock, aio); }
+static void start_ctx_recv(void *ctx, nng_aio *aio) { nng_ctx_recv(*(nng_ctx *)ctx, aio); }
+static void start_ctx_send(void *ctx, nng_aio *aio) { nng_ctx_send(*(nng_ctx *)ctx, aio); }
+
+duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *err)
+{
+    if (!reply || reply->body_case != DUET__V1__ENVELOPE__BODY_ERROR || !reply->error)
+        return DUET_OK;
+    duet_status_t st = duet_msg_error_status(reply->error->code);
+    return duet_err_set(err, st, "%s answered %s: %s",
+                        reply->header && reply->header->sender_id[0] ? reply->header->sender_id : "peer",
+                        duet_status_code(st), reply->error->message ? reply->error->message : "");
+}
+
+/* ------------------------------------------------------------------ server */
+
+struct duet_ctl_server {
+    common_t c;
+    nng_socket sock;
+    nng_aio *recv_aio;
+    nng_aio *send_aio;
+    duet_ctl_handler_fn handler;
+    void *arg;
+    char sender_id[DUET_MSG_MAX_ID_LEN + 1];
+    pthread_t thread;
+    int threaded;
+    _Atomic uint64_t requests, bad_requests, handler_errors, bad_replies, send_failures;
+};
+
+static duet_envelope_t *server_error(const duet_ctl_server_t *s, const duet_envelope_t *req, duet_status_t code,
+                                     const char *message)
+{
+    duet_envelope_t *e = NULL;
+    const char *rid = duet_msg_rid(req);
+    duet_msg_origin_t o = {s->sender_id, rid, rid ? req->header->epoch : 0};
+    if (duet_msg_new_error(&o, code, message, &e) != DUET_OK)
+        return NULL;
+    return e;
+}
+
+/* Answer one request (which `m` holds; it is reused for the reply). */
+static void server_serve(duet_ctl_server_t *s, nng_msg *m)
+{
+    duet_envelope_t *req = NULL, *reply = NULL;
+    duet_err_t err = {0};
+    size_t len = nng_msg_len(m), n = 0;
+    char sentence[sizeof err.msg + 64];
+
+    atomic_fetch_add(&s->requests, 1);
+    duet_status_t st = duet_msg_decode(nng_msg_body(m), len, &s->c.lim, &req, &err);
+    if (st) {
+        atomic_fetch_add(&s->bad_requests, 1);
+        duet_warn("ctl %s: refused a request of %zu bytes: %s", s->c.url, len, duet_err_text(&err));
+        reply = server_error(s, NULL, st, err.msg);
+    } else {
+        st = s->handler(req, &reply, s->arg);
+        if (st) {
+            atomic_fetch_add(&s->handler_errors, 1);
+            duet_envelope_free(&reply);
+            snprintf(sentence, sizeof sentence, "%s failed: %s", duet_msg_kind_name(req->body_case),
+                     duet_status_str(st));
+            duet_log_rid(DUET_LOG_WARN, duet_msg_rid(req), "ctl %s: %s", s->c.url, sentence);
+            reply = server_error(s, req, st, sentence);
+        } else if (!reply) {
+            const char *rid = duet_msg_rid(req);
+            duet_msg_origin_t o = {s->sender_id, rid, req->header->epoch};
+            if (duet_msg_new_ack(&o, &reply) != DUET_OK)
+                reply = NULL;
+        }
+    }
+    if (reply && (st = duet_msg_encoded_size(reply, &s->c.lim, &n, &err)) != DUET_OK) {
+        atomic_fetch_add(&s->bad_replies, 1);
+        duet_log_rid(DUET_LOG_ERROR, duet_msg_rid(req), "ctl %s: the handler's %s reply is invalid: %s", s->c.url,
+                     duet_msg_kind_name(reply->body_case), duet_err_text(&err));
+        snprintf(sentence, sizeof sentence, "invalid reply: %s", duet_err_text(&err));
+        duet_envelope_free(&reply);
+        reply = server_error(s, req, DUET_ERR_INTERNAL, sentence);
+        if (reply && duet_msg_encoded_size(reply, &s->c.lim, &n, &err) != DUET_OK)
+            duet_envelope_free(&reply);
+    }
+    if (!reply) {
+        duet_log_rid(DUET_LOG_ERROR, duet_msg_rid(req), "ctl %s: out of memory building a reply", s->c.url);
+        goto err_drop;
+    }
+    nng_msg_clear(m);
+    if (nng_msg_realloc(m, n) != 0) {
+        duet_log_rid(DUET_LOG_ERROR, duet_msg_rid(req), "ctl %s: out of memory for a %zu-byte reply", s->c.url, n);
+        goto err_drop;
+    }
+    duet_msg_pack(reply, nng_msg_body(m));
+    nng_aio_set_msg(s->send_aio, m);
+    m = NULL;
+    int rv = aio_run(s->send_aio, CTL_REPLY_TIMEOUT_MS, start_sock_send, &s->sock);
+    if (rv) {
+        nng_msg_free(nng_aio_get_msg(s->send_aio));
+        atomic_fetch_add(&s->send_failures, 1);
+        if (rv != NNG_ECLOSED)
+            duet_log_rid(DUET_LOG_WARN, duet_msg_rid(req), "ctl %s: reply not sent: %s", s->c.url,
+                         nng_strerror(rv));
+    }
+err_drop:
+    if (m) {
+        atomic_fetch_add(&s->send_failures, 1);
+        nng_msg_free(m);
+    }
+    duet_envelope_free(&reply);
+    duet_envelope_free(&req);
+}
+
+static duet_status_t server_poll(duet_ctl_server_t *s, uint64_t deadline_ns, uint32_t *n_served)
+{
+    uint32_t served = 0;
+    duet_status_t st = DUET_OK;
+
+    while (served < CTL_POLL_BATCH) {
+        int rv = aio_run(s->recv_aio, served ? NNG_DURATION_ZERO : ms_until(deadline_ns), start_sock_recv,
+                         &s->sock);
+        if (rv == NNG_ETIMEDOUT)
+            break;
+        if (rv) {
+            st = duet_ctl_status_from_nng(rv);
+            break;
+        }
+        server_serve(s, nng_aio_get_msg(s->recv_aio));
+        served++;
+    }
+    if (n_served)
+        *n_served = served;
+    return st;
+}
+
+duet_status_t duet_ctl_server_create(const duet_ctl_opts_t *o, duet_ctl_handler_fn handler, void *arg,
+                                     duet_ctl_server_t **out, duet_err_t *err)
+{
+    duet_status_t st;
+    int rv;
+
+    if (!handler)
+        return duet_err_set(err, DUET_ERR_INVALID, "ctl server: no handler");
+    duet_ctl_server_t *s = DUET_NEW(duet_ctl_server_t);
+    if (!s)
+        return duet_err_set(err, DUET_ERR_NOMEM, "ctl server: out of memory");
+    if ((st = common_init(&s->c, o, err)))
+        goto err_free;
+    snprintf(s->sender_id, sizeof s->sender_id, "%s", o->sender_id && o->sender_id[0] ? o->sender_id : "duet");
+    s->handler = handler;
+    s->arg = arg;
+    if ((rv = nng_rep0_open(&s->sock))) {
+        st = nng_fail(err, rv, s->c.url, "cannot open a rep socket");
+        goto err_free;
+    }
+    if ((rv = set_recv_limit(s->sock, &s->c.lim)) || (rv = nng_aio_alloc(&s->recv_aio, NULL, NULL)) ||
+        (rv = nng_aio_alloc(&s->send_aio, NULL, NULL))) {
+        st = nng_fail(err, rv, s->c.url, "cannot set up the rep socket");
+        goto err_close;
+    }
+    if ((rv = nng_listen(s->sock, s->c.url, NULL, 0))) {
+        st = nng_fail(err, rv, s->c.url, "cannot listen");
+        goto err_close;
+    }
+    *out = s;
+    return DUET_OK;
+err_close:
+    nng_close(s->sock);
+    if (s->recv_aio)
+        nng_aio_free(s->recv_aio);
+    if (s->send_aio)
+        nng_aio_free(s->send_aio);
+err_free:
+    free(s);
+    return st;
+}
+
+duet_status_t duet_ctl_server_poll(duet_ctl_server_t *s, uint64_t deadline_ns, uint32_t *n_served)
+{
+    if (n_served)
+        *n_served = 0;
+    if (s->threaded)
+        return DUET_ERR_STATE;
+    return server_poll(s, deadline_ns, n_served);
+}
+
+duet_status_t duet_ctl_server_fd(duet_ctl_server_t *s, int *fd)
+{
+    return duet_ctl_status_from_nng(nng_socket_get_int(s->sock, NNG_OPT_RECVFD, fd));
+}
+
+static void *server_thread(void *arg)
+{
+    duet_ctl_server_t *s = arg;
+    for (;;) {
+        duet_status_t st = server_poll(s, duet_deadline_after_ms(1000), NULL);
+        if (st == DUET_ERR_PEER)
+            break; /* closed by destroy */
+        if (st) {
+            duet_warn("ctl %s: serving failed: %s", s->c.url, duet_status_str(st));
+            nng_msleep(10);
+        }
+    }
+    return NULL;
+}
+
+duet_status_t duet_ctl_server_start_thread(duet_ctl_server_t *s, duet_err_t *err)
+{
+    if (s->threaded)
+        return duet_err_set(err, DUET_ERR_STATE, "ctl %s: already serving on a thread", s->c.url);
+    if (pthread_create(&s->thread, NULL, server_thread, s) != 0)
+        return duet_err_set(err, DUET_ERR_NOMEM, "ctl %s: cannot start the server thread", s->c.url);
+    s->threaded = 1;
+    return DUET_OK;
+}
+
+void duet_ctl_server_stats(const duet_ctl_server_t *s, duet_ctl_server_stats_t *out)
+{
+    out->requests = atomic_load(&s->requests);
+    out->bad_requests = atomic_load(&s->bad_requests);
+    out->handler_errors = atomic_load(&s->handler_errors);
+    out->bad_replies = atomic_load(&s->bad_replies);
+    out->send_failures = atomic_load(&s->send_failures);
+}
+
+void duet_ctl_server_destroy(duet_ctl_server_t **sp)
+{
+    duet_ctl_server_t *s = sp ? *sp : NULL;
+    if (!s)
+        return;
+    nng_close(s->sock); /* completes a pending receive with NNG_ECLOSED: the thread ends */
+    if (s->threaded)
+        pthread_join(s->thread, NULL);
+    nng_aio_free(s->recv_aio);
+    nng_aio_free(s->send_aio);
+    free(s);
+    *sp = NULL;
+}
+
+/* ------------------------------------------------------------------ client */
+
+struct duet_ctl_client {
+    common_t c;
+    nng_socket sock;
+};
+
+duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t **out, duet_err_t *err)
+{
+    duet_status_t st;
+    int rv;
+
+    duet_ctl_client_t *c = DUET_NEW(duet_ctl_client_t);
+    if (!c)
+        return duet_err_set(err, DUET_ERR_NOMEM, "ctl client: out of memory");
+    if ((st = common_init(&c->c, o, err)))
+        goto err_free;
+    if ((rv = nng_req0_open(&c->sock))) {
+        st = nng_fail(err, rv, c->c.url, "cannot open a req socket");
+        goto err_free;
+    }
+    /* Never resend: a command (Reserve, Prefill) must not run twice because a
+     * reply was slow.  With resending off, NNG fails a request whose
+     * connection breaks with NNG_ECONNRESET instead of requeueing it. */
+    if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
+        (rv = set_recv_limit(c->sock, &c->c.lim)) || (rv = set_reconnect(c->sock, o))) {
+        st = nng_fail(err, rv, c->c.url, "cannot set up the req socket");
+        goto err_close;
+    }
+    if ((rv = nng_dial(c->sock, c->c.url, NULL, NNG_FLAG_NONBLOCK))) {
+        st = nng_fail(err, rv, c->c.url, "cannot dial");
+        goto err_close;
+    }
+    *out = c;
+    return DUET_OK;
+err_close:
+    nng_close(c->sock);
+err_free:
+    free(c);
+    return st;
+}
+
+/* Send `m` (consumed) and wait for the reply; `rid` is the request's or NULL. */
+static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const char *rid, uint64_t deadline_ns,
+                                     duet_envelope_t **reply, duet_err_t *err)
+{
+    nng_ctx ctx;
+    nng_aio *aio = NULL;
+    duet_envelope_t *rep = NULL;
+    duet_status_t st;
+    int rv;
+
+    if (duet_time_ns() >= deadline_ns) {
+        nng_msg_free(m);
+        return duet_err_set(err, DUET_ERR_TIMEOUT, "%s: deadline passed before the call", c->c.url);
+    }
+    if ((rv = nng_aio_alloc(&aio, NULL, NULL))) {
+        nng_msg_free(m);
+        return nng_fail(err, rv, c->c.url, "cannot allocate an aio");
+    }
+    if ((rv = nng_ctx_open(&ctx, c->sock))) {
+        nng_msg_free(m);
+        st = nng_fail(err, rv, c->c.url, "cannot open a context");
+        goto err_aio;
+    }
+    nng_aio_set_msg(aio, m);
+    if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_send, &ctx))) {
+        nng_msg_free(nng_aio_get_msg(aio));
+        st = nng_fail(err, rv, c->c.url, "request not sent");
+        goto err_ctx;
+    }
+    if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_recv, &ctx))) {
+        st = nng_fail(err, rv, c->c.url, "no reply");
+        goto err_ctx;
+    }
+    m = nng_aio_get_msg(aio);
+    st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &c->c.lim, &rep, err);
+    nng_msg_free(m);
+    if (st) {
+        duet_warn("ctl %s: refused a reply: %s", c->c.url, duet_err_text(err));
+        goto err_ctx;
+    }
+    const char *rrid = duet_msg_rid(rep);
+    if (rrid && (!rid || strcmp(rid, rrid) != 0)) {
+        st = duet_err_set(err, DUET_ERR_PROTOCOL, "%s: reply is about rid %s, the request about %s", c->c.url, rrid,
+                          rid ? rid : "none");
+        duet_envelope_free(&rep);
+        goto err_ctx;
+    }
+    *reply = rep;
+    st = DUET_OK;
+err_ctx:
+    nng_ctx_close(ctx);
+err_aio:
+    nng_aio_free(aio);
+    return st;
+}
+
+duet_status_t duet_ctl_client_call(duet_ctl_client_t *c, const duet_envelope_t *req, uint64_t deadline_ns,
+                                   duet_envelope_t **reply, duet_err_t *err)
+{
+    nng_msg *m = NULL;
+    duet_status_t st = msg_encode(req, &c->c.lim, &m, err);
+    if (st)
+        return st;
+    return client_exchange(c, m, duet_msg_rid(req), deadline_ns, reply, err);
+}
+
+duet_status_t duet_ctl_client_call_raw(duet_ctl_client_t *c, const void *buf, size_t len, uint64_t deadline_ns,
+                                       duet_envelope_t **reply, duet_err_t *err)
+{
+    nng_msg *m;
+    int rv = nng_msg_alloc(&m, len);
+    if (rv)
+        return nng_fail(err, rv, c->c.url, "cannot allocate a message");
+    if (len)
+        memcpy(nng_msg_body(m), buf, len);
+    /* the reply to garbage carries no rid; a reply that does must match nothing */
+    return client_exchange(c, m, NULL, deadline_ns, reply, err);
+}
+
+void duet_ctl_client_destroy(duet_ctl_client_t **cp)
+{
+    duet_ctl_client_t *c = cp ? *cp : NULL;
+    if (!c)
+        return;
+    nng_close(c->sock);
+    free(c);
+    *cp = NULL;
+}
+
+/* ------------------------------------------------------------------ events */
+
+struct duet_ctl_pusher {
+    common_t c;
+    nng_socket sock;
+};
+
+struct duet_ctl_puller {
+    common_t c;
+    nng_socket sock;
+};
+
+duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t **out, duet_err_t *err)
+{
+    duet_status_t st;
+    int rv;
+
+    duet_ctl_pusher_t *p = DUET_NEW(duet_ctl_pusher_t);
+    if (!p)
+        return duet_err_set(err, DUET_ERR_NOMEM, "ctl pusher: out of memory");
+    if ((st = common_init(&p->c, o, err)))
+        goto err_free;
+    uint32_t q = o->queue_len ? o->queue_len : CTL_DEFAULT_QUEUE_LEN;
+    if (q > CTL_MAX_QUEUE_LEN)
+        q = CTL_MAX_QUEUE_LEN;
+    if ((rv = nng_push0_open(&p->sock))) {
+        st = nng_fail(err, rv, p->c.url, "cannot open a push socket");
+        goto err_free;
+    }
+    if ((rv = nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, (int)q)) || (rv = set_reconnect(p->sock, o))) {
+        st = nng_fail(err, rv, p->c.url, "cannot set up the push socket");
+        goto err_close;
+    }
+    if ((rv = nng_dial(p->sock, p->c.url, NULL, NNG_FLAG_NONBLOCK))) {
+        st = nng_fail(err, rv, p->c.url, "cannot dial");
+        goto err_close;
+    }
+    *out = p;
+    return DUET_OK;
+err_close:
+    nng_close(p->sock);
+err_free:
+    free(p);
+    return st;
+}
+
+duet_status_t duet_ctl_pusher_send(duet_ctl_pusher_t *p, const duet_envelope_t *ev, uint64_t deadline_ns,
+                                   duet_err_t *err)
+{
+    nng_msg *m = NULL;
+    nng_aio *aio;
+    duet_status_t st = msg_encode(ev, &p->c.lim, &m, err);
+    if (st)
+        return st;
+    int rv = nng_aio_alloc(&aio, NULL, NULL);
+    if (rv) {
+        nng_msg_free(m);
+        return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
+    }
+    nng_aio_set_msg(aio, m);
+    rv = aio_run(aio, ms_until(deadline_ns), start_sock_send, &p->sock);
+    if (rv) {
+        nng_msg_free(nng_aio_get_msg(aio));
+        /* for a push, a send that waited out its deadline found the queue full */
+        if (rv == NNG_ETIMEDOUT)
+            st = duet_err_set(err, DUET_ERR_BUSY, "%s: event queue full (puller slow or away)", p->c.url);
+        else
+            st = nng_fail(err, rv, p->c.url, "event not sent");
+    }
+    nng_aio_free(aio);
+    return st;
+}
+
+void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
+{
+    duet_ctl_pusher_t *p = pp ? *pp : NULL;
+    if (!p)
+        return;
+    nng_close(p->sock);
+    free(p);
+    *pp = NULL;
+}
+
+duet_status_t duet_ctl_puller_create(const duet_ctl_opts_t *o, duet_ctl_puller_t **out, duet_err_t *err)
+{
+    duet_status_t st;
+    int rv;
+
+    duet_ctl_puller_t *p = DUET_NEW(duet_ctl_puller_t);
+    if (!p)
+        return duet_err_set(err, DUET_ERR_NOMEM, "ctl puller: out of memory");
+    if ((st = common_init(&p->c, o, err)))
+        goto err_free;
+    if ((rv = nng_pull0_open(&p->sock))) {
+        st = nng_fail(err, rv, p->c.url, "cannot open a pull socket");
+        goto err_free;
+    }
+    if ((rv = set_recv_limit(p->sock, &p->c.lim))) {
+        st = nng_fail(err, rv, p->c.url, "cannot set up the pull socket");
+        goto err_close;
+    }
+    if ((rv = nng_listen(p->sock, p->c.url, NULL, 0))) {
+        st = nng_fail(err, rv, p->c.url, "cannot listen");
+        goto err_close;
+    }
+    *out = p;
+    return DUET_OK;
+err_close:
+    nng_close(p->sock);
+err_free:
+    free(p);
+    return st;
+}
+
+duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, duet_envelope_t **ev,
+                                   duet_err_t *err)
+{
+    nng_aio *aio;
+    duet_status_t st;
+    int rv = nng_aio_alloc(&aio, NULL, NULL);
+    if (rv)
+        return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
+    if ((rv = aio_run(aio, ms_until(deadline_ns), start_sock_recv, &p->sock))) {
+        st = nng_fail(err, rv, p->c.url, "no event");
+    } else {
+        nng_msg *m = nng_aio_get_msg(aio);
+        st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &p->c.lim, ev, err);
+        if (st)
+            duet_warn("ctl %s: dropped an event of %zu bytes: %s", p->c.url, nng_msg_len(m), duet_err_text(err));
+        nng_msg_free(m);
+    }
+    nng_aio_free(aio);
+    return st;
+}
+
+duet_status_t duet_ctl_puller_fd(duet_ctl_puller_t *p, int *fd)
+{
+    return duet_ctl_status_from_nng(nng_socket_get_int(p->sock, NNG_OPT_RECVFD, fd));
+}
+
+void duet_ctl_puller_destroy(duet_ctl_puller_t **pp)
+{
+    duet_ctl_puller_t *p = pp ? *pp : NULL;
+    if (!p)
+        return;
+    nng_close(p->sock);
+    free(p);
+    *pp = NULL;
+}

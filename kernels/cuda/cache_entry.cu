@@ -1,0 +1,173 @@
+/* Cache entry codecs on the GPU (contract in cache_entry.cuh): one block of
+ * 128 threads per entry.  The per-block amax is a max (order-free), every
+ * division and product is a single IEEE operation as in cache_layout.c, and
+ * the e4m3 / ue8m0 / bf16 encoders are common.cuh's copies of dtype.h's, so
+ * the bytes equal the CPU's. */
+#include "common.cuh"
+
+#define ENTRY_THREADS 128
+#define KV_SCALE_BLOCK 64
+#define FP8_MAX 448.0f
+
+struct entry_geom {
+    uint64_t page_bytes;
+    uint32_t entry_data_bytes, entry_scale_bytes, scale_offset;
+    uint32_t vec_dim, nope_dim, rope_dim;
+    int mode; /* 0 bf16, 1 kv fp8, 2 index fp8 */
+};
+
+static int geom_of(const duet_cache_layout_t *l, entry_geom *g)
+{
+    if (l->kind != DUET_POOL_C4_KV && l->kind != DUET_POOL_C4_INDEX_K && l->kind != DUET_POOL_C128_KV &&
+        l->kind != DUET_POOL_SWA_KV)
+        return -1;
+    g->page_bytes = l->page_bytes;
+    g->entry_data_bytes = l->entry_data_bytes;
+    g->entry_scale_bytes = l->entry_scale_bytes;
+    g->scale_offset = l->scale_offset;
+    g->vec_dim = l->vec_dim;
+    g->nope_dim = l->nope_dim;
+    g->rope_dim = l->rope_dim;
+    if (l->dtype == DUET_CACHE_BF16)
+        g->mode = 0;
+    else if (l->kind == DUET_POOL_C4_INDEX_K)
+        g->mode = 2;
+    else
+        g->mode = 1;
+    return 0;
+}
+
+__device__ __forceinline__ void put_bf16(uint8_t *p, float v)
+{
+    uint16_t h = duet_d_f32_to_bf16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+__device__ __forceinline__ float get_bf16(const uint8_t *p) { return duet_d_bf16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+
+__device__ float block_max(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = duet_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < nw ? red[lane] : 0.0f;
+        t = duet_warp_max(t);
+        if (lane == 0)
+            red[32] = t;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+__global__ void __launch_bounds__(ENTRY_THREADS) cache_store_kernel(entry_geom g, uint8_t *base, const uint32_t *unit,
+                                                                    const uint32_t *idx, const float *vecs)
+{
+    __shared__ float red[33];
+    uint32_t e = blockIdx.x;
+    const float *vec = vecs + (size_t)e * g.vec_dim;
+    uint8_t *page = base + (size_t)unit[e] * g.page_bytes;
+    uint32_t ix = idx[e];
+    uint8_t *row = page + (size_t)ix * g.entry_data_bytes;
+    uint8_t *srow = page + g.scale_offset + (size_t)ix * g.entry_scale_bytes;
+    int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+    if (g.mode == 0) {
+        for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
+            put_bf16(row + 2 * i, vec[i]);
+        return;
+    }
+    if (g.mode == 2) {
+        float amax = 0.0f;
+        for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
+            amax = fmaxf(amax, fabsf(vec[i]));
+        amax = block_max(amax, red);
+        float scale = amax > 0.0f ? __fdiv_rn(amax, FP8_MAX) : 1.0f;
+        for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
+            row[i] = duet_d_f32_to_e4m3(__fdiv_rn(vec[i], scale));
+        if (t < 4)
+            srow[t] = (uint8_t)(__float_as_uint(scale) >> (8 * t));
+        return;
+    }
+    /* kv fp8: nope in 64-value blocks (one warp per block), rope as bf16 */
+    uint32_t nope = g.nope_dim, n_blocks = (nope + KV_SCALE_BLOCK - 1) / KV_SCALE_BLOCK;
+    for (uint32_t blk = warp; blk < n_blocks; blk += nw) {
+        uint32_t b0 = blk * KV_SCALE_BLOCK, b1 = min(b0 + KV_SCALE_BLOCK, nope);
+        float amax = 0.0f;
+        for (uint32_t i = b0 + lane; i < b1; i += 32)
+            amax = fmaxf(amax, fabsf(vec[i]));
+        amax = duet_warp_max(amax);
+        if (amax == 0.0f)
+            amax = 1e-4f;
+        uint8_t sb = duet_d_f32_to_e8m0_ceil(__fdiv_rn(amax, FP8_MAX));
+        float scale = duet_d_e8m0_to_f32(sb);
+        if (lane == 0)
+            srow[blk] = sb;
+        for (uint32_t i = b0 + lane; i < b1; i += 32)
+            row[i] = duet_d_f32_to_e4m3(__fdiv_rn(vec[i], scale));
+    }
+    for (uint32_t i = n_blocks + t; i < g.entry_scale_bytes; i += blockDim.x)
+        srow[i] = 0;
+    for (uint32_t i = t; i < g.rope_dim; i += blockDim.x)
+        put_bf16(row + nope + 2 * i, vec[nope + i]);
+}
+
+__global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g, const uint8_t *base,
+                                                                   const uint32_t *unit, const uint32_t *idx,
+                                                                   float *vecs)
+{
+    uint32_t e = blockIdx.x;
+    float *vec = vecs + (size_t)e * g.vec_dim;
+    const uint8_t *page = base + (size_t)unit[e] * g.page_bytes;
+    uint32_t ix = idx[e];
+    const uint8_t *row = page + (size_t)ix * g.entry_data_bytes;
+    const uint8_t *srow = page + g.scale_offset + (size_t)ix * g.entry_scale_bytes;
+    int t = threadIdx.x;
+    if (g.mode == 0) {
+        for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
+            vec[i] = get_bf16(row + 2 * i);
+    } else if (g.mode == 2) {
+        float scale = __uint_as_float((uint32_t)srow[0] | ((uint32_t)srow[1] << 8) | ((uint32_t)srow[2] << 16) |
+                                      ((uint32_t)srow[3] << 24));
+        for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
+            vec[i] = __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale);
+    } else {
+        uint32_t nope = g.nope_dim;
+        for (uint32_t i = t; i < nope; i += blockDim.x)
+            vec[i] = __fmul_rn(duet_d_e4m3_to_f32(row[i]), duet_d_e8m0_to_f32(srow[i / KV_SCALE_BLOCK]));
+        for (uint32_t i = t; i < g.rope_dim; i += blockDim.x)
+            vec[nope + i] = get_bf16(row + nope + 2 * i);
+    }
+}
+
+extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_layout_t *l, uint8_t *base,
+                                               const uint32_t *unit, const uint32_t *idx, const float *vec,
+                                               uint32_t n)
+{
+    entry_geom g;
+    if (geom_of(l, &g))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_store: pool %s has no entry codec",
+                               duet_pool_kind_name(l->kind));
+    if (!n)
+        return DUET_OK;
+    cache_store_kernel<<<n, ENTRY_THREADS, 0, c->stream>>>(g, base, unit, idx, vec);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_cache_load(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                              const uint32_t *unit, const uint32_t *idx, float *vec, uint32_t n)
+{
+    entry_geom g;
+    if (geom_of(l, &g))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_load: pool %s has no entry codec",
+                               duet_pool_kind_name(l->kind));
+    if (!n)
+        return DUET_OK;
+    cache_load_kernel<<<n, ENTRY_THREADS, 0, c->stream>>>(g, base, unit, idx, vec);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}

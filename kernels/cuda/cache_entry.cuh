@@ -1,0 +1,30 @@
+/* Cache entry store/load on the GPU, batched: the codecs of
+ * duet_cache_entry_store / duet_cache_entry_load (cache_layout.h) for n
+ * entries in one launch, bit-exact with the CPU (same roundings, written out
+ * operation by operation: e4m3 round-to-nearest-even with saturation, ue8m0
+ * ceil scales per 64 nope values, bf16 rope; fp8 index-K with one fp32 scale;
+ * bf16 entries).
+ *
+ * Entry i is vec[i*l->vec_dim ..] and lives at position idx[i] of unit
+ * unit[i] of a pool whose unit u starts at base + u*l->page_bytes (a unit is a
+ * page, a ring slot, or for a layer-major pool layer*n_units + page).  unit
+ * and idx are device arrays of n entries.  KV and index-K pools only. */
+#ifndef DUET_CUDA_CACHE_ENTRY_CUH
+#define DUET_CUDA_CACHE_ENTRY_CUH
+
+#include "duet_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_layout_t *l, uint8_t *base,
+                                    const uint32_t *unit, const uint32_t *idx, const float *vec, uint32_t n);
+duet_status_t duet_cuda_cache_load(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                   const uint32_t *unit, const uint32_t *idx, float *vec, uint32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

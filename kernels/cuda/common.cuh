@@ -1,0 +1,245 @@
+/* Internals shared by the CUDA backend's .cu files: the context, the check
+ * macros, launch helpers and the device-side scalar codecs.
+ *
+ * Check macros (one per library, as ggml-cuda does): each names the
+ * statement, file, line and device, records them in the context and returns
+ * DUET_ERR_CUDA from the enclosing function.  Kernel launches are followed by
+ * DUET_CUDA_CHECK_LAUNCH, which reads cudaGetLastError() (launch
+ * configuration errors; faults inside a kernel surface at the next
+ * synchronizing call, duet_cuda_sync()). */
+#ifndef DUET_CUDA_COMMON_CUH
+#define DUET_CUDA_COMMON_CUH
+
+/* System headers first, so that the C headers below (included with C linkage)
+ * find them already included. */
+#include <cmath>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "cache_layout.h"
+#include "dtype.h"
+#include "err.h"
+#include "kernels.h"
+}
+#include "duet_cuda.h"
+
+#define DUET_CUDA_MAX_PLANS 32
+
+/* A cached cuBLASLt problem: descriptors and the algorithm the heuristic chose. */
+struct duet_lt_plan {
+    int used;
+    int kind;            /* what the plan computes (matmul_lt.cu's enum) */
+    int m, n, k;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+    int d_bf16;          /* fp8 plans: 1 when D had to be bf16 */
+};
+
+struct duet_cuda {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    void *scratch; /* grown on demand; operations carve it up */
+    size_t scratch_bytes;
+    void *args_host; /* pinned staging for small argument lists (page ids) */
+    void *args_dev;
+    size_t args_bytes;
+    cudaEvent_t args_done; /* the last copy out of args_host has finished after this */
+    cudaEvent_t t0, t1;
+    duet_cuda_info_t info;
+    struct duet_lt_plan plans[DUET_CUDA_MAX_PLANS];
+    duet_err_t err;
+};
+
+/* Record a failure ("<what> at <file>:<line> on device <d>: <detail>") and return `st`. */
+duet_status_t duet_cuda_fail(duet_cuda_t *c, duet_status_t st, const char *what, const char *file, int line,
+                             const char *detail);
+/* Record a failure with a formatted reason (shape or dtype checks) and return `st`. */
+duet_status_t duet_cuda_failf(duet_cuda_t *c, duet_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define DUET_CUDA_CHECK(c, stmt)                                                                                   \
+    do {                                                                                                           \
+        cudaError_t e_ = (stmt);                                                                                   \
+        if (e_ != cudaSuccess)                                                                                     \
+            return duet_cuda_fail((c), DUET_ERR_CUDA, #stmt, __FILE__, __LINE__, cudaGetErrorString(e_));        \
+    } while (0)
+
+#define DUET_CUBLAS_CHECK(c, stmt)                                                                                 \
+    do {                                                                                                           \
+        cublasStatus_t s_ = (stmt);                                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                           \
+            return duet_cuda_fail((c), DUET_ERR_CUDA, #stmt, __FILE__, __LINE__, cublasGetStatusString(s_));     \
+    } while (0)
+
+#define DUET_CUDA_CHECK_LAUNCH(c) DUET_CUDA_CHECK((c), cudaGetLastError())
+
+/* Return early on a non-OK status. */
+#define DUET_TRY(expr)                                                                                             \
+    do {                                                                                                           \
+        duet_status_t st_ = (expr);                                                                                \
+        if (st_ != DUET_OK)                                                                                        \
+            return st_;                                                                                            \
+    } while (0)
+
+/* Scratch of at least `bytes` (16-byte aligned at its start; valid until the next call). */
+duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p);
+/* Queue `bytes` of host data to a device buffer owned by the context (valid
+ * for kernels queued after this call and before the next one). */
+duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev);
+
+static inline unsigned duet_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+static inline size_t duet_round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
+
+/* ---- device helpers ---- */
+
+__device__ __forceinline__ float duet_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float duet_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+ * `red` is shared memory of at least 33 floats; the call contains barriers. */
+__device__ __forceinline__ float duet_block_sum(float v, float *red)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = duet_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < nw ? red[lane] : 0.0f;
+        t = duet_warp_sum(t);
+        if (lane == 0)
+            red[32] = t;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+__device__ __forceinline__ float duet_d_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* duet_f32_to_bf16 (dtype.h), operation for operation. */
+__device__ __forceinline__ uint16_t duet_d_f32_to_bf16(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* duet_e8m0_to_f32 */
+__device__ __forceinline__ float duet_d_e8m0_to_f32(uint8_t b)
+{
+    if (b == 0xff)
+        return __uint_as_float(0x7fc00000u);
+    if (b == 0)
+        return __uint_as_float(0x00400000u); /* 2^-127 */
+    return __uint_as_float((uint32_t)b << 23);
+}
+
+/* duet_f32_to_e8m0_ceil */
+__device__ __forceinline__ uint8_t duet_d_f32_to_e8m0_ceil(float x)
+{
+    if (!(x > 0.0f))
+        return 0;
+    uint32_t u = __float_as_uint(x);
+    uint32_t e = (u >> 23) & 0xff;
+    if (u & 0x7fffffu)
+        e += 1;
+    if (e == 0)
+        e = 1;
+    if (e > 254)
+        e = 254;
+    return (uint8_t)e;
+}
+
+/* duet_e4m3_to_f32 (NaN codes give NaN). */
+__device__ __forceinline__ float duet_d_e4m3_to_f32(uint8_t b)
+{
+    uint32_t s = b >> 7, e = (b >> 3) & 0xf, m = b & 7;
+    float v;
+    if (e == 0xf && m == 7)
+        return __uint_as_float(0x7fc00000u);
+    if (e == 0)
+        v = __fmul_rn((float)m, 0.001953125f); /* m * 2^-9, exact */
+    else
+        v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return s ? -v : v;
+}
+
+/* duet_f32_to_e4m3, operation for operation (round to nearest even, saturate to +-448). */
+__device__ __forceinline__ uint8_t duet_d_f32_to_e4m3(float f)
+{
+    if (isnan(f))
+        return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 464.0f)
+        return sign | 0x7e;
+    if (a < 0.015625f) { /* 2^-6: subnormal, multiples of 2^-9 */
+        float q = rintf(__fmul_rn(a, 512.0f));
+        return sign | (uint8_t)q;
+    }
+    int e;
+    float fr = frexpf(a, &e);
+    float scaled = ldexpf(fr, 4);
+    float q = rintf(scaled);
+    if (q >= 16.0f) {
+        q = 8.0f;
+        e += 1;
+    }
+    int ex = e - 1 + 7;
+    if (ex > 15 || (ex == 15 && q - 8.0f > 6.0f))
+        return sign | 0x7e;
+    return sign | (uint8_t)(ex << 3) | (uint8_t)(q - 8.0f);
+}
+
+/* e2m1 nibble -> float: the fp16 high byte of {0, .5, 1, 1.5, 2, 3, 4, 6} picked by __byte_perm. */
+__device__ __forceinline__ float duet_d_e2m1_to_f32(uint32_t nib)
+{
+    uint32_t hi = __byte_perm(0x3e3c3800u, 0x46444240u, nib & 7) & 0xffu;
+    hi |= (nib & 8) << 4; /* sign -> bit 7 of the high byte */
+    return __half2float(__ushort_as_half((unsigned short)(hi << 8)));
+}
+
+/* Splitmix64: the seeded hash behind duet_cuda_fill_random. */
+__host__ __device__ __forceinline__ uint64_t duet_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+#endif

@@ -1,0 +1,284 @@
+/* The CUDA context: device, stream, cuBLAS(Lt) handles, scratch, errors,
+ * device memory and timing (duet_cuda.h). */
+#include <cstdio>
+#include <cstdlib>
+
+#include "common.cuh"
+
+#define WORKSPACE_BYTES (32u << 20)
+#define ARGS_BYTES (1u << 20)
+
+duet_status_t duet_cuda_fail(duet_cuda_t *c, duet_status_t st, const char *what, const char *file, int line,
+                             const char *detail)
+{
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (c)
+        return duet_err_set(&c->err, st, "%s at %s:%d on device %d: %s", what, base, line, c->device,
+                            detail ? detail : "");
+    return st;
+}
+
+duet_status_t duet_cuda_failf(duet_cuda_t *c, duet_status_t st, const char *fmt, ...)
+{
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return duet_err_set(&c->err, st, "%s", buf);
+}
+
+static void ctx_release(duet_cuda_t *c)
+{
+    cudaSetDevice(c->device);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < DUET_CUDA_MAX_PLANS; i++) {
+        struct duet_lt_plan *p = &c->plans[i];
+        if (!p->used)
+            continue;
+        cublasLtMatrixLayoutDestroy(p->a);
+        cublasLtMatrixLayoutDestroy(p->b);
+        cublasLtMatrixLayoutDestroy(p->d);
+        cublasLtMatmulDescDestroy(p->desc);
+    }
+    if (c->t0)
+        cudaEventDestroy(c->t0);
+    if (c->t1)
+        cudaEventDestroy(c->t1);
+    if (c->args_done)
+        cudaEventDestroy(c->args_done);
+    if (c->args_host)
+        cudaFreeHost(c->args_host);
+    cudaFree(c->args_dev);
+    cudaFree(c->scratch);
+    cudaFree(c->workspace);
+    if (c->lt)
+        cublasLtDestroy(c->lt);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+}
+
+static duet_status_t ctx_open(duet_cuda_t *c)
+{
+    int n = 0;
+    DUET_CUDA_CHECK(c, cudaGetDeviceCount(&n));
+    if (c->device < 0 || c->device >= n)
+        return duet_cuda_failf(c, DUET_ERR_CUDA, "device %d requested, %d present", c->device, n);
+    DUET_CUDA_CHECK(c, cudaSetDevice(c->device));
+    cudaDeviceProp prop;
+    DUET_CUDA_CHECK(c, cudaGetDeviceProperties(&prop, c->device));
+    snprintf(c->info.name, sizeof c->info.name, "%s", prop.name);
+    c->info.cc_major = prop.major;
+    c->info.cc_minor = prop.minor;
+    c->info.sm_count = prop.multiProcessorCount;
+    c->info.l2_bytes = (size_t)prop.l2CacheSize;
+    c->info.mem_bytes = prop.totalGlobalMem;
+    DUET_CUDA_CHECK(c, cudaDriverGetVersion(&c->info.driver_version));
+    DUET_CUDA_CHECK(c, cudaRuntimeGetVersion(&c->info.runtime_version));
+    c->info.cublas_version = (int)cublasLtGetVersion();
+
+    DUET_CUDA_CHECK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    DUET_CUBLAS_CHECK(c, cublasCreate(&c->blas));
+    DUET_CUBLAS_CHECK(c, cublasSetStream(c->blas, c->stream));
+    DUET_CUBLAS_CHECK(c, cublasLtCreate(&c->lt));
+    c->workspace_bytes = WORKSPACE_BYTES;
+    DUET_CUDA_CHECK(c, cudaMalloc(&c->workspace, c->workspace_bytes));
+    DUET_CUBLAS_CHECK(c, cublasSetWorkspace(c->blas, c->workspace, c->workspace_bytes));
+    c->args_bytes = ARGS_BYTES;
+    DUET_CUDA_CHECK(c, cudaHostAlloc(&c->args_host, c->args_bytes, cudaHostAllocDefault));
+    DUET_CUDA_CHECK(c, cudaMalloc(&c->args_dev, c->args_bytes));
+    DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->args_done, cudaEventDisableTiming));
+    DUET_CUDA_CHECK(c, cudaEventCreate(&c->t0));
+    DUET_CUDA_CHECK(c, cudaEventCreate(&c->t1));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_create(int device, duet_cuda_t **out, duet_err_t *err)
+{
+    duet_cuda_t *c = (duet_cuda_t *)calloc(1, sizeof *c);
+    if (!c)
+        return duet_err_set(err, DUET_ERR_NOMEM, "cuda context: out of memory");
+    c->device = device;
+    duet_status_t st = ctx_open(c);
+    if (st != DUET_OK) {
+        if (err)
+            *err = c->err;
+        ctx_release(c);
+        free(c);
+        return st;
+    }
+    *out = c;
+    return DUET_OK;
+}
+
+extern "C" void duet_cuda_destroy(duet_cuda_t **pc)
+{
+    if (!pc || !*pc)
+        return;
+    ctx_release(*pc);
+    free(*pc);
+    *pc = NULL;
+}
+
+extern "C" const duet_err_t *duet_cuda_error(const duet_cuda_t *c) { return &c->err; }
+
+extern "C" void duet_cuda_info(const duet_cuda_t *c, duet_cuda_info_t *info) { *info = c->info; }
+
+extern "C" duet_status_t duet_cuda_sync(duet_cuda_t *c)
+{
+    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_CUDA_CHECK(c, cudaGetLastError());
+    return DUET_OK;
+}
+
+duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p)
+{
+    if (bytes > c->scratch_bytes) {
+        /* queued work may still read the old buffer */
+        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_CUDA_CHECK(c, cudaFree(c->scratch));
+        c->scratch = NULL;
+        c->scratch_bytes = 0;
+        size_t want = duet_round_up(bytes + bytes / 4, 1u << 20);
+        DUET_CUDA_CHECK(c, cudaMalloc(&c->scratch, want));
+        c->scratch_bytes = want;
+    }
+    *p = c->scratch;
+    return DUET_OK;
+}
+
+duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev)
+{
+    if (bytes > c->args_bytes) {
+        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_CUDA_CHECK(c, cudaFreeHost(c->args_host));
+        DUET_CUDA_CHECK(c, cudaFree(c->args_dev));
+        c->args_host = NULL;
+        c->args_dev = NULL;
+        c->args_bytes = 0;
+        size_t want = duet_round_up(bytes, 1u << 20);
+        DUET_CUDA_CHECK(c, cudaHostAlloc(&c->args_host, want, cudaHostAllocDefault));
+        DUET_CUDA_CHECK(c, cudaMalloc(&c->args_dev, want));
+        c->args_bytes = want;
+    }
+    /* the previous copy out of the pinned buffer must be done before it is rewritten;
+     * kernels reading args_dev are ordered after the new copy on the same stream */
+    DUET_CUDA_CHECK(c, cudaEventSynchronize(c->args_done));
+    memcpy(c->args_host, host, bytes);
+    DUET_CUDA_CHECK(c, cudaMemcpyAsync(c->args_dev, c->args_host, bytes, cudaMemcpyHostToDevice, c->stream));
+    DUET_CUDA_CHECK(c, cudaEventRecord(c->args_done, c->stream));
+    *dev = c->args_dev;
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_malloc(duet_cuda_t *c, void **p, size_t bytes)
+{
+    *p = NULL;
+    DUET_CUDA_CHECK(c, cudaMalloc(p, bytes ? bytes : 1));
+    return DUET_OK;
+}
+
+extern "C" void duet_cuda_free(duet_cuda_t *c, void *p)
+{
+    (void)c;
+    cudaFree(p);
+}
+
+extern "C" duet_status_t duet_cuda_upload(duet_cuda_t *c, void *dst, const void *src, size_t bytes)
+{
+    DUET_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_download(duet_cuda_t *c, void *dst, const void *src, size_t bytes)
+{
+    DUET_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_memset(duet_cuda_t *c, void *p, int byte, size_t bytes)
+{
+    DUET_CUDA_CHECK(c, cudaMemsetAsync(p, byte, bytes, c->stream));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_memcpy(duet_cuda_t *c, void *dst, const void *src, size_t bytes)
+{
+    DUET_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_host_alloc(duet_cuda_t *c, void **p, size_t bytes)
+{
+    *p = NULL;
+    DUET_CUDA_CHECK(c, cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable));
+    return DUET_OK;
+}
+
+extern "C" void duet_cuda_host_free(duet_cuda_t *c, void *p)
+{
+    (void)c;
+    if (p)
+        cudaFreeHost(p);
+}
+
+extern "C" duet_status_t duet_cuda_timer_start(duet_cuda_t *c)
+{
+    DUET_CUDA_CHECK(c, cudaEventRecord(c->t0, c->stream));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms)
+{
+    DUET_CUDA_CHECK(c, cudaEventRecord(c->t1, c->stream));
+    DUET_CUDA_CHECK(c, cudaEventSynchronize(c->t1));
+    DUET_CUDA_CHECK(c, cudaEventElapsedTime(ms, c->t0, c->t1));
+    return DUET_OK;
+}
+
+/* Normal(0,1) from two uniforms (Box-Muller), from the hash of (seed, i). */
+__device__ __forceinline__ float rand_normal(uint64_t seed, size_t i)
+{
+    uint64_t h = duet_mix64(seed ^ duet_mix64((uint64_t)i));
+    float u1 = ((float)(uint32_t)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    float u2 = (float)(uint32_t)(h & 0xffffffu) * (1.0f / 16777216.0f);
+    return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+__global__ void fill_random_kernel(void *p, size_t n, int dtype, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        switch (dtype) {
+        case DUET_DT_F32: ((float *)p)[i] = rand_normal(seed, i); break;
+        case DUET_DT_BF16: ((uint16_t *)p)[i] = duet_d_f32_to_bf16(rand_normal(seed, i)); break;
+        case DUET_DT_F8_E4M3: {
+            uint8_t b = (uint8_t)duet_mix64(seed ^ duet_mix64((uint64_t)i));
+            if ((b & 0x7f) == 0x7f)
+                b ^= 1; /* no NaN */
+            ((uint8_t *)p)[i] = b;
+            break;
+        }
+        default: ((uint8_t *)p)[i] = (uint8_t)duet_mix64(seed ^ duet_mix64((uint64_t)i)); break;
+        }
+    }
+}
+
+extern "C" duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtype_t dtype, uint64_t seed)
+{
+    if (dtype != DUET_DT_F32 && dtype != DUET_DT_BF16 && dtype != DUET_DT_F8_E4M3 && dtype != DUET_DT_U8)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "fill_random: dtype %s", duet_dtype_name(dtype));
+    if (!n)
+        return DUET_OK;
+    unsigned blocks = duet_cdiv(n, 256);
+    if (blocks > 65536)
+        blocks = 65536;
+    fill_random_kernel<<<blocks, 256, 0, c->stream>>>(p, n, (int)dtype, seed);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}

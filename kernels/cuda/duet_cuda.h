@@ -1,0 +1,96 @@
+/* The CUDA backend (DESIGN §8): a context, device memory, and one entry
+ * point per operation.
+ *
+ * Every operation has the contract of the CPU reference it mirrors
+ * (kernels.h, kernels/cpu/), with three differences: pointers are device
+ * pointers, the work is queued on the context's stream (asynchronous: call
+ * duet_cuda_sync() before reading results on the host), and the decode-time
+ * operations are batched over rows (one launch for the whole batch).  Each
+ * operation's header (<op>.cuh beside this file) states what it adds to the
+ * CPU contract and how close to the CPU result it is; docs/CUDA.md lists the
+ * tolerances and why.
+ *
+ * Errors: every CUDA, cuBLAS and cuBLASLt call is checked; a failure returns
+ * DUET_ERR_CUDA (DUET_ERR_UNSUPPORTED for a shape or dtype an operation does
+ * not take) and records a sentence naming the statement, file, line and
+ * device, read with duet_cuda_error().  A context is used by one thread at a
+ * time. */
+#ifndef DUET_CUDA_H
+#define DUET_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache_layout.h"
+#include "err.h"
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct duet_cuda duet_cuda_t;
+
+typedef struct {
+    char name[256];
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t l2_bytes;
+    size_t mem_bytes;
+    int driver_version;  /* e.g. 13000 */
+    int runtime_version;
+    int cublas_version;
+} duet_cuda_info_t;
+
+/* Open device `device`: a non-blocking stream, cuBLAS and cuBLASLt handles,
+ * a 32 MiB GEMM workspace.  DUET_ERR_CUDA when there is no such device. */
+duet_status_t duet_cuda_create(int device, duet_cuda_t **out, duet_err_t *err);
+/* Wait for queued work, release everything; sets *c to NULL.  Safe on NULL. */
+void duet_cuda_destroy(duet_cuda_t **c);
+/* The last failure recorded on this context ("CUDA: cudaMemcpyAsync(...) at file:line on device 0: ..."). */
+const duet_err_t *duet_cuda_error(const duet_cuda_t *c);
+void duet_cuda_info(const duet_cuda_t *c, duet_cuda_info_t *info);
+/* Wait until every operation queued on the context has finished; reports asynchronous errors. */
+duet_status_t duet_cuda_sync(duet_cuda_t *c);
+
+/* Device memory (cudaMalloc; never managed memory).  Copies are ordered on the context's stream. */
+duet_status_t duet_cuda_malloc(duet_cuda_t *c, void **p, size_t bytes);
+void duet_cuda_free(duet_cuda_t *c, void *p);
+duet_status_t duet_cuda_upload(duet_cuda_t *c, void *dst, const void *src, size_t bytes);   /* host -> device, synchronous */
+duet_status_t duet_cuda_download(duet_cuda_t *c, void *dst, const void *src, size_t bytes); /* device -> host, synchronous */
+duet_status_t duet_cuda_memset(duet_cuda_t *c, void *p, int byte, size_t bytes);
+/* Pinned host memory, mapped into the device's address space (usable by kernels directly: the host tier). */
+duet_status_t duet_cuda_host_alloc(duet_cuda_t *c, void **p, size_t bytes);
+void duet_cuda_host_free(duet_cuda_t *c, void *p);
+/* Plain stream-ordered copy (any direction; cudaMemcpyAsync). */
+duet_status_t duet_cuda_memcpy(duet_cuda_t *c, void *dst, const void *src, size_t bytes);
+
+/* Event timing on the context's stream: start, queue work, stop returns the
+ * elapsed device time in milliseconds (it waits for the stop event). */
+duet_status_t duet_cuda_timer_start(duet_cuda_t *c);
+duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms);
+
+/* Fill n elements at p with seeded pseudo-random values, on the device:
+ * F32 / BF16 normal(0, 1), F8_E4M3 and U8 uniform over the valid codes (no NaN for e4m3). */
+duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtype_t dtype, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* One header per operation. */
+#include "matmul.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "cache_entry.cuh"
+#include "compress_pool.cuh"
+#include "index_score.cuh"
+#include "topk.cuh"
+#include "attn_rows.cuh"
+#include "hc.cuh"
+#include "swiglu.cuh"
+#include "argmax.cuh"
+#include "page_copy.cuh"
+#include "roofline.cuh"
+
+#endif

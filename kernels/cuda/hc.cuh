@@ -1,0 +1,30 @@
+/* Hyper-connection mixing on the GPU: duet_kernels_t.hc_pre, hc_post and
+ * hc_head over device pointers (fn, base, scale included; hc <= 16).
+ * hc_pre / hc_head: one block per row (RMSNorm of the hc*dim stream, the mix
+ * products, then the tiny sigmoid / Sinkhorn part in one thread, in the CPU's
+ * order); summation order and expf differ (checked at 1e-5).
+ * hc_post: the CPU's operations in its order without fused multiply-add,
+ * bit-exact. */
+#ifndef DUET_CUDA_HC_CUH
+#define DUET_CUDA_HC_CUH
+
+#include "duet_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
+                               const float *base, const float *scale, int sinkhorn_iters, float hc_eps,
+                               float norm_eps, float *post, float *comb, float *collapsed);
+duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f, const float *post,
+                                const float *comb);
+/* scale: a host value, as in the CPU contract. */
+duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
+                                const float *base, float scale, float hc_eps, float norm_eps, float *y);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

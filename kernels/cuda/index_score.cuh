@@ -1,0 +1,26 @@
+/* Lightning-indexer scores on the GPU, batched over query rows:
+ * duet_kernels_t.index_score for each row b < n_rows with
+ *   q      = q + b*n_heads*dim,  w = w + b*n_heads,
+ *   keys   = keys + key_off[b]*dim (n_keys[b] keys, device arrays),
+ *   score  = score + key_off[b]     (so top-k can read the same packing).
+ * A tiled fp32 product (64 heads × 64 keys per block); summation order
+ * differs from the CPU (checked at 1e-5). */
+#ifndef DUET_CUDA_INDEX_SCORE_CUH
+#define DUET_CUDA_INDEX_SCORE_CUH
+
+#include "duet_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* max_keys: an upper bound of n_keys[] (host-side hint that sizes the grid). */
+duet_status_t duet_cuda_index_score(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
+                                    const float *keys, const int32_t *key_off, const int32_t *n_keys, int max_keys,
+                                    float scale, float *score);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

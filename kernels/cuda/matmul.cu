@@ -1,0 +1,630 @@
+/* matmul on the GPU (contract in matmul.cuh).
+ *
+ * Decode kernel (n <= 32): a warp owns 4 consecutive output rows; each lane
+ * streams 16-byte chunks of those rows (8 bf16, 16 e4m3, 32 e2m1 or 4 f32
+ * values), decodes them in registers, multiplies by the block/group scale,
+ * and accumulates against up to 8 token rows of x (read through L1, shared
+ * by the 4 rows).  Blocks along y take further groups of 8 tokens.  Bytes:
+ * the weights once from memory; FLOPs: 2*n*rows*cols on the fp32 units.
+ *
+ * Prefill (n > 32): cuBLASLt, bf16 operands, fp32 accumulation and output;
+ * fp8/fp4 weights are expanded to bf16 in scratch first (one extra pass of
+ * 3 bytes per weight, small against the GEMM at large n).
+ *
+ * fp8 activations (duet_cuda_matmul_fp8_act): quantize x per 1×128, then
+ * cuBLASLt's block-scaled e4m3 GEMM. */
+#include "common.cuh"
+
+enum { WT_BF16 = 0, WT_F8, WT_F4, WT_F32 };
+enum { LT_BF16 = 1, LT_F32, LT_FP8_BLK, LT_FP8_BLK_D16 };
+
+#define GEMV_ROWS_PER_WARP 4
+#define GEMV_WARPS 4
+#define GEMV_TOKENS 8
+
+struct gemv_args {
+    const uint8_t *w; /* row 0 of the weight */
+    const void *scale;
+    int scale_f32;
+    int scale_cols;
+    size_t row_bytes;
+    int row_begin, row_end, cols;
+    const float *x;
+    int n;
+    float *y;
+};
+
+template <int WT> struct wt_traits;
+template <> struct wt_traits<WT_BF16> { static constexpr int V = 8; };
+template <> struct wt_traits<WT_F8> { static constexpr int V = 16; };
+template <> struct wt_traits<WT_F4> { static constexpr int V = 32; };
+template <> struct wt_traits<WT_F32> { static constexpr int V = 4; };
+
+/* 16 bytes that are read once: keep them out of L1 (x lives there). */
+__device__ __forceinline__ uint4 ld_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float scale_load(const void *s, int f32, size_t i)
+{
+    if (f32)
+        return __ldg((const float *)s + i);
+    return duet_d_e8m0_to_f32(__ldg((const uint8_t *)s + i));
+}
+
+__device__ __forceinline__ uint32_t u4_word(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* Values [p*P, p*P+P) of a 16-byte chunk, times s. */
+template <int WT, int P>
+__device__ __forceinline__ void decode_piece(const uint4 &v, int p, float s, float *out)
+{
+    if constexpr (WT == WT_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t u = u4_word(v, i);
+            out[2 * i] = __uint_as_float(u << 16);
+            out[2 * i + 1] = __uint_as_float(u & 0xffff0000u);
+        }
+    } else if constexpr (WT == WT_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            out[i] = __uint_as_float(u4_word(v, i));
+    } else if constexpr (WT == WT_F8) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint32_t u = u4_word(v, 2 * p + i);
+            __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+            __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+            float2 a = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+            float2 b = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+            out[4 * i + 0] = a.x * s;
+            out[4 * i + 1] = a.y * s;
+            out[4 * i + 2] = b.x * s;
+            out[4 * i + 3] = b.y * s;
+        }
+    } else { /* WT_F4: word p holds 8 values, low nibble first */
+        uint32_t u = u4_word(v, p);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            out[j] = duet_d_e2m1_to_f32(u >> (4 * j)) * s;
+    }
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a)
+{
+    constexpr int R = GEMV_ROWS_PER_WARP, V = wt_traits<WT>::V, P = V < 8 ? V : 8;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = a.row_begin + (blockIdx.x * GEMV_WARPS + warp) * R;
+    if (r0 >= a.row_end)
+        return;
+    int t0 = blockIdx.y * GEMV_TOKENS;
+
+    const uint8_t *wr[R];
+    int rr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        rr[r] = min(r0 + r, a.row_end - 1);
+        wr[r] = a.w + (size_t)rr[r] * a.row_bytes;
+    }
+    const float *xt[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+        xt[t] = a.x + (size_t)min(t0 + t, a.n - 1) * a.cols;
+
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = 0.0f;
+
+    int nchunks = (int)(a.row_bytes / 16);
+    for (int ch = lane; ch < nchunks; ch += 32) {
+        uint4 wv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[r] = ld_stream(wr[r] + (size_t)ch * 16);
+        int col0 = ch * V;
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if constexpr (WT == WT_F8)
+                s[r] = scale_load(a.scale, a.scale_f32, (size_t)(rr[r] / 128) * a.scale_cols + col0 / 128);
+            else if constexpr (WT == WT_F4)
+                s[r] = scale_load(a.scale, a.scale_f32, (size_t)rr[r] * a.scale_cols + col0 / 32);
+            else
+                s[r] = 1.0f;
+        }
+#pragma unroll
+        for (int p = 0; p < V / P; p++) {
+            float wf[R][P];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                decode_piece<WT, P>(wv[r], p, s[r], wf[r]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float xv[P];
+                const float4 *xp = (const float4 *)(xt[t] + col0 + p * P);
+#pragma unroll
+                for (int q = 0; q < P / 4; q++) {
+                    float4 f = __ldg(xp + q);
+                    xv[4 * q] = f.x;
+                    xv[4 * q + 1] = f.y;
+                    xv[4 * q + 2] = f.z;
+                    xv[4 * q + 3] = f.w;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < P; i++)
+                        acc[r][t] = fmaf(wf[r][i], xv[i], acc[r][t]);
+            }
+        }
+    }
+    int m = a.row_end - a.row_begin;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = duet_warp_sum(acc[r][t]);
+            if (lane == 0 && r0 + r < a.row_end && t0 + t < a.n)
+                a.y[(size_t)(t0 + t) * m + (r0 + r - a.row_begin)] = v;
+        }
+}
+
+/* Any shape and alignment: one thread per (token, row), scalar decode. */
+__global__ void gemv_simple_kernel(gemv_args a, int wt)
+{
+    int m = a.row_end - a.row_begin;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)m * a.n)
+        return;
+    int t = (int)(i / m), r = a.row_begin + (int)(i % m);
+    const float *x = a.x + (size_t)t * a.cols;
+    const uint8_t *wr = a.w + (size_t)r * a.row_bytes;
+    float acc = 0.0f;
+    for (int col = 0; col < a.cols; col++) {
+        float w;
+        switch (wt) {
+        case WT_BF16: w = duet_d_bf16_to_f32((uint16_t)(wr[2 * col] | (wr[2 * col + 1] << 8))); break;
+        case WT_F32: {
+            float f;
+            memcpy(&f, wr + 4 * col, 4);
+            w = f;
+            break;
+        }
+        case WT_F8: {
+            float d = duet_d_e4m3_to_f32(wr[col]);
+            w = (d != d ? 0.0f : d) * scale_load(a.scale, a.scale_f32, (size_t)(r / 128) * a.scale_cols + col / 128);
+            break;
+        }
+        default: {
+            uint8_t b = wr[col / 2];
+            w = duet_d_e2m1_to_f32(col & 1 ? b >> 4 : b & 0xf) *
+                scale_load(a.scale, a.scale_f32, (size_t)r * a.scale_cols + col / 32);
+            break;
+        }
+        }
+        acc = fmaf(w, x[col], acc);
+    }
+    a.y[(size_t)t * m + (r - a.row_begin)] = acc;
+}
+
+static int weight_kind(const duet_weight_t *w)
+{
+    switch (w->dtype) {
+    case DUET_DT_BF16: return WT_BF16;
+    case DUET_DT_F8_E4M3: return WT_F8;
+    case DUET_DT_F4_E2M1X2: return WT_F4;
+    case DUET_DT_F32: return WT_F32;
+    default: return -1;
+    }
+}
+
+static size_t row_bytes_of(const duet_weight_t *w)
+{
+    switch (w->dtype) {
+    case DUET_DT_BF16: return 2 * (size_t)w->cols;
+    case DUET_DT_F8_E4M3: return (size_t)w->cols;
+    case DUET_DT_F4_E2M1X2: return (size_t)w->cols / 2;
+    default: return 4 * (size_t)w->cols;
+    }
+}
+
+static duet_status_t check_args(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, int n)
+{
+    if (weight_kind(w) < 0)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul: weight dtype %s", duet_dtype_name(w->dtype));
+    if (row_begin < 0 || row_end > w->rows || row_begin > row_end || n < 0 || w->cols <= 0)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "matmul: rows [%d, %d) of %d, n %d, cols %d", row_begin, row_end,
+                               w->rows, n, w->cols);
+    if (w->dtype == DUET_DT_F4_E2M1X2 && w->cols % 32)
+        return duet_cuda_failf(c, DUET_ERR_SHAPE, "matmul: fp4 weight with %d columns (not a multiple of 32)",
+                               w->cols);
+    if ((w->dtype == DUET_DT_F8_E4M3 || w->dtype == DUET_DT_F4_E2M1X2) &&
+        (!w->scale || (w->scale_dtype != DUET_DT_F32 && w->scale_dtype != DUET_DT_F8_E8M0)))
+        return duet_cuda_failf(c, DUET_ERR_DTYPE, "matmul: %s weight without f32/ue8m0 scales",
+                               duet_dtype_name(w->dtype));
+    return DUET_OK;
+}
+
+template <int WT>
+static void gemv_launch(const gemv_args &a, cudaStream_t s)
+{
+    int rows = a.row_end - a.row_begin;
+    dim3 grid(duet_cdiv(rows, GEMV_ROWS_PER_WARP * GEMV_WARPS), duet_cdiv(a.n, GEMV_TOKENS));
+    int nt = a.n >= GEMV_TOKENS ? GEMV_TOKENS : a.n;
+    if (nt == 1)
+        gemv_kernel<WT, 1><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+    else if (nt == 2)
+        gemv_kernel<WT, 2><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+    else if (nt <= 4)
+        gemv_kernel<WT, 4><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+    else
+        gemv_kernel<WT, 8><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+}
+
+extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                               const float *x, int n, float *y)
+{
+    DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    if (n == 0 || row_end == row_begin)
+        return DUET_OK;
+    gemv_args a;
+    a.w = (const uint8_t *)w->data;
+    a.scale = w->scale;
+    a.scale_f32 = w->scale_dtype == DUET_DT_F32;
+    a.scale_cols = w->scale_cols;
+    a.row_bytes = row_bytes_of(w);
+    a.row_begin = row_begin;
+    a.row_end = row_end;
+    a.cols = w->cols;
+    a.x = x;
+    a.n = n;
+    a.y = y;
+    int wt = weight_kind(w);
+    int aligned = a.row_bytes % 16 == 0 && ((uintptr_t)a.w % 16) == 0 && ((uintptr_t)x % 16) == 0 && a.cols % 4 == 0;
+    if (!aligned) {
+        size_t total = (size_t)(row_end - row_begin) * n;
+        gemv_simple_kernel<<<duet_cdiv(total, 128), 128, 0, c->stream>>>(a, wt);
+    } else if (wt == WT_BF16) {
+        gemv_launch<WT_BF16>(a, c->stream);
+    } else if (wt == WT_F8) {
+        gemv_launch<WT_F8>(a, c->stream);
+    } else if (wt == WT_F4) {
+        gemv_launch<WT_F4>(a, c->stream);
+    } else {
+        gemv_launch<WT_F32>(a, c->stream);
+    }
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+/* ---- cuBLASLt ---- */
+
+static void plan_destroy(struct duet_lt_plan *p)
+{
+    if (p->a)
+        cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b)
+        cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d)
+        cublasLtMatrixLayoutDestroy(p->d);
+    if (p->desc)
+        cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+/* D(m, n) = op(A)(m, k) · B(k, n), column-major: A is the weight (k x m, transposed), B the
+ * activations (k x n), D the output (m x n, i.e. y row-major (n, m)).  For the fp8 kinds the
+ * scale pointers are set on the descriptor by the caller before each use. */
+static duet_status_t lt_plan(duet_cuda_t *c, int kind, int m, int n, int k, const void *a_scale,
+                             const void *b_scale, struct duet_lt_plan **out)
+{
+    for (int i = 0; i < DUET_CUDA_MAX_PLANS; i++) {
+        struct duet_lt_plan *p = &c->plans[i];
+        if (p->used && p->kind == kind && p->m == m && p->n == n && p->k == k) {
+            *out = p;
+            return DUET_OK;
+        }
+    }
+    int slot = -1;
+    for (int i = 0; i < DUET_CUDA_MAX_PLANS && slot < 0; i++)
+        if (!c->plans[i].used)
+            slot = i;
+    if (slot < 0) { /* full: drop one (round robin by m+n+k) */
+        slot = (int)(((unsigned)m + (unsigned)n + (unsigned)k) % DUET_CUDA_MAX_PLANS);
+        plan_destroy(&c->plans[slot]);
+    }
+    struct duet_lt_plan *p = &c->plans[slot];
+    memset(p, 0, sizeof *p);
+    cudaDataType_t ab = CUDA_R_16BF, dt = CUDA_R_32F;
+    if (kind == LT_F32)
+        ab = CUDA_R_32F;
+    if (kind == LT_FP8_BLK || kind == LT_FP8_BLK_D16)
+        ab = CUDA_R_8F_E4M3;
+    if (kind == LT_FP8_BLK_D16)
+        dt = CUDA_R_16BF;
+    cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    duet_status_t st = DUET_OK;
+#define PLAN_TRY(stmt)                                                                                             \
+    do {                                                                                                           \
+        cublasStatus_t s_ = (stmt);                                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                         \
+            st = duet_cuda_fail(c, DUET_ERR_CUDA, #stmt, __FILE__, __LINE__, cublasGetStatusString(s_));          \
+            goto fail;                                                                                             \
+        }                                                                                                          \
+    } while (0)
+    {
+        PLAN_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        PLAN_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+        PLAN_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+        if (ab == CUDA_R_8F_E4M3) {
+            int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            PLAN_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+            PLAN_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+            PLAN_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                    sizeof a_scale));
+            PLAN_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                    sizeof b_scale));
+        }
+        PLAN_TRY(cublasLtMatrixLayoutCreate(&p->a, ab, (uint64_t)k, (uint64_t)m, k));
+        PLAN_TRY(cublasLtMatrixLayoutCreate(&p->b, ab, (uint64_t)k, (uint64_t)n, k));
+        PLAN_TRY(cublasLtMatrixLayoutCreate(&p->d, dt, (uint64_t)m, (uint64_t)n, m));
+        cublasLtMatmulPreference_t pref = NULL;
+        PLAN_TRY(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws = c->workspace_bytes;
+        cublasStatus_t s1 =
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        cublasLtMatmulHeuristicResult_t res;
+        memset(&res, 0, sizeof res);
+        int nres = 0;
+        cublasStatus_t s2 = s1 == CUBLAS_STATUS_SUCCESS
+                                ? cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->a, p->b, p->d, p->d, pref, 1,
+                                                                 &res, &nres)
+                                : s1;
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (s2 != CUBLAS_STATUS_SUCCESS || nres == 0) {
+            st = duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                                 "cuBLASLt has no algorithm for kind %d (m %d, n %d, k %d) on sm_%d%d: %s", kind, m,
+                                 n, k, c->info.cc_major, c->info.cc_minor,
+                                 s2 != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(s2) : "no heuristic result");
+            goto fail;
+        }
+        p->algo = res.algo;
+    }
+#undef PLAN_TRY
+    p->used = 1;
+    p->kind = kind;
+    p->m = m;
+    p->n = n;
+    p->k = k;
+    p->d_bf16 = kind == LT_FP8_BLK_D16;
+    *out = p;
+    return DUET_OK;
+fail:
+    plan_destroy(p);
+    return st;
+}
+
+static duet_status_t lt_run(duet_cuda_t *c, struct duet_lt_plan *p, const void *a, const void *b, void *d)
+{
+    const float one = 1.0f, zero = 0.0f;
+    DUET_CUBLAS_CHECK(c, cublasLtMatmul(c->lt, p->desc, &one, a, p->a, b, p->b, &zero, d, p->d, d, p->d, &p->algo,
+                                        c->workspace, c->workspace_bytes, c->stream));
+    return DUET_OK;
+}
+
+__global__ void f32_to_bf16_kernel(const float *x, size_t n, __nv_bfloat16 *y)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+/* W[row_begin:row_end] (fp8 or fp4, with scales) -> bf16 rows of `cols`; 8 values per thread. */
+__global__ void dequant_bf16_kernel(gemv_args a, int wt, __nv_bfloat16 *out)
+{
+    size_t per_row = (size_t)a.cols / 8, total = (size_t)(a.row_end - a.row_begin) * per_row;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        int rr = (int)(i / per_row);
+        int r = a.row_begin + rr, col = (int)(i % per_row) * 8;
+        const uint8_t *wr = a.w + (size_t)r * a.row_bytes;
+        float v[8];
+        if (wt == WT_F8) {
+            uint2 u = *(const uint2 *)(wr + col);
+            float s = scale_load(a.scale, a.scale_f32, (size_t)(r / 128) * a.scale_cols + col / 128);
+            for (int j = 0; j < 8; j++)
+                v[j] = duet_d_e4m3_to_f32((uint8_t)((j < 4 ? u.x : u.y) >> (8 * (j & 3)))) * s;
+        } else {
+            uint32_t u = *(const uint32_t *)(wr + col / 2);
+            float s = scale_load(a.scale, a.scale_f32, (size_t)r * a.scale_cols + col / 32);
+            for (int j = 0; j < 8; j++)
+                v[j] = duet_d_e2m1_to_f32(u >> (4 * j)) * s;
+        }
+        __nv_bfloat16 *o = out + (size_t)rr * a.cols + col;
+        for (int j = 0; j < 8; j++)
+            o[j] = __float2bfloat16_rn(v[j]);
+    }
+}
+
+static unsigned grid_for(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 8192 ? 8192 : (b ? b : 1));
+}
+
+extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                             const float *x, int n, float *y)
+{
+    DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    if (n == 0 || row_end == row_begin)
+        return DUET_OK;
+    int m = row_end - row_begin, k = w->cols, wt = weight_kind(w);
+    struct duet_lt_plan *p;
+    if (wt == WT_F32) {
+        DUET_TRY(lt_plan(c, LT_F32, m, n, k, NULL, NULL, &p));
+        return lt_run(c, p, (const float *)w->data + (size_t)row_begin * k, x, y);
+    }
+    if (k % 8)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_lt: %d columns (not a multiple of 8)", k);
+    size_t xb_bytes = duet_round_up((size_t)n * k * 2, 256);
+    size_t wb_bytes = wt == WT_BF16 ? 0 : (size_t)m * k * 2;
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, xb_bytes + wb_bytes, &scr));
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)scr;
+    f32_to_bf16_kernel<<<grid_for((size_t)n * k, 256), 256, 0, c->stream>>>(x, (size_t)n * k, xb);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    const void *wa = (const uint16_t *)w->data + (size_t)row_begin * k;
+    if (wt != WT_BF16) {
+        gemv_args a;
+        memset(&a, 0, sizeof a);
+        a.w = (const uint8_t *)w->data;
+        a.scale = w->scale;
+        a.scale_f32 = w->scale_dtype == DUET_DT_F32;
+        a.scale_cols = w->scale_cols;
+        a.row_bytes = row_bytes_of(w);
+        a.row_begin = row_begin;
+        a.row_end = row_end;
+        a.cols = k;
+        __nv_bfloat16 *wb = (__nv_bfloat16 *)((uint8_t *)scr + xb_bytes);
+        dequant_bf16_kernel<<<grid_for((size_t)m * k / 8, 256), 256, 0, c->stream>>>(a, wt, wb);
+        DUET_CUDA_CHECK_LAUNCH(c);
+        wa = wb;
+    }
+    DUET_TRY(lt_plan(c, LT_BF16, m, n, k, NULL, NULL, &p));
+    return lt_run(c, p, wa, xb, y);
+}
+
+extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                          const float *x, int n, float *y)
+{
+    if (n > DUET_CUDA_GEMV_MAX_N || w->dtype == DUET_DT_F32) {
+        duet_status_t st = duet_cuda_matmul_lt(c, w, row_begin, row_end, x, n, y);
+        if (st != DUET_ERR_UNSUPPORTED)
+            return st;
+        /* no cuBLASLt algorithm for this shape: the decode kernel is correct at any n */
+    }
+    return duet_cuda_matmul_gemv(c, w, row_begin, row_end, x, n, y);
+}
+
+/* ---- fp8 activations ---- */
+
+/* One warp per (row, 128-column block) of x(n, k): scale amax/448 (1 for an all-zero block),
+ * e4m3 codes as duet_f32_to_e4m3.  Rows n..n_pad get code 0 and scale 1.
+ * xq(n_pad, k) bytes; sx(k/128, n_pad) floats, row index fastest (cuBLASLt's VEC128 layout). */
+__global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_t *xq, float *sx)
+{
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    int kb = k / 128;
+    if (warp >= n_pad * kb)
+        return;
+    int row = warp / kb, b = warp % kb;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row < n)
+        v = *(const float4 *)(x + (size_t)row * k + b * 128 + lane * 4);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = duet_warp_max(amax);
+    float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    uchar4 q;
+    q.x = duet_d_f32_to_e4m3(__fdiv_rn(v.x, s));
+    q.y = duet_d_f32_to_e4m3(__fdiv_rn(v.y, s));
+    q.z = duet_d_f32_to_e4m3(__fdiv_rn(v.z, s));
+    q.w = duet_d_f32_to_e4m3(__fdiv_rn(v.w, s));
+    *(uchar4 *)(xq + (size_t)row * k + b * 128 + lane * 4) = q;
+    if (lane == 0)
+        sx[(size_t)b * n_pad + row] = s;
+}
+
+/* Weight block scales of rows [row_begin, row_end) -> f32 [m/128][kb_pad] (cuBLASLt's BLK128x128 layout). */
+__global__ void wscale_kernel(const void *scale, int f32, int scale_cols, int block_row0, int n_brows, int kb,
+                              int kb_pad, float *out)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_brows * kb_pad)
+        return;
+    int br = i / kb_pad, b = i % kb_pad;
+    out[i] = b < kb ? scale_load(scale, f32, (size_t)(block_row0 + br) * scale_cols + b) : 1.0f;
+}
+
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16 *x, size_t n, float *y)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
+}
+
+extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
+                                                  int row_end, const float *x, int n, float *y)
+{
+    DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    if (w->dtype != DUET_DT_F8_E4M3 || w->cols % 128 || row_begin % 128 || c->info.cc_major < 9)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "matmul_fp8_act: %s weight, %d columns, row_begin %d on sm_%d%d (needs fp8, "
+                               "columns and row_begin multiples of 128, sm_90+)",
+                               duet_dtype_name(w->dtype), w->cols, row_begin, c->info.cc_major, c->info.cc_minor);
+    if (n == 0 || row_end == row_begin)
+        return DUET_OK;
+    int m = row_end - row_begin, k = w->cols, kb = k / 128, kb_pad = (kb + 3) / 4 * 4;
+    int n_pad = (n + 3) / 4 * 4, n_brows = (m + 127) / 128;
+    size_t xq_bytes = duet_round_up((size_t)n_pad * k, 256);
+    size_t sx_bytes = duet_round_up((size_t)kb * n_pad * 4, 256);
+    size_t sw_bytes = duet_round_up((size_t)n_brows * kb_pad * 4, 256);
+    size_t d_bytes = (size_t)m * n_pad * 4; /* fp32 D when padded, or bf16 D */
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, xq_bytes + sx_bytes + sw_bytes + d_bytes, &scr));
+    uint8_t *xq = (uint8_t *)scr;
+    float *sx = (float *)(xq + xq_bytes);
+    float *sw = (float *)((uint8_t *)sx + sx_bytes);
+    void *dtmp = (uint8_t *)sw + sw_bytes;
+
+    if (((uintptr_t)x % 16) != 0)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_fp8_act: x not 16-byte aligned");
+    unsigned warps = (unsigned)(n_pad * kb);
+    act_quant_kernel<<<duet_cdiv((size_t)warps * 32, 256), 256, 0, c->stream>>>(x, n, n_pad, k, xq, sx);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    wscale_kernel<<<duet_cdiv((size_t)n_brows * kb_pad, 256), 256, 0, c->stream>>>(
+        w->scale, w->scale_dtype == DUET_DT_F32, w->scale_cols, row_begin / 128, n_brows, kb, kb_pad, sw);
+    DUET_CUDA_CHECK_LAUNCH(c);
+
+    struct duet_lt_plan *p;
+    duet_status_t st = lt_plan(c, LT_FP8_BLK, m, n_pad, k, sw, sx, &p);
+    if (st == DUET_ERR_UNSUPPORTED)
+        st = lt_plan(c, LT_FP8_BLK_D16, m, n_pad, k, sw, sx, &p);
+    DUET_TRY(st);
+    const void *sa = sw, *sb = sx;
+    DUET_CUBLAS_CHECK(c, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    DUET_CUBLAS_CHECK(c, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    const uint8_t *wa = (const uint8_t *)w->data + (size_t)row_begin * k;
+    if (p->d_bf16) {
+        DUET_TRY(lt_run(c, p, wa, xq, dtmp));
+        bf16_to_f32_kernel<<<grid_for((size_t)m * n, 256), 256, 0, c->stream>>>((const __nv_bfloat16 *)dtmp,
+                                                                                 (size_t)m * n, y);
+        DUET_CUDA_CHECK_LAUNCH(c);
+    } else if (n_pad != n) {
+        DUET_TRY(lt_run(c, p, wa, xq, dtmp));
+        DUET_CUDA_CHECK(c, cudaMemcpyAsync(y, dtmp, (size_t)m * n * 4, cudaMemcpyDeviceToDevice, c->stream));
+    } else {
+        DUET_TRY(lt_run(c, p, wa, xq, y));
+    }
+    return DUET_OK;
+}
+
+extern "C" int duet_cuda_fp8_act_output(const duet_cuda_t *c)
+{
+    int r = 0;
+    for (int i = 0; i < DUET_CUDA_MAX_PLANS; i++) {
+        if (c->plans[i].used && c->plans[i].kind == LT_FP8_BLK)
+            r = r ? r : 1;
+        if (c->plans[i].used && c->plans[i].kind == LT_FP8_BLK_D16)
+            r = 2;
+    }
+    return r;
+}

@@ -1,0 +1,177 @@
+/* Ceilings measured in the run (contract in roofline.cuh). */
+#include <algorithm>
+#include <vector>
+
+#include "common.cuh"
+
+static double median_of(std::vector<float> &v)
+{
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Median milliseconds of `reps` timed runs of f (after two untimed ones). */
+template <typename F>
+static duet_status_t time_median(duet_cuda_t *c, int reps, F f, double *ms)
+{
+    for (int i = 0; i < 2; i++)
+        DUET_TRY(f());
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        float m = 0.0f;
+        DUET_TRY(duet_cuda_timer_start(c));
+        DUET_TRY(f());
+        DUET_TRY(duet_cuda_timer_stop(c, &m));
+        t.push_back(m);
+    }
+    *ms = median_of(t);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_measure_copy(duet_cuda_t *c, size_t bytes, int reps, double *gbps)
+{
+    void *a = NULL, *b = NULL;
+    duet_status_t st = duet_cuda_malloc(c, &a, bytes);
+    if (st == DUET_OK)
+        st = duet_cuda_malloc(c, &b, bytes);
+    if (st == DUET_OK)
+        st = duet_cuda_fill_random(c, a, bytes, DUET_DT_U8, 11);
+    double ms = 0.0;
+    if (st == DUET_OK)
+        st = time_median(c, reps, [&]() -> duet_status_t {
+            DUET_CUDA_CHECK(c, cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream));
+            return DUET_OK;
+        }, &ms);
+    duet_cuda_free(c, a);
+    duet_cuda_free(c, b);
+    if (st == DUET_OK)
+        *gbps = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+    return st;
+}
+
+extern "C" duet_status_t duet_cuda_measure_host_copy(duet_cuda_t *c, size_t bytes, int to_device, int reps,
+                                                     double *gbps)
+{
+    void *h = NULL, *d = NULL;
+    duet_status_t st = duet_cuda_host_alloc(c, &h, bytes);
+    if (st == DUET_OK)
+        st = duet_cuda_malloc(c, &d, bytes);
+    if (st == DUET_OK)
+        memset(h, 0x5a, bytes);
+    double ms = 0.0;
+    if (st == DUET_OK)
+        st = time_median(c, reps, [&]() -> duet_status_t {
+            if (to_device)
+                DUET_CUDA_CHECK(c, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->stream));
+            else
+                DUET_CUDA_CHECK(c, cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, c->stream));
+            return DUET_OK;
+        }, &ms);
+    duet_cuda_host_free(c, h);
+    duet_cuda_free(c, d);
+    if (st == DUET_OK)
+        *gbps = (double)bytes / (ms * 1e-3) / 1e9;
+    return st;
+}
+
+/* D(m, n) bf16 = op(A) · B with A (k x m, transposed) and B (k x n); fp8 adds block scales. */
+static duet_status_t gemm_measure(duet_cuda_t *c, int fp8, int m, int n, int k, int reps, double *tflops)
+{
+    cudaDataType_t ab = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    size_t el = fp8 ? 1 : 2;
+    void *A = NULL, *B = NULL, *D = NULL, *sa = NULL, *sb = NULL;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int nres = 0;
+    double ms = 0.0;
+    duet_status_t st = DUET_OK;
+    cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    size_t ws = c->workspace_bytes;
+    const float one = 1.0f, zero = 0.0f;
+#define G_TRY(expr)                                                                                                \
+    do {                                                                                                           \
+        st = (expr);                                                                                               \
+        if (st != DUET_OK)                                                                                         \
+            goto out;                                                                                              \
+    } while (0)
+#define G_BLAS(stmt)                                                                                               \
+    do {                                                                                                           \
+        cublasStatus_t s_ = (stmt);                                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                         \
+            st = duet_cuda_fail(c, DUET_ERR_CUDA, #stmt, __FILE__, __LINE__, cublasGetStatusString(s_));          \
+            goto out;                                                                                              \
+        }                                                                                                          \
+    } while (0)
+    G_TRY(duet_cuda_malloc(c, &A, (size_t)m * k * el));
+    G_TRY(duet_cuda_malloc(c, &B, (size_t)n * k * el));
+    G_TRY(duet_cuda_malloc(c, &D, (size_t)m * n * 2));
+    G_TRY(duet_cuda_fill_random(c, A, (size_t)m * k, fp8 ? DUET_DT_F8_E4M3 : DUET_DT_BF16, 21));
+    G_TRY(duet_cuda_fill_random(c, B, (size_t)n * k, fp8 ? DUET_DT_F8_E4M3 : DUET_DT_BF16, 22));
+    G_BLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    G_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+    G_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+    if (fp8) {
+        size_t na = (size_t)((m + 127) / 128) * ((k / 128 + 3) / 4 * 4), nb = (size_t)(k / 128) * n;
+        G_TRY(duet_cuda_malloc(c, &sa, na * 4));
+        G_TRY(duet_cuda_malloc(c, &sb, nb * 4));
+        std::vector<float> ones(na > nb ? na : nb, 1.0f / 64.0f);
+        G_TRY(duet_cuda_upload(c, sa, ones.data(), na * 4));
+        G_TRY(duet_cuda_upload(c, sb, ones.data(), nb * 4));
+        int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        G_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am));
+        G_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm));
+        G_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+        G_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    }
+    G_BLAS(cublasLtMatrixLayoutCreate(&la, ab, (uint64_t)k, (uint64_t)m, k));
+    G_BLAS(cublasLtMatrixLayoutCreate(&lb, ab, (uint64_t)k, (uint64_t)n, k));
+    G_BLAS(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, (uint64_t)m, (uint64_t)n, m));
+    G_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+    G_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    G_BLAS(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &nres));
+    if (nres == 0) {
+        st = duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cuBLASLt has no %s GEMM algorithm here",
+                             fp8 ? "block-scaled fp8" : "bf16");
+        goto out;
+    }
+    G_TRY(time_median(c, reps, [&]() -> duet_status_t {
+        DUET_CUBLAS_CHECK(c, cublasLtMatmul(c->lt, desc, &one, A, la, B, lb, &zero, D, ld, D, ld, &res.algo,
+                                            c->workspace, c->workspace_bytes, c->stream));
+        return DUET_OK;
+    }, &ms));
+    *tflops = 2.0 * m * n * (double)k / (ms * 1e-3) / 1e12;
+out:
+#undef G_TRY
+#undef G_BLAS
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (la)
+        cublasLtMatrixLayoutDestroy(la);
+    if (lb)
+        cublasLtMatrixLayoutDestroy(lb);
+    if (ld)
+        cublasLtMatrixLayoutDestroy(ld);
+    if (desc)
+        cublasLtMatmulDescDestroy(desc);
+    cudaStreamSynchronize(c->stream);
+    duet_cuda_free(c, A);
+    duet_cuda_free(c, B);
+    duet_cuda_free(c, D);
+    duet_cuda_free(c, sa);
+    duet_cuda_free(c, sb);
+    return st;
+}
+
+extern "C" duet_status_t duet_cuda_measure_gemm_bf16(duet_cuda_t *c, int m, int n, int k, int reps, double *tflops)
+{
+    return gemm_measure(c, 0, m, n, k, reps, tflops);
+}
+
+extern "C" duet_status_t duet_cuda_measure_gemm_fp8(duet_cuda_t *c, int m, int n, int k, int reps, double *tflops)
+{
+    return gemm_measure(c, 1, m, n, k, reps, tflops);
+}

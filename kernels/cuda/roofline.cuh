@@ -1,0 +1,27 @@
+/* Ceilings measured on the device in the same run as the numbers they
+ * judge (docs/PERF.md): copy bandwidth and matrix rates, on random data,
+ * timed with events (warm-up, then the median of `reps`). */
+#ifndef DUET_CUDA_ROOFLINE_CUH
+#define DUET_CUDA_ROOFLINE_CUH
+
+#include "duet_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One cudaMemcpyAsync of `bytes` device -> device; GB/s counting bytes read plus written. */
+duet_status_t duet_cuda_measure_copy(duet_cuda_t *c, size_t bytes, int reps, double *gbps);
+/* Pinned host <-> device cudaMemcpyAsync of `bytes`; GB/s of bytes moved (one direction). */
+duet_status_t duet_cuda_measure_host_copy(duet_cuda_t *c, size_t bytes, int to_device, int reps, double *gbps);
+/* cuBLASLt bf16 x bf16 -> bf16 (fp32 accumulate) GEMM of m x n x k; TFLOP/s. */
+duet_status_t duet_cuda_measure_gemm_bf16(duet_cuda_t *c, int m, int n, int k, int reps, double *tflops);
+/* cuBLASLt e4m3 x e4m3 -> bf16 GEMM with 1x128 / 128x128 block scales; TFLOP/s.
+ * DUET_ERR_UNSUPPORTED where cuBLASLt has no such algorithm. */
+duet_status_t duet_cuda_measure_gemm_fp8(duet_cuda_t *c, int m, int n, int k, int reps, double *tflops);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

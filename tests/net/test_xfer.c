@@ -1,0 +1,808 @@
+/* UCX data plane between real processes on loopback.
+ *
+ * Every case runs in a process of its own (forked by main, which never
+ * touches UCX); a case forks its peers before creating its own engine, and
+ * they exchange descriptors over a socketpair.  The transport is whatever
+ * UCX_TLS says; when unset the test sets UCX_TLS=tcp and UCX_NET_DEVICES=lo
+ * so runs are deterministic (meson runs the suite once over tcp and once over
+ * shared memory).
+ *
+ * Pool contents are a pure function of (seed, pool, byte), so the receiver can
+ * rebuild what the sender had and check every byte of every pool: pages in
+ * the transfer must equal the sender's, every other byte must be untouched.
+ *
+ * Bounds checked: peer death is reported within DETECT_BOUND_MS. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_cache.h"
+#include "log.h"
+#include "time_util.h"
+#include "xfer.h"
+
+#define TIMEOUT_MS 2000          /* engine timeout_ms in these tests */
+#define KEEPALIVE_MS 500
+#define DETECT_BOUND_MS 3000     /* a peer's death must be reported within this */
+#define CASE_LIMIT_S 40          /* a case still running after this is killed and failed */
+#define N_PAGES 96
+#define N_SLOTS 4
+
+static int g_fail;
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+            g_fail++;                                                                     \
+        }                                                                                 \
+    } while (0)
+#define REQUIRE(cond, ...)                                                                \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+            _exit(1);                                                                     \
+        }                                                                                 \
+    } while (0)
+
+/* ---------------------------------------------------------------- fixtures */
+
+/* A small model with every layer kind: ratios [0, 4, 128, 4, 0], so all six pools exist. */
+static void tiny_config(duet_model_config_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->hidden_size = 256;
+    c->num_hidden_layers = 5;
+    c->num_key_value_heads = 1;
+    c->head_dim = 128;
+    c->qk_rope_head_dim = 64;
+    c->index_head_dim = 64;
+    c->sliding_window = 128;
+    const int r[5] = {0, 4, 128, 4, 0};
+    for (int i = 0; i < 5; i++)
+        c->compress_ratios[i] = r[i];
+    c->n_compress_ratios = 5;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_pools(duet_kv_cache_t *c, uint64_t seed)
+{
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        uint8_t *b = duet_kv_cache_pool_base(c, (duet_pool_kind_t)k);
+        size_t n = duet_kv_cache_pool_bytes(c, (duet_pool_kind_t)k);
+        uint64_t s = seed * 1000003u + (uint64_t)k;
+        for (size_t i = 0; i + 8 <= n; i += 8) {
+            uint64_t v = splitmix(&s);
+            memcpy(b + i, &v, 8);
+        }
+    }
+}
+
+static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed)
+{
+    duet_model_config_t cfg;
+    tiny_config(&cfg);
+    duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = idx};
+    duet_kv_cache_t *c = NULL;
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_kv_cache_create(&cfg, &o, N_PAGES, N_SLOTS, &c, &err) == DUET_OK, "%s", err.msg);
+    fill_pools(c, seed);
+    return c;
+}
+
+static duet_xfer_t *make_engine(const char *name, int verify)
+{
+    duet_xfer_opts_t o = {.name = name, .timeout_ms = TIMEOUT_MS, .keepalive_ms = KEEPALIVE_MS,
+                          .verify_checksums = verify};
+    duet_xfer_t *x = NULL;
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_create(&o, &x, &err) == DUET_OK, "%s", err.msg);
+    return x;
+}
+
+/* n distinct page ids in [0, N_PAGES): runs of random length at random places. */
+static void pick_pages(uint64_t seed, uint32_t *ids, uint32_t n)
+{
+    uint8_t used[N_PAGES] = {0};
+    uint64_t s = seed;
+    uint32_t i = 0;
+    while (i < n) {
+        uint32_t start = (uint32_t)(splitmix(&s) % N_PAGES);
+        uint32_t len = 1 + (uint32_t)(splitmix(&s) % 6);
+        for (uint32_t j = 0; j < len && i < n && start + j < N_PAGES && !used[start + j]; j++) {
+            used[start + j] = 1;
+            ids[i++] = start + j;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- sockets */
+
+static int sock_send(int fd, const void *buf, uint32_t len)
+{
+    if (send(fd, &len, 4, MSG_NOSIGNAL) != 4)
+        return -1;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = send(fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+static int read_full(int fd, void *buf, size_t len, uint64_t deadline)
+{
+    size_t off = 0;
+    while (off < len) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int left = (int)duet_deadline_left_ms(deadline);
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            return -1;
+        ssize_t r = read(fd, (uint8_t *)buf + off, len - off);
+        if (r <= 0)
+            return -1;
+        off += (size_t)r;
+    }
+    return 0;
+}
+
+/* Receive one message (malloc'd) within timeout_ms; NULL on timeout or EOF. */
+static uint8_t *sock_recv(int fd, uint32_t *len, uint32_t timeout_ms)
+{
+    uint64_t dl = duet_deadline_after_ms(timeout_ms);
+    uint32_t n;
+    if (read_full(fd, &n, 4, dl) != 0 || n > (64u << 20))
+        return NULL;
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b || read_full(fd, b, n, dl) != 0) {
+        free(b);
+        return NULL;
+    }
+    *len = n;
+    return b;
+}
+
+static pid_t spawn(int (*fn)(int fd, const void *arg), const void *arg, int *fd)
+{
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
+    pid_t pid = fork();
+    REQUIRE(pid >= 0, "fork");
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(fn(sv[1], arg));
+    }
+    close(sv[1]);
+    *fd = sv[0];
+    return pid;
+}
+
+static int reap(pid_t pid, uint32_t timeout_ms)
+{
+    uint64_t dl = duet_deadline_after_ms(timeout_ms);
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (duet_deadline_left_ms(dl) == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        usleep(5000);
+    }
+}
+
+/* Wait for an event of `kind` (others are skipped) within timeout_ms. */
+static int wait_event(duet_xfer_t *x, duet_xfer_event_kind_t kind, duet_xfer_event_t *ev, uint32_t timeout_ms)
+{
+    uint64_t dl = duet_deadline_after_ms(timeout_ms);
+    for (;;) {
+        uint32_t left = (uint32_t)duet_deadline_left_ms(dl);
+        if (left == 0)
+            return -1;
+        if (duet_xfer_wait(x, ev, left) != DUET_OK)
+            return -1;
+        if (ev->kind == kind)
+            return 0;
+    }
+}
+
+/* ---------------------------------------------------------------- receiver */
+
+typedef struct {
+    duet_cache_dtype_t kv, idx;
+    uint64_t seed;
+    uint32_t n_pages;
+    uint32_t deadline_ms;
+    int verify;
+    int hold;            /* stay alive after the end (killed by the runner) */
+} recv_args_t;
+
+typedef struct {
+    int32_t status;
+    int32_t first_token;
+    int32_t bytes_ok;         /* 1: every byte as expected */
+    int32_t cancelled;
+    uint64_t mismatches;
+    char msg[160];
+} recv_result_t;
+
+typedef struct {
+    uint64_t seed;
+    uint32_t n_pages;
+    uint32_t slot;
+    uint32_t pages[N_PAGES];
+    int32_t sent_layers_all;  /* 0: the sender skipped some puts on purpose */
+} sender_info_t;
+
+/* Check every byte of every pool: transferred units equal the sender's, others untouched. */
+static uint64_t verify_bytes(duet_kv_cache_t *mine, uint64_t my_seed, duet_kv_cache_t *theirs,
+                             const sender_info_t *si, const uint32_t *my_pages, uint32_t my_slot,
+                             int transferred)
+{
+    duet_kv_cache_t *orig = make_cache(duet_kv_cache_layout(mine, DUET_POOL_C4_KV)->dtype,
+                                       duet_kv_cache_layout(mine, DUET_POOL_C4_INDEX_K)->dtype, my_seed);
+    uint64_t bad = 0;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(mine, (duet_pool_kind_t)k);
+        if (l->n_layers == 0)
+            continue;
+        uint32_t nu = l->paged ? N_PAGES : N_SLOTS;
+        const uint8_t *m = duet_kv_cache_pool_base(mine, (duet_pool_kind_t)k);
+        const uint8_t *o = duet_kv_cache_pool_base(orig, (duet_pool_kind_t)k);
+        const uint8_t *t = duet_kv_cache_pool_base(theirs, (duet_pool_kind_t)k);
+        for (uint32_t layer = 0; layer < l->n_layers; layer++)
+            for (uint32_t u = 0; u < nu; u++) {
+                /* which sender unit (if any) was written into my unit u? */
+                int64_t src = -1;
+                if (transferred) {
+                    if (l->paged) {
+                        for (uint32_t i = 0; i < si->n_pages; i++)
+                            if (my_pages[i] == u)
+                                src = si->pages[i];
+                    } else if (u == my_slot) {
+                        src = si->slot;
+                    }
+                }
+                size_t off = ((size_t)layer * nu + u) * l->page_bytes;
+                const uint8_t *want = src >= 0 ? t + ((size_t)layer * nu + (size_t)src) * l->page_bytes
+                                               : o + off;
+                if (memcmp(m + off, want, l->page_bytes) != 0) {
+                    if (bad < 5)
+                        fprintf(stderr, "  byte mismatch: pool %s layer %u unit %u (source %" PRId64 ")\n",
+                                duet_pool_kind_name((duet_pool_kind_t)k), layer, u, src);
+                    bad++;
+                }
+            }
+    }
+    duet_kv_cache_destroy(&orig);
+    return bad;
+}
+
+static int receiver_main(int fd, const void *argp)
+{
+    const recv_args_t *a = argp;
+    duet_log_set_ident("receiver");
+    duet_kv_cache_t *c = make_cache(a->kv, a->idx, a->seed);
+    duet_xfer_t *x = make_engine("receiver", a->verify);
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_register_cache(x, c, &err) == DUET_OK, "%s", err.msg);
+    uint32_t pages[N_PAGES];
+    pick_pages(a->seed ^ 0x5555, pages, a->n_pages);
+    uint32_t slot = (uint32_t)(a->seed % N_SLOTS);
+    duet_xfer_desc_t d;
+    REQUIRE(duet_xfer_recv_expect(x, "req-0001", 7, pages, a->n_pages, slot,
+                                  duet_deadline_after_ms(a->deadline_ms), 42, &d, &err) == DUET_OK,
+            "%s", err.msg);
+    uint8_t *buf;
+    size_t len;
+    REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
+    REQUIRE(sock_send(fd, buf, (uint32_t)len) == 0, "send desc");
+    free(buf);
+    duet_xfer_desc_fini(&d);
+
+    uint32_t n;
+    sender_info_t *si = (sender_info_t *)sock_recv(fd, &n, 10000);
+    REQUIRE(si && n == sizeof *si, "sender info");
+
+    recv_result_t res = {0};
+    duet_xfer_event_t ev;
+    int got = wait_event(x, DUET_XFER_EV_RECV, &ev, a->deadline_ms + 5000);
+    REQUIRE(got == 0, "no RECV event");
+    CHECK(ev.user == 42 && ev.epoch == 7 && strcmp(ev.rid, "req-0001") == 0, "event identity");
+    res.status = ev.status;
+    res.first_token = ev.first_token;
+    res.cancelled = (int32_t)ev.cancelled;
+    snprintf(res.msg, sizeof res.msg, "%s", ev.msg);
+    duet_kv_cache_t *theirs = make_cache(a->kv, a->idx, si->seed);
+    res.mismatches = verify_bytes(c, a->seed, theirs, si, pages, slot, ev.status == DUET_OK);
+    res.bytes_ok = res.mismatches == 0;
+    duet_kv_cache_destroy(&theirs);
+    sock_send(fd, &res, sizeof res);
+    if (a->hold)
+        pause();
+    duet_xfer_destroy(&x);
+    duet_kv_cache_destroy(&c);
+    free(si);
+    return g_fail ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------- sender side helpers */
+
+typedef struct {
+    duet_kv_cache_t *c;
+    duet_xfer_t *x;
+    uint64_t seed;
+} sender_t;
+
+static void sender_init(sender_t *s, duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed,
+                        const char *name)
+{
+    s->seed = seed;
+    s->c = make_cache(kv, idx, seed);
+    s->x = make_engine(name, 1);
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_register_cache(s->x, s->c, &err) == DUET_OK, "%s", err.msg);
+}
+
+static void sender_fini(sender_t *s)
+{
+    duet_xfer_destroy(&s->x);
+    duet_kv_cache_destroy(&s->c);
+}
+
+static void read_desc(int fd, duet_xfer_desc_t *d)
+{
+    uint32_t n;
+    uint8_t *b = sock_recv(fd, &n, 10000);
+    REQUIRE(b, "no descriptor from the receiver");
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_desc_unpack(b, n, d, &err) == DUET_OK, "%s", err.msg);
+    free(b);
+}
+
+/* Begin a transfer of d into the receiver from sender pages picked by seed; tells the receiver. */
+static uint64_t begin(sender_t *s, int fd, const duet_xfer_desc_t *d, sender_info_t *si, int all)
+{
+    memset(si, 0, sizeof *si);
+    si->seed = s->seed;
+    si->n_pages = d->n_pages;
+    si->slot = (uint32_t)((s->seed + 1) % N_SLOTS);
+    si->sent_layers_all = all;
+    pick_pages(s->seed ^ 0xaaaa, si->pages, d->n_pages);
+    REQUIRE(sock_send(fd, si, sizeof *si) == 0, "send info");
+    uint64_t tid = 0;
+    duet_err_t err;
+    duet_err_clear(&err);
+    duet_status_t st = duet_xfer_send_begin(s->x, d, si->pages, d->n_pages, si->slot, 9, &tid, &err);
+    REQUIRE(st == DUET_OK, "begin: %s", duet_err_text(&err));
+    return tid;
+}
+
+/* Layer by layer as a prefill would, every pool. */
+static void put_layerwise(sender_t *s, uint64_t tid, int skip_one)
+{
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(s->c, (duet_pool_kind_t)k);
+        for (uint32_t layer = 0; layer < l->n_layers; layer++) {
+            if (skip_one && k == DUET_POOL_C4_INDEX_K && layer == 1)
+                continue;
+            CHECK(duet_xfer_send_put(s->x, tid, k, layer) == DUET_OK, "put");
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- cases */
+
+static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_one)
+{
+    recv_args_t ra = {.kv = kv, .idx = idx, .seed = 11, .n_pages = 40, .deadline_ms = 15000, .verify = 1};
+    int fd;
+    pid_t r = spawn(receiver_main, &ra, &fd);
+    sender_t s;
+    sender_init(&s, kv, idx, 22, "sender");
+    duet_xfer_desc_t d;
+    read_desc(fd, &d);
+    sender_info_t si;
+    uint64_t tid = begin(&s, fd, &d, &si, !skip_one);
+    put_layerwise(&s, tid, skip_one);
+    CHECK(duet_xfer_send_finish(s.x, tid, 1234) == DUET_OK, "finish");
+    duet_xfer_event_t ev;
+    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
+    CHECK(ev.status == DUET_OK && ev.tid == tid && ev.user == 9, "send: %s %s",
+          duet_status_code(ev.status), ev.msg);
+    uint32_t n;
+    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    REQUIRE(res && n == sizeof *res, "no result from the receiver");
+    if (!skip_one) {
+        CHECK(res->status == DUET_OK, "receiver: %s %s", duet_status_code(res->status), res->msg);
+        CHECK(res->first_token == 1234, "first token %d", res->first_token);
+        CHECK(res->bytes_ok, "%" PRIu64 " units differ", res->mismatches);
+    } else {
+        /* a layer never sent: TransferDone's checksums must catch it */
+        CHECK(res->status == DUET_ERR_CHECKSUM, "receiver: %s %s", duet_status_code(res->status), res->msg);
+    }
+    free(res);
+    duet_xfer_stats_t st;
+    duet_xfer_stats(s.x, &st);
+    CHECK(st.ops_inflight == 0 && st.sends_active == 0, "sender leaks: %" PRIu64 " ops, %" PRIu64 " sends",
+          st.ops_inflight, st.sends_active);
+    /* coalescing: the runs of the two page lists give fewer puts than pages */
+    CHECK(st.puts < (uint64_t)d.n_pages * 13, "puts %" PRIu64, st.puts);
+    duet_xfer_desc_fini(&d);
+    CHECK(reap(r, 10000) == 0, "receiver exit");
+    close(fd);
+    sender_fini(&s);
+}
+
+static void case_roundtrip_fp8(void) { roundtrip(DUET_CACHE_FP8, DUET_CACHE_FP8, 0); }
+static void case_roundtrip_bf16(void) { roundtrip(DUET_CACHE_BF16, DUET_CACHE_BF16, 0); }
+static void case_roundtrip_fp8_kv_bf16_index(void) { roundtrip(DUET_CACHE_FP8, DUET_CACHE_BF16, 0); }
+static void case_checksum_catches_missing_layer(void) { roundtrip(DUET_CACHE_FP8, DUET_CACHE_FP8, 1); }
+
+/* The receiver uses bf16 index-K, the sender fp8: refused before any byte moves. */
+static void case_layout_mismatch(void)
+{
+    recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_BF16, .seed = 31, .n_pages = 24,
+                      .deadline_ms = 1500, .verify = 1};
+    int fd;
+    pid_t r = spawn(receiver_main, &ra, &fd);
+    sender_t s;
+    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 32, "sender");
+    duet_xfer_desc_t d;
+    read_desc(fd, &d);
+    sender_info_t si = {.seed = 32, .n_pages = 0};
+    uint32_t pages[N_PAGES];
+    pick_pages(1, pages, d.n_pages);
+    uint64_t tid = 0;
+    duet_err_t err;
+    duet_err_clear(&err);
+    duet_status_t st = duet_xfer_send_begin(s.x, &d, pages, d.n_pages, 0, 0, &tid, &err);
+    CHECK(st == DUET_ERR_LAYOUT_MISMATCH, "begin: %s", duet_err_text(&err));
+    CHECK(strstr(err.msg, "pool ") != NULL, "message names the pool: %s", err.msg);
+    /* same layout kinds but one fingerprint changed: refused too */
+    duet_xfer_desc_t d2;
+    REQUIRE(duet_xfer_desc_copy(&d, &d2) == DUET_OK, "copy");
+    for (uint32_t i = 0; i < d2.n_pools; i++)
+        d2.pools[i].fingerprint = duet_kv_cache_layout(s.c, d2.pools[i].kind)->fingerprint;
+    d2.pools[0].fingerprint ^= 1;
+    st = duet_xfer_send_begin(s.x, &d2, pages, d2.n_pages, 0, 0, &tid, &err);
+    CHECK(st == DUET_ERR_LAYOUT_MISMATCH, "begin (fingerprint): %s", duet_err_text(&err));
+    duet_xfer_desc_fini(&d2);
+    duet_xfer_stats_t sts;
+    duet_xfer_stats(s.x, &sts);
+    CHECK(sts.puts == 0 && sts.sends_active == 0, "a refused descriptor moved bytes");
+    REQUIRE(sock_send(fd, &si, sizeof si) == 0, "send info");
+    /* the receiver times out on its deadline, and its memory is untouched */
+    uint32_t n;
+    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    REQUIRE(res && n == sizeof *res, "no result from the receiver");
+    CHECK(res->status == DUET_ERR_TIMEOUT, "receiver: %s", duet_status_code(res->status));
+    CHECK(res->bytes_ok, "receiver memory changed: %" PRIu64 " units", res->mismatches);
+    free(res);
+    duet_xfer_desc_fini(&d);
+    CHECK(reap(r, 10000) == 0, "receiver exit");
+    close(fd);
+    sender_fini(&s);
+}
+
+/* Abort after some puts: flush, AbortAck; the receiver learns ABORTED. */
+static void case_abort_ack(void)
+{
+    recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_FP8, .seed = 41, .n_pages = 16,
+                      .deadline_ms = 10000, .verify = 1};
+    int fd;
+    pid_t r = spawn(receiver_main, &ra, &fd);
+    sender_t s;
+    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 42, "sender");
+    duet_xfer_desc_t d;
+    read_desc(fd, &d);
+    sender_info_t si;
+    uint64_t tid = begin(&s, fd, &d, &si, 0);
+    CHECK(duet_xfer_send_put(s.x, tid, DUET_POOL_SWA_KV, DUET_XFER_ALL_LAYERS) == DUET_OK, "put");
+    CHECK(duet_xfer_send_abort(s.x, tid) == DUET_OK, "abort");
+    duet_xfer_event_t ev;
+    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
+    CHECK(ev.status == DUET_ERR_ABORTED, "send: %s", duet_status_code(ev.status));
+    uint32_t n;
+    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    REQUIRE(res && n == sizeof *res, "no result from the receiver");
+    CHECK(res->status == DUET_ERR_ABORTED, "receiver: %s %s", duet_status_code(res->status), res->msg);
+    free(res);
+    duet_xfer_desc_fini(&d);
+    CHECK(reap(r, 10000) == 0, "receiver exit");
+    close(fd);
+    sender_fini(&s);
+}
+
+/* kill -9 of a receiver in the middle of a transfer: the sender reports
+ * PEER/TIMEOUT within the bound, while a transfer to a second receiver,
+ * running at the same time, completes. */
+static void case_kill_receiver(void)
+{
+    recv_args_t ra1 = {.kv = DUET_CACHE_BF16, .idx = DUET_CACHE_BF16, .seed = 51, .n_pages = N_PAGES,
+                       .deadline_ms = 30000, .verify = 1, .hold = 1};
+    recv_args_t ra2 = ra1;
+    ra2.seed = 52;
+    ra2.n_pages = 48;
+    ra2.hold = 0;
+    int fd1, fd2;
+    pid_t r1 = spawn(receiver_main, &ra1, &fd1);
+    pid_t r2 = spawn(receiver_main, &ra2, &fd2);
+    sender_t s;
+    sender_init(&s, DUET_CACHE_BF16, DUET_CACHE_BF16, 53, "sender");
+    duet_xfer_desc_t d1, d2;
+    read_desc(fd1, &d1);
+    read_desc(fd2, &d2);
+    sender_info_t si1, si2;
+    uint64_t t1 = begin(&s, fd1, &d1, &si1, 0);
+    uint64_t t2 = begin(&s, fd2, &d2, &si2, 1);
+    put_layerwise(&s, t2, 0);
+    /* a long transfer to r1: keep queueing puts of everything */
+    uint64_t kill_at = duet_time_ns() + 300000000ull, killed_ns = 0;
+    duet_xfer_event_t ev;
+    int t1_done = 0;
+    while (!t1_done) {
+        if (!killed_ns && duet_time_ns() >= kill_at) {
+            kill(r1, SIGKILL);
+            killed_ns = duet_time_ns();
+        }
+        duet_xfer_stats_t st;
+        duet_xfer_stats(s.x, &st);
+        if (st.ops_inflight < 64)
+            duet_xfer_send_put(s.x, t1, DUET_XFER_ALL_POOLS, DUET_XFER_ALL_LAYERS);
+        while (duet_xfer_poll(s.x, &ev, 1) == 1) {
+            if (ev.kind == DUET_XFER_EV_SEND && ev.tid == t1) {
+                t1_done = 1;
+                break;
+            }
+            CHECK(0, "unexpected event for tid %" PRIu64 ": %s", ev.tid, duet_status_code(ev.status));
+        }
+        if (killed_ns && duet_time_ns() - killed_ns > 10000000000ull)
+            break;
+        usleep(2000);
+    }
+    REQUIRE(t1_done, "no SEND event after the receiver was killed");
+    double ms = (double)(duet_time_ns() - killed_ns) / 1e6;
+    CHECK(ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT, "send to the killed receiver: %s %s",
+          duet_status_code(ev.status), ev.msg);
+    CHECK(ms <= DETECT_BOUND_MS, "detected after %.0f ms (bound %d ms)", ms, DETECT_BOUND_MS);
+    printf("  receiver kill -9 -> sender %s after %.1f ms (%s)\n", duet_status_code(ev.status), ms, ev.msg);
+    /* the healthy receiver is still served */
+    CHECK(duet_xfer_send_finish(s.x, t2, 77) == DUET_OK, "finish");
+    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event for r2");
+    CHECK(ev.tid == t2 && ev.status == DUET_OK, "send to r2: %s %s", duet_status_code(ev.status), ev.msg);
+    uint32_t n;
+    recv_result_t *res = (recv_result_t *)sock_recv(fd2, &n, 10000);
+    REQUIRE(res && n == sizeof *res, "no result from r2");
+    CHECK(res->status == DUET_OK && res->bytes_ok && res->first_token == 77, "r2: %s %s",
+          duet_status_code(res->status), res->msg);
+    free(res);
+    /* and a new transfer to the dead receiver fails at once, typed */
+    uint64_t t3;
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_send_begin(s.x, &d1, si1.pages, d1.n_pages, si1.slot, 3, &t3, &err) == DUET_OK, "%s",
+            err.msg);
+    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 5000) == 0, "no SEND event for t3");
+    CHECK(ev.tid == t3 && (ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT), "t3: %s",
+          duet_status_code(ev.status));
+    duet_xfer_stats_t st;
+    duet_xfer_stats(s.x, &st);
+    CHECK(st.ops_inflight == 0 && st.sends_active == 0, "sender leaks: %" PRIu64 " ops, %" PRIu64 " sends",
+          st.ops_inflight, st.sends_active);
+    duet_xfer_desc_fini(&d1);
+    duet_xfer_desc_fini(&d2);
+    reap(r1, 5000);
+    CHECK(reap(r2, 10000) == 0, "r2 exit");
+    close(fd1);
+    close(fd2);
+    sender_fini(&s);
+}
+
+/* The sender process for case_kill_sender: begins and keeps pushing forever. */
+static int endless_sender_main(int fd, const void *arg)
+{
+    (void)arg;
+    sender_t s;
+    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 62, "sender");
+    duet_xfer_desc_t d;
+    read_desc(fd, &d);
+    sender_info_t si;
+    uint64_t tid = begin(&s, fd, &d, &si, 0);
+    for (;;) {
+        duet_xfer_stats_t st;
+        duet_xfer_stats(s.x, &st);
+        if (st.ops_inflight < 64)
+            duet_xfer_send_put(s.x, tid, DUET_XFER_ALL_POOLS, DUET_XFER_ALL_LAYERS);
+        duet_xfer_event_t ev;
+        if (duet_xfer_poll(s.x, &ev, 1) == 1 && ev.kind == DUET_XFER_EV_SEND)
+            return 3; /* ended without being killed */
+        usleep(2000);
+    }
+}
+
+/* kill -9 of the sender mid-transfer: the receiver's pending request fails
+ * with PEER (its endpoint to the sender errors) within the bound. */
+static void case_kill_sender(void)
+{
+    int fd;
+    pid_t sp = spawn(endless_sender_main, NULL, &fd);
+    duet_kv_cache_t *c = make_cache(DUET_CACHE_FP8, DUET_CACHE_FP8, 61);
+    duet_xfer_t *x = make_engine("receiver", 1);
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_register_cache(x, c, &err) == DUET_OK, "%s", err.msg);
+    uint32_t pages[N_PAGES];
+    pick_pages(5, pages, N_PAGES);
+    duet_xfer_desc_t d;
+    REQUIRE(duet_xfer_recv_expect(x, "req-kill", 3, pages, N_PAGES, 1, duet_deadline_after_ms(30000), 5,
+                                  &d, &err) == DUET_OK, "%s", err.msg);
+    uint8_t *buf;
+    size_t len;
+    REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
+    REQUIRE(sock_send(fd, buf, (uint32_t)len) == 0, "send desc");
+    free(buf);
+    duet_xfer_desc_fini(&d);
+    duet_xfer_event_t ev;
+    REQUIRE(wait_event(x, DUET_XFER_EV_RECV_BEGUN, &ev, 10000) == 0, "transfer never started");
+    CHECK(ev.peer_id != 0, "begun without a peer id");
+    usleep(300000); /* mid-transfer */
+    kill(sp, SIGKILL);
+    uint64_t killed_ns = duet_time_ns();
+    REQUIRE(wait_event(x, DUET_XFER_EV_RECV, &ev, 10000) == 0, "no RECV event after the sender was killed");
+    double ms = (double)(duet_time_ns() - killed_ns) / 1e6;
+    CHECK(ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT, "recv: %s %s",
+          duet_status_code(ev.status), ev.msg);
+    CHECK(ms <= DETECT_BOUND_MS, "detected after %.0f ms (bound %d ms)", ms, DETECT_BOUND_MS);
+    printf("  sender kill -9 -> receiver %s after %.1f ms (%s)\n", duet_status_code(ev.status), ms, ev.msg);
+    duet_xfer_stats_t st;
+    duet_xfer_stats(x, &st);
+    CHECK(st.recvs_pending == 0, "receiver still has %" PRIu64 " pending", st.recvs_pending);
+    reap(sp, 5000);
+    close(fd);
+    duet_xfer_destroy(&x);
+    duet_kv_cache_destroy(&c);
+}
+
+/* Descriptors: pack/unpack round trip; truncated and garbage input refused. */
+static void case_descriptor_codec(void)
+{
+    duet_kv_cache_t *c = make_cache(DUET_CACHE_FP8, DUET_CACHE_BF16, 1);
+    duet_xfer_t *x = make_engine("codec", 0);
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_register_cache(x, c, &err) == DUET_OK, "%s", err.msg);
+    uint32_t pages[5] = {3, 4, 5, 9, 1};
+    duet_xfer_desc_t d, e;
+    REQUIRE(duet_xfer_recv_expect(x, "req-codec", 1, pages, 5, 2, duet_deadline_after_ms(100), 0, &d, &err) ==
+                DUET_OK, "%s", err.msg);
+    CHECK(d.n_pools == DUET_POOL_COUNT, "%u pools", d.n_pools);
+    uint8_t *buf;
+    size_t len;
+    REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
+    CHECK(duet_xfer_desc_unpack(buf, len, &e, &err) == DUET_OK, "%s", err.msg);
+    CHECK(e.n_pages == 5 && e.page_ids[3] == 9 && e.slot == 2 && e.epoch == 1 &&
+              strcmp(e.rid, "req-codec") == 0 && e.address_len == d.address_len &&
+              memcmp(e.address, d.address, d.address_len) == 0,
+          "round trip");
+    for (uint32_t i = 0; i < d.n_pools; i++)
+        CHECK(e.pools[i].fingerprint == d.pools[i].fingerprint && e.pools[i].rkey_len == d.pools[i].rkey_len &&
+                  memcmp(e.pools[i].rkey, d.pools[i].rkey, d.pools[i].rkey_len) == 0,
+              "pool %u", i);
+    duet_xfer_desc_fini(&e);
+    for (size_t cut = 0; cut < len; cut += 7) {
+        duet_status_t st = duet_xfer_desc_unpack(buf, cut, &e, &err);
+        CHECK(st != DUET_OK, "truncated at %zu accepted", cut);
+        duet_xfer_desc_fini(&e);
+    }
+    uint64_t s = 9;
+    for (int i = 0; i < 200; i++) {
+        uint8_t *g = malloc(len);
+        memcpy(g, buf, len);
+        g[splitmix(&s) % len] ^= (uint8_t)(1 + splitmix(&s) % 255);
+        if (duet_xfer_desc_unpack(g, len, &e, &err) == DUET_OK)
+            duet_xfer_desc_fini(&e); /* a flipped fingerprint or id in range is still well-formed */
+        free(g);
+    }
+    /* out-of-range ids are refused by validation */
+    d.page_ids[0] = N_PAGES;
+    CHECK(duet_xfer_desc_validate(&d, &err) == DUET_ERR_RANGE, "range: %s", duet_err_text(&err));
+    free(buf);
+    duet_xfer_desc_fini(&d);
+    /* expect refuses ids out of range; device pools are refused without CUDA in UCX */
+    pages[0] = N_PAGES + 1;
+    CHECK(duet_xfer_recv_expect(x, "req-bad", 1, pages, 5, 2, 0, 0, &d, &err) == DUET_ERR_INVALID, "range");
+    duet_xfer_pool_t p = {.layout = *duet_kv_cache_layout(c, DUET_POOL_C4_KV), .page_tokens = 256,
+                          .base = buf, .n_units = 1, .flags = DUET_XFER_POOL_DEVICE};
+    if (!duet_xfer_cuda_capable(x))
+        CHECK(duet_xfer_register_pool(x, &p, &err) != DUET_OK, "device pool accepted");
+    duet_xfer_destroy(&x);
+    duet_kv_cache_destroy(&c);
+}
+
+/* ---------------------------------------------------------------- main */
+
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+} case_t;
+
+static const case_t cases[] = {
+    {"descriptor_codec", case_descriptor_codec},
+    {"roundtrip_fp8", case_roundtrip_fp8},
+    {"roundtrip_bf16", case_roundtrip_bf16},
+    {"roundtrip_fp8_kv_bf16_index", case_roundtrip_fp8_kv_bf16_index},
+    {"checksum_catches_missing_layer", case_checksum_catches_missing_layer},
+    {"layout_mismatch", case_layout_mismatch},
+    {"abort_ack", case_abort_ack},
+    {"kill_receiver", case_kill_receiver},
+    {"kill_sender", case_kill_sender},
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    if (!getenv("UCX_TLS")) {
+        setenv("UCX_TLS", "tcp", 1);
+        setenv("UCX_NET_DEVICES", "lo", 1);
+    }
+    if (!getenv("DUET_LOG_LEVEL"))
+        duet_log_set_level(DUET_LOG_ERROR);
+    else
+        duet_log_init_from_env();
+    printf("UCX_TLS=%s UCX_NET_DEVICES=%s\n", getenv("UCX_TLS"),
+           getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES") : "(all)");
+    fflush(stdout);
+    int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)
+            continue;
+        double t0 = duet_time_s();
+        pid_t pid = fork();
+        if (pid == 0) {
+            cases[i].fn();
+            fflush(stdout);
+            _exit(g_fail ? 1 : 0);
+        }
+        int rc = reap(pid, CASE_LIMIT_S * 1000);
+        double dt = duet_time_s() - t0;
+        if (rc == 0) {
+            passed++;
+            printf("ok   %s (%.2f s)\n", cases[i].name, dt);
+        } else {
+            failed++;
+            printf("FAIL %s (%s, %.2f s)\n", cases[i].name, rc < 0 ? "timed out" : "failed", dt);
+        }
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
