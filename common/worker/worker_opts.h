@@ -1,0 +1,37 @@
+/* Command-line flags and config files shared by duet-prefill and duet-decode.
+ *
+ * Every flag --name VALUE may also be given in a JSON config file
+ * (--config FILE) as {"name": value}; flags on the command line win. */
+#ifndef DUET_WORKER_OPTS_H
+#define DUET_WORKER_OPTS_H
+
+#include <stdint.h>
+
+#include "cache_layout.h"
+#include "err.h"
+
+typedef struct {
+    const char *role;           /* "prefill" or "decode" */
+    char *model;                /* checkpoint directory */
+    char *id;                   /* worker id (default: role-pid) */
+    char *listen;               /* command socket URL */
+    char *events;               /* router's event socket URL (optional for tests) */
+    uint32_t pages, slots;      /* cache capacity */
+    uint32_t max_batch;         /* decode: sequences per step */
+    uint32_t token_budget;      /* prefill: tokens per step */
+    uint32_t queue_max;         /* prefill: queued requests before OVERLOADED */
+    uint32_t wait_timeout_ms;   /* decode: WAITING_FOR_INPUT deadline when Reserve gives none */
+    uint32_t heartbeat_ms;
+    duet_cache_opts_t cache;
+    int verify_checksums;
+    char *xfer_path;            /* "auto", "rma", "am" */
+} duet_worker_opts_t;
+
+/* Defaults, then the config file (if --config), then the flags.  Returns
+ * DUET_OK, or an error with a sentence (exit 2 for usage errors). */
+duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, int argc, char **argv,
+                                     duet_err_t *err);
+void duet_worker_opts_fini(duet_worker_opts_t *o);
+void duet_worker_opts_usage(const char *role);
+
+#endif

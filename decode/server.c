@@ -1,0 +1,541 @@
+/* duet-decode: reserves pages for incoming requests, receives their cache
+ * state from prefill workers, decodes them in a continuous batch and streams
+ * tokens to the router (DESIGN §1–§3).
+ *
+ * One thread owns everything (model, cache, request table, sockets): the loop
+ * serves commands between steps, takes data-plane events, expires waiting
+ * requests, runs one decode step, and pushes events.  Nothing in it waits
+ * without a deadline; with requests in the batch it does not wait at all. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "msg_xfer.h"
+#include "forward.h"
+#include "log.h"
+#include "msg.h"
+#include "ctl.h"
+#include "requests.h"
+#include "sampling.h"
+#include "time_util.h"
+#include "worker_opts.h"
+#include "xfer.h"
+
+#define GRACE_MS 60000 /* data-plane record kept this long past the wait deadline */
+#define EVENT_DEADLINE_MS 50
+
+typedef struct {
+    duet_sampling_t sp;
+    int32_t *stop_ids;
+    size_t n_stop;
+    int ignore_eos;
+    int32_t last_token;
+    uint32_t n_generated;
+    uint32_t n_prompt_pages;
+} dd_t; /* per-request decode data (duet_dreq_t.user) */
+
+typedef struct {
+    duet_worker_opts_t o;
+    duet_model_t *model;
+    duet_kv_cache_t *cache;
+    duet_dreq_table_t *tab;
+    duet_xfer_t *xfer;
+    duet_ctl_server_t *srv;
+    duet_ctl_pusher_t *push;
+    float *logits;           /* (max_batch, vocab) */
+    uint64_t last_heartbeat_ns;
+    uint64_t steps, step_ns_total, step_ns_max, tokens_out, events_dropped;
+} dsrv_t;
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static duet_msg_origin_t origin(dsrv_t *s, const char *rid, uint64_t epoch)
+{
+    return (duet_msg_origin_t){.sender_id = s->o.id, .rid = rid, .epoch = epoch};
+}
+
+/* Events never block the loop for long; one that cannot be queued is counted. */
+static void push_event(dsrv_t *s, duet_envelope_t *ev)
+{
+    if (!ev)
+        return;
+    if (s->push) {
+        duet_err_t err = {0};
+        if (duet_ctl_pusher_send(s->push, ev, duet_deadline_after_ms(EVENT_DEADLINE_MS), &err) != DUET_OK) {
+            s->events_dropped++;
+            duet_log_rid(DUET_LOG_WARN, duet_msg_rid(ev), "event %s not sent: %s",
+                         duet_msg_kind_name(duet_msg_kind(ev)), duet_err_text(&err));
+        }
+    }
+    duet_envelope_free(&ev);
+}
+
+static void free_dd(duet_dreq_t *r)
+{
+    dd_t *u = r->user;
+    if (u) {
+        free(u->stop_ids);
+        free(u);
+        r->user = NULL;
+    }
+}
+
+static void emit_finished(dsrv_t *s, duet_dreq_t *r, Duet__V1__FinishReason reason, Duet__V1__AbortReason why,
+                          duet_status_t error)
+{
+    duet_msg_origin_t o = origin(s, r->rid, r->epoch);
+    duet_envelope_t *ev = NULL;
+    dd_t *u = r->user;
+    if (duet_msg_new_request_finished(&o, reason, (uint32_t)r->prompt_len, u ? u->n_generated : 0, &ev) == DUET_OK) {
+        ev->request_finished->abort_reason = why;
+        if (error != DUET_OK)
+            ev->request_finished->error = duet_msg_error_code(error);
+        push_event(s, ev);
+    }
+}
+
+/* Remove a request for good (pages freed or released by the table). */
+static void finish_request(dsrv_t *s, duet_dreq_t *r, Duet__V1__FinishReason reason)
+{
+    emit_finished(s, r, reason, DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, DUET_OK);
+    free_dd(r);
+    duet_dreq_finish(s->tab, r->rid);
+}
+
+static Duet__V1__RequestState wire_state(duet_req_state_t st)
+{
+    switch (st) {
+    case DUET_REQ_RESERVED: return DUET__V1__REQUEST_STATE__REQUEST_STATE_RESERVED;
+    case DUET_REQ_WAITING_FOR_INPUT: return DUET__V1__REQUEST_STATE__REQUEST_STATE_WAITING_FOR_INPUT;
+    case DUET_REQ_DECODING: return DUET__V1__REQUEST_STATE__REQUEST_STATE_DECODING;
+    case DUET_REQ_FINISHED: return DUET__V1__REQUEST_STATE__REQUEST_STATE_FINISHED;
+    default: return DUET__V1__REQUEST_STATE__REQUEST_STATE_ABORTED;
+    }
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static duet_status_t on_reserve(dsrv_t *s, const duet_envelope_t *req, duet_envelope_t **reply)
+{
+    const Duet__V1__Reserve *rv = req->reserve;
+    const char *rid = req->header->rid;
+    duet_err_t err = {0};
+    uint64_t now = duet_time_ns();
+    uint32_t wait_ms = rv->deadline_ms ? rv->deadline_ms : s->o.wait_timeout_ms;
+    int64_t total = (int64_t)rv->prompt_len + rv->max_new_tokens;
+    duet_msg_origin_t o = origin(s, rid, 0);
+    if (!rid || !*rid)
+        return duet_msg_new_error(&o, DUET_ERR_INVALID, "Reserve without a request id", reply);
+    if (total > s->model->cfg.max_position_embeddings)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_TOO_LONG,
+                                     "prompt_len + max_new_tokens exceeds the model's context", 0, reply);
+    if (g_stop)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_SHUTTING_DOWN, "shutting down",
+                                     0, reply);
+    duet_dreq_t *r;
+    duet_status_t st = duet_dreq_reserve(s->tab, rid, rv->prefill_worker_id, (int32_t)rv->prompt_len,
+                                         (int32_t)rv->max_new_tokens, wait_ms, now, &r, &err);
+    if (st == DUET_ERR_STATE)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_DUPLICATE_RID, err.msg, 0, reply);
+    if (st != DUET_OK)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_NO_PAGES, err.msg, 100, reply);
+    dd_t *u = DUET_NEW(dd_t);
+    if (!u) {
+        duet_dreq_abort(s->tab, rid, 0, 0);
+        duet_dreq_router_confirms_undelivered(s->tab, rid, 0);
+        return DUET_ERR_NOMEM;
+    }
+    r->user = u;
+    duet_sampling_default(&u->sp);
+    const Duet__V1__SamplingParams *sp = rv->sampling;
+    if (sp) {
+        u->sp.temperature = sp->temperature;
+        u->sp.top_p = sp->top_p > 0.0f ? sp->top_p : 1.0f;
+        u->sp.top_k = sp->top_k;
+        u->sp.min_p = sp->min_p;
+        u->sp.seed = sp->seed;
+        u->ignore_eos = sp->ignore_eos;
+        if (sp->n_stop_token_ids) {
+            u->stop_ids = duet_malloc_array(sp->n_stop_token_ids, sizeof(int32_t));
+            if (u->stop_ids) {
+                memcpy(u->stop_ids, sp->stop_token_ids, sizeof(int32_t) * sp->n_stop_token_ids);
+                u->n_stop = sp->n_stop_token_ids;
+            }
+        }
+    }
+    int64_t pt = s->o.cache.page_tokens;
+    u->n_prompt_pages = (uint32_t)((rv->prompt_len + pt - 1) / pt);
+    duet_xfer_desc_t desc;
+    memset(&desc, 0, sizeof desc);
+    st = duet_xfer_recv_expect(s->xfer, rid, r->epoch, r->seq.pages, u->n_prompt_pages, r->seq.slot,
+                               now + (uint64_t)(wait_ms + GRACE_MS) * 1000000ull, 0, &desc, &err);
+    if (st == DUET_OK) {
+        o.epoch = r->epoch;
+        Duet__V1__TransferDescriptor *td = NULL;
+        st = duet_msg_descriptor_from_xfer(&desc, s->o.id, &td);
+        if (st == DUET_OK)
+            st = duet_msg_new_reserved(&o, s->o.id, desc.address, desc.address_len, desc.page_tokens, desc.slot,
+                                       reply);
+        if (st == DUET_OK) {
+            duet_msg_free(&(*reply)->reserved->descriptor->base);
+            (*reply)->reserved->descriptor = td;
+        } else if (td) {
+            duet_msg_free(&td->base);
+        }
+    }
+    duet_xfer_desc_fini(&desc);
+    if (st != DUET_OK) {
+        duet_envelope_free(reply);
+        free_dd(r);
+        /* nothing was handed out: the pages can go back at once */
+        duet_dreq_abort(s->tab, rid, 0, 0);
+        duet_dreq_router_confirms_undelivered(s->tab, rid, 0);
+        return duet_msg_new_error(&o, st, err.msg[0] ? err.msg : duet_status_str(st), reply);
+    }
+    duet_log_rid(DUET_LOG_DEBUG, rid, "reserved %u pages, slot %u, epoch %llu", r->seq.n_pages, r->seq.slot,
+                 (unsigned long long)r->epoch);
+    return DUET_OK;
+}
+
+static duet_status_t on_abort(dsrv_t *s, const duet_envelope_t *req, duet_envelope_t **reply)
+{
+    const char *rid = req->header->rid;
+    uint64_t epoch = req->header->epoch;
+    duet_msg_origin_t o = origin(s, rid, epoch);
+    duet_dreq_t *r = rid ? duet_dreq_find(s->tab, rid) : NULL;
+    if (!r || (epoch && r->epoch != epoch))
+        return duet_msg_new_abort_ack(&o, 0, DUET__V1__REQUEST_STATE__REQUEST_STATE_UNSPECIFIED, 0, 0, reply);
+    Duet__V1__RequestState was = wire_state(r->state);
+    uint32_t quarantined = 0;
+    if (r->state == DUET_REQ_DECODING) {
+        emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, req->abort->reason, DUET_OK);
+        free_dd(r);
+        duet_dreq_abort(s->tab, r->rid, 0, req->abort->reason);
+    } else {
+        if (r->state == DUET_REQ_WAITING_FOR_INPUT) {
+            emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, req->abort->reason, DUET_OK);
+            free_dd(r);
+            duet_dreq_abort(s->tab, r->rid, 0, req->abort->reason);
+            duet_xfer_recv_cancel(s->xfer, r->rid, r->epoch);
+        }
+        if (req->abort->prefill_quiesced) {
+            duet_dreq_router_confirms_undelivered(s->tab, rid, 0);
+        } else {
+            quarantined = r->seq.n_pages;
+        }
+    }
+    return duet_msg_new_abort_ack(&o, 1, was, 0, quarantined, reply);
+}
+
+static int dump_one(duet_dreq_t *r, void *arg)
+{
+    Duet__V1__StateDump *sd = arg;
+    uint64_t now = duet_time_ns();
+    duet_msg_state_dump_add_request(sd, r->rid, r->epoch, wire_state(r->state), (now - r->created_ns) / 1000000ull,
+                                    r->seq.n_pages);
+    return 0;
+}
+
+static void fill_load(dsrv_t *s, Duet__V1__Load *l)
+{
+    duet_dreq_stats_t st;
+    uint64_t now = duet_time_ns();
+    duet_dreq_stats(s->tab, now, &st);
+    uint32_t np = duet_kv_cache_n_pages(s->cache), ns = duet_kv_cache_n_slots(s->cache);
+    l->pages_free = duet_kv_cache_free_page_count(s->cache);
+    l->pages_quarantined = duet_kv_cache_quarantined_page_count(s->cache);
+    l->pages_used = np - l->pages_free - l->pages_quarantined;
+    l->slots_free = duet_kv_cache_free_slot_count(s->cache);
+    l->slots_quarantined = duet_kv_cache_quarantined_slot_count(s->cache);
+    l->slots_used = ns - l->slots_free - l->slots_quarantined;
+    for (int i = 0; i < DUET_REQ_STATE_COUNT; i++)
+        if (st.by_state[i])
+            duet_msg_load_add_state(l, wire_state((duet_req_state_t)i), st.by_state[i]);
+    l->oldest_waiting_age_ms = st.oldest_waiting_ns / 1000000ull;
+    l->queue_len = st.by_state[DUET_REQ_WAITING_FOR_INPUT];
+}
+
+static duet_status_t on_state_dump(dsrv_t *s, const duet_envelope_t *req, duet_envelope_t **reply)
+{
+    duet_msg_origin_t o = origin(s, NULL, 0);
+    duet_status_t st = duet_msg_new_state_dump(&o, DUET__V1__ROLE__ROLE_DECODE, reply);
+    if (st != DUET_OK)
+        return st;
+    fill_load(s, (*reply)->state_dump->load);
+    if (req->state_dump_request->include_requests)
+        duet_dreq_foreach(s->tab, dump_one, (*reply)->state_dump);
+    return DUET_OK;
+}
+
+static duet_status_t handler(const duet_envelope_t *req, duet_envelope_t **reply, void *arg)
+{
+    dsrv_t *s = arg;
+    switch (duet_msg_kind(req)) {
+    case DUET__V1__ENVELOPE__BODY_RESERVE: return on_reserve(s, req, reply);
+    case DUET__V1__ENVELOPE__BODY_ABORT: return on_abort(s, req, reply);
+    case DUET__V1__ENVELOPE__BODY_STATE_DUMP_REQUEST: return on_state_dump(s, req, reply);
+    default: {
+        duet_msg_origin_t o = origin(s, duet_msg_rid(req), 0);
+        return duet_msg_new_error(&o, DUET_ERR_PROTOCOL, "decode does not serve this command", reply);
+    }
+    }
+}
+
+/* ---- data-plane events ------------------------------------------------- */
+
+static int is_stop(const dd_t *u, int32_t tok, int32_t eos)
+{
+    if (!u->ignore_eos && tok == eos)
+        return 1;
+    for (size_t i = 0; i < u->n_stop; i++)
+        if (u->stop_ids[i] == tok)
+            return 1;
+    return 0;
+}
+
+/* A generated token: stream it, then finish the request if it ends here. Returns 1 when finished. */
+static int deliver_token(dsrv_t *s, duet_dreq_t *r, int32_t tok)
+{
+    dd_t *u = r->user;
+    duet_msg_origin_t o = origin(s, r->rid, r->epoch);
+    duet_envelope_t *ev = NULL;
+    if (duet_msg_new_token_chunk(&o, u->n_generated, &tok, 1, &ev) == DUET_OK)
+        push_event(s, ev);
+    u->n_generated++;
+    u->last_token = tok;
+    s->tokens_out++;
+    if (is_stop(u, tok, s->model->cfg.eos_token_id)) {
+        finish_request(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_STOP);
+        return 1;
+    }
+    if ((int32_t)u->n_generated >= r->max_new_tokens) {
+        finish_request(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+        return 1;
+    }
+    return 0;
+}
+
+static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
+{
+    duet_dreq_t *r = duet_dreq_find(s->tab, ev->rid);
+    if (!r || r->epoch != ev->epoch)
+        return;
+    if (r->quarantined) {
+        /* any end of the receive means no put for this epoch can still land */
+        if (ev->status == DUET_OK || ev->status == DUET_ERR_ABORTED || ev->status == DUET_ERR_PEER ||
+            ev->status == DUET_ERR_CHECKSUM) {
+            if (ev->status == DUET_ERR_PEER)
+                duet_dreq_router_confirms_undelivered(s->tab, r->rid, r->epoch);
+            else
+                duet_dreq_abort_ack(s->tab, r->rid, r->epoch);
+        }
+        return;
+    }
+    if (r->state != DUET_REQ_WAITING_FOR_INPUT)
+        return;
+    if (ev->status == DUET_OK) {
+        if (duet_dreq_transfer_done(s->tab, r->rid, r->epoch, &r) != DUET_OK)
+            return;
+        r->seq.n_past = r->prompt_len;
+        duet_log_rid(DUET_LOG_DEBUG, r->rid, "input arrived, first token %d", ev->first_token);
+        deliver_token(s, r, ev->first_token);
+        return;
+    }
+    /* the transfer failed: the request ends; whether its pages may be reused depends on why */
+    duet_log_rid(DUET_LOG_WARN, r->rid, "transfer failed: %s %s", duet_status_code(ev->status), ev->msg);
+    Duet__V1__AbortReason why = ev->status == DUET_ERR_TIMEOUT ? DUET__V1__ABORT_REASON__ABORT_REASON_WAIT_DEADLINE
+                                                                : DUET__V1__ABORT_REASON__ABORT_REASON_PEER_FAILURE;
+    emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, why, ev->status);
+    free_dd(r);
+    duet_dreq_abort(s->tab, r->rid, r->epoch, why);
+    if (ev->status == DUET_ERR_PEER || ev->status == DUET_ERR_CHECKSUM || ev->status == DUET_ERR_ABORTED) {
+        /* prefill is dead (endpoint failed and closed) or has flushed: nothing can land */
+        duet_dreq_router_confirms_undelivered(s->tab, r->rid, r->epoch);
+    }
+}
+
+static void drain_xfer(dsrv_t *s)
+{
+    duet_xfer_event_t ev[32];
+    uint32_t n;
+    while ((n = duet_xfer_poll(s->xfer, ev, 32)) > 0)
+        for (uint32_t i = 0; i < n; i++)
+            if (ev[i].kind == DUET_XFER_EV_RECV)
+                on_recv_event(s, &ev[i]);
+}
+
+static void expire_waiting(dsrv_t *s)
+{
+    duet_dreq_t *out[64];
+    int n;
+    while ((n = duet_dreq_expire(s->tab, duet_time_ns(), out, 64)) > 0)
+        for (int i = 0; i < n; i++) {
+            duet_log_rid(DUET_LOG_WARN, out[i]->rid, "WAITING_FOR_INPUT deadline passed; pages quarantined");
+            emit_finished(s, out[i], DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
+                          DUET__V1__ABORT_REASON__ABORT_REASON_WAIT_DEADLINE, DUET_ERR_TIMEOUT);
+            free_dd(out[i]);
+            duet_xfer_recv_cancel(s->xfer, out[i]->rid, out[i]->epoch);
+        }
+}
+
+/* ---- decode step ------------------------------------------------------- */
+
+typedef struct {
+    duet_dreq_t **v;
+    uint32_t n, max;
+} pick_t;
+
+static int pick_decoding(duet_dreq_t *r, void *arg)
+{
+    pick_t *p = arg;
+    if (r->state == DUET_REQ_DECODING && r->user)
+        p->v[p->n++] = r;
+    return p->n >= p->max;
+}
+
+static duet_status_t decode_step(dsrv_t *s, int *did_work)
+{
+    duet_dreq_t *batch[1024];
+    pick_t p = {batch, 0, s->o.max_batch < 1024 ? s->o.max_batch : 1024};
+    duet_dreq_foreach(s->tab, pick_decoding, &p);
+    *did_work = p.n > 0;
+    if (!p.n)
+        return DUET_OK;
+    int V = s->model->cfg.vocab_size;
+    duet_fwd_item_t items[1024];
+    for (uint32_t i = 0; i < p.n; i++) {
+        dd_t *u = batch[i]->user;
+        items[i] = (duet_fwd_item_t){.seq = &batch[i]->seq, .tokens = &u->last_token, .n_tokens = 1,
+                                     .logits_mode = DUET_LOGITS_LAST, .logits = s->logits + (size_t)i * V};
+    }
+    duet_err_t err = {0};
+    uint64_t t0 = duet_time_ns();
+    duet_status_t st = duet_forward(s->model, s->cache, items, (int)p.n, &err);
+    uint64_t dt = duet_time_ns() - t0;
+    s->steps++;
+    s->step_ns_total += dt;
+    if (dt > s->step_ns_max)
+        s->step_ns_max = dt;
+    if (st != DUET_OK) {
+        duet_error("decode step failed: %s", duet_err_text(&err));
+        for (uint32_t i = 0; i < p.n; i++) {
+            emit_finished(s, batch[i], DUET__V1__FINISH_REASON__FINISH_REASON_ERROR,
+                          DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, st);
+            free_dd(batch[i]);
+            duet_dreq_finish(s->tab, batch[i]->rid);
+        }
+        return DUET_OK;
+    }
+    for (uint32_t i = 0; i < p.n; i++) {
+        dd_t *u = batch[i]->user;
+        int32_t tok = duet_sample(s->logits + (size_t)i * V, V, &u->sp, batch[i]->seq.n_past);
+        deliver_token(s, batch[i], tok);
+    }
+    return DUET_OK;
+}
+
+static void heartbeat(dsrv_t *s)
+{
+    uint64_t now = duet_time_ns();
+    if (!s->push || now - s->last_heartbeat_ns < (uint64_t)s->o.heartbeat_ms * 1000000ull)
+        return;
+    s->last_heartbeat_ns = now;
+    duet_msg_origin_t o = origin(s, NULL, 0);
+    duet_envelope_t *ev = NULL;
+    if (duet_msg_new_heartbeat(&o, DUET__V1__ROLE__ROLE_DECODE, &ev) == DUET_OK) {
+        fill_load(s, ev->heartbeat->load);
+        push_event(s, ev);
+    }
+}
+
+static int shutdown_one(duet_dreq_t *r, void *arg)
+{
+    dsrv_t *s = arg;
+    if (r->state == DUET_REQ_DECODING || r->state == DUET_REQ_WAITING_FOR_INPUT)
+        emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
+                      DUET__V1__ABORT_REASON__ABORT_REASON_WORKER_SHUTDOWN, DUET_OK);
+    free_dd(r);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    dsrv_t S;
+    memset(&S, 0, sizeof S);
+    duet_err_t err = {0};
+    duet_log_init_from_env();
+    duet_log_set_ident("duet-decode");
+    if (duet_worker_opts_parse(&S.o, "decode", argc, argv, &err) != DUET_OK) {
+        if (strcmp(err.msg, "help") != 0)
+            fprintf(stderr, "duet-decode: %s\n", duet_err_text(&err));
+        duet_worker_opts_usage("decode");
+        return 2;
+    }
+    int rc = 1;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (duet_model_load(S.o.model, &S.model, &err) != DUET_OK)
+        goto fail;
+    if (duet_kv_cache_create(&S.model->cfg, &S.o.cache, S.o.pages, S.o.slots, &S.cache, &err) != DUET_OK)
+        goto fail;
+    if (duet_dreq_table_create(S.cache, S.o.slots, &S.tab, &err) != DUET_OK)
+        goto fail;
+    S.logits = duet_malloc_array((size_t)S.o.max_batch * S.model->cfg.vocab_size, sizeof(float));
+    if (!S.logits) {
+        duet_err_set(&err, DUET_ERR_NOMEM, "out of memory for logits");
+        goto fail;
+    }
+    duet_xfer_opts_t xo = {.name = S.o.id, .verify_checksums = S.o.verify_checksums};
+    if (S.o.xfer_path)
+        xo.data_path = strcmp(S.o.xfer_path, "rma") == 0 ? DUET_XFER_PATH_RMA
+                       : strcmp(S.o.xfer_path, "am") == 0 ? DUET_XFER_PATH_AM
+                                                          : DUET_XFER_PATH_AUTO;
+    if (duet_xfer_create(&xo, &S.xfer, &err) != DUET_OK || duet_xfer_register_cache(S.xfer, S.cache, &err) != DUET_OK)
+        goto fail;
+    duet_ctl_opts_t co = {.url = S.o.listen, .sender_id = S.o.id};
+    if (duet_ctl_server_create(&co, handler, &S, &S.srv, &err) != DUET_OK)
+        goto fail;
+    if (S.o.events) {
+        duet_ctl_opts_t po = {.url = S.o.events, .queue_len = 65536};
+        if (duet_ctl_pusher_create(&po, &S.push, &err) != DUET_OK)
+            goto fail;
+    }
+    duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s)", S.o.id, S.o.listen, S.o.pages,
+              S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype), duet_cache_dtype_name(S.o.cache.index_k_dtype));
+    while (!g_stop) {
+        int busy = 0;
+        duet_dreq_stats_t ds;
+        duet_dreq_stats(S.tab, 0, &ds);
+        busy = ds.by_state[DUET_REQ_DECODING] > 0;
+        /* idle: sleep in the command socket for up to 2 ms; busy: do not wait */
+        duet_ctl_server_poll(S.srv, busy ? 0 : duet_deadline_after_ms(2), NULL);
+        drain_xfer(&S);
+        expire_waiting(&S);
+        int did = 0;
+        decode_step(&S, &did);
+        heartbeat(&S);
+    }
+    duet_info("%s: shutting down: %llu steps, mean %.2f ms, max %.2f ms, %llu tokens", S.o.id,
+              (unsigned long long)S.steps, S.steps ? S.step_ns_total / 1e6 / S.steps : 0.0, S.step_ns_max / 1e6,
+              (unsigned long long)S.tokens_out);
+    duet_dreq_foreach(S.tab, shutdown_one, &S);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "duet-decode: %s\n", duet_err_text(&err));
+done:
+    duet_ctl_server_destroy(&S.srv);
+    duet_ctl_pusher_destroy(&S.push);
+    duet_xfer_destroy(&S.xfer);
+    duet_dreq_table_destroy(&S.tab);
+    free(S.logits);
+    duet_kv_cache_destroy(&S.cache);
+    duet_model_destroy(&S.model);
+    duet_worker_opts_fini(&S.o);
+    return rc;
+}

@@ -1,0 +1,537 @@
+/* duet-prefill: queues prefill work, runs it in chunks under a token budget
+ * per step, pushes each layer's cache pages into the request's decode worker
+ * as soon as that layer is computed, samples the first token, and sends
+ * TransferDone after the flush (DESIGN §2).  Aborts are handled at every
+ * stage (DESIGN §3): queued work is dropped; work whose transfer started stops
+ * issuing puts, flushes, and sends AbortAck to decode.
+ *
+ * One thread owns the model, the cache and the queue; the loop serves
+ * commands between steps, takes data-plane events, and runs one step. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "ctl.h"
+#include "msg_xfer.h"
+#include "forward.h"
+#include "log.h"
+#include "msg.h"
+#include "sampling.h"
+#include "time_util.h"
+#include "worker_opts.h"
+#include "xfer.h"
+
+#define EVENT_DEADLINE_MS 50
+#define MAX_ITEMS 256  /* sequences per step */
+#define MAX_FINALS 32  /* sequences whose prefill completes in one step */
+
+typedef enum { PR_QUEUED = 0, PR_PREFILLING, PR_TRANSFERRING, PR_ABORTING } pr_state_t;
+
+typedef struct preq {
+    struct preq *next;
+    char rid[DUET_MSG_MAX_ID_LEN + 1];
+    uint64_t epoch;
+    pr_state_t state;
+    int32_t *tokens;
+    int32_t n_tokens;
+    int32_t done;             /* prompt tokens prefilled so far */
+    duet_sampling_t sp;
+    duet_xfer_desc_t desc;
+    duet_seq_t seq;           /* this worker's own pages for the request */
+    uint64_t tid;             /* data-plane transfer, once begun */
+    int has_tid;
+    uint64_t deadline_ns;
+    uint64_t received_ns;
+} preq_t;
+
+typedef struct {
+    duet_worker_opts_t o;
+    duet_model_t *model;
+    duet_kv_cache_t *cache;
+    duet_xfer_t *xfer;
+    duet_ctl_server_t *srv;
+    duet_ctl_pusher_t *push;
+    preq_t *head, *tail;
+    uint32_t n_queued, n_live;
+    float *logits;            /* (MAX_FINALS, vocab): last-token logits of the requests finishing this step */
+    uint64_t last_heartbeat_ns;
+    /* step scratch for the layer hook */
+    preq_t **finals;
+    uint32_t n_finals;
+} psrv_t;
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static duet_msg_origin_t origin(psrv_t *s, const char *rid, uint64_t epoch)
+{
+    return (duet_msg_origin_t){.sender_id = s->o.id, .rid = rid, .epoch = epoch};
+}
+
+static void push_event(psrv_t *s, duet_envelope_t *ev)
+{
+    if (!ev)
+        return;
+    if (s->push) {
+        duet_err_t err = {0};
+        if (duet_ctl_pusher_send(s->push, ev, duet_deadline_after_ms(EVENT_DEADLINE_MS), &err) != DUET_OK)
+            duet_log_rid(DUET_LOG_WARN, duet_msg_rid(ev), "event %s not sent: %s",
+                         duet_msg_kind_name(duet_msg_kind(ev)), duet_err_text(&err));
+    }
+    duet_envelope_free(&ev);
+}
+
+static void push_error(psrv_t *s, preq_t *r, duet_status_t st, const char *msg)
+{
+    duet_msg_origin_t o = origin(s, r->rid, r->epoch);
+    duet_envelope_t *ev = NULL;
+    if (duet_msg_new_error(&o, st, msg, &ev) == DUET_OK)
+        push_event(s, ev);
+}
+
+static preq_t *find_req(psrv_t *s, const char *rid, uint64_t epoch)
+{
+    for (preq_t *r = s->head; r; r = r->next)
+        if (strcmp(r->rid, rid) == 0 && (!epoch || r->epoch == epoch))
+            return r;
+    return NULL;
+}
+
+static void unlink_req(psrv_t *s, preq_t *r)
+{
+    preq_t **pp = &s->head, *prev = NULL;
+    while (*pp && *pp != r) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (!*pp)
+        return;
+    *pp = r->next;
+    if (s->tail == r)
+        s->tail = prev;
+    if (r->state == PR_QUEUED)
+        s->n_queued--;
+    s->n_live--;
+    if (r->seq.has_slot)
+        duet_seq_release(s->cache, &r->seq);
+    duet_xfer_desc_fini(&r->desc);
+    free(r->tokens);
+    free(r);
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static duet_status_t on_prefill(psrv_t *s, const duet_envelope_t *req, duet_envelope_t **reply)
+{
+    const Duet__V1__Prefill *pf = req->prefill;
+    const char *rid = req->header->rid;
+    duet_msg_origin_t o = origin(s, rid, req->header->epoch);
+    duet_err_t err = {0};
+    if (!rid || !*rid || !pf->descriptor)
+        return duet_msg_new_error(&o, DUET_ERR_INVALID, "Prefill needs a request id and a descriptor", reply);
+    if (g_stop)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_SHUTTING_DOWN, "shutting down", 0,
+                                     reply);
+    if (find_req(s, rid, 0))
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_DUPLICATE_RID,
+                                     "request id already queued", 0, reply);
+    if (s->n_queued >= s->o.queue_max)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_OVERLOADED, "prefill queue full",
+                                     50, reply);
+    for (size_t i = 0; i < pf->n_tokens; i++)
+        if (pf->tokens[i] < 0 || pf->tokens[i] >= s->model->cfg.vocab_size) {
+            char m[96];
+            snprintf(m, sizeof m, "token %zu = %d is outside the vocabulary", i, pf->tokens[i]);
+            return duet_msg_new_error(&o, DUET_ERR_RANGE, m, reply);
+        }
+    /* refuse a descriptor whose layouts differ from ours, before anything else (never a silent copy) */
+    duet_cache_layout_t layouts[DUET_POOL_COUNT];
+    size_t nl = 0;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(s->cache, (duet_pool_kind_t)k);
+        if (l->n_layers)
+            layouts[nl++] = *l;
+    }
+    duet_status_t st = duet_msg_descriptor_check_layouts(pf->descriptor, layouts, nl, &err);
+    if (st == DUET_OK && pf->descriptor->page_tokens != (uint32_t)s->o.cache.page_tokens)
+        st = duet_err_set(&err, DUET_ERR_LAYOUT_MISMATCH, "page_tokens %u differs from ours (%d)",
+                          pf->descriptor->page_tokens, s->o.cache.page_tokens);
+    uint32_t need = (uint32_t)((pf->n_tokens + s->o.cache.page_tokens - 1) / s->o.cache.page_tokens);
+    if (st == DUET_OK && pf->descriptor->n_page_ids != need)
+        st = duet_err_set(&err, DUET_ERR_RANGE, "descriptor has %zu pages, the prompt needs %u",
+                          pf->descriptor->n_page_ids, need);
+    if (st == DUET_OK && need > duet_kv_cache_n_pages(s->cache))
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_TOO_LONG,
+                                     "prompt larger than this worker's cache", 0, reply);
+    if (st != DUET_OK)
+        return duet_msg_new_error(&o, st, err.msg, reply);
+    preq_t *r = DUET_NEW(preq_t);
+    if (!r)
+        return DUET_ERR_NOMEM;
+    strcpy(r->rid, rid);
+    r->epoch = req->header->epoch;
+    r->n_tokens = (int32_t)pf->n_tokens;
+    r->tokens = duet_malloc_array(pf->n_tokens, sizeof(int32_t));
+    if (!r->tokens) {
+        free(r);
+        return DUET_ERR_NOMEM;
+    }
+    memcpy(r->tokens, pf->tokens, sizeof(int32_t) * pf->n_tokens);
+    duet_sampling_default(&r->sp);
+    if (pf->sampling) {
+        r->sp.temperature = pf->sampling->temperature;
+        r->sp.top_p = pf->sampling->top_p > 0.0f ? pf->sampling->top_p : 1.0f;
+        r->sp.top_k = pf->sampling->top_k;
+        r->sp.min_p = pf->sampling->min_p;
+        r->sp.seed = pf->sampling->seed;
+    }
+    st = duet_msg_descriptor_to_xfer(pf->descriptor, rid, &r->desc, &err);
+    if (st != DUET_OK) {
+        duet_xfer_desc_fini(&r->desc);
+        free(r->tokens);
+        free(r);
+        return duet_msg_new_error(&o, st, err.msg, reply);
+    }
+    r->received_ns = duet_time_ns();
+    r->deadline_ns = r->received_ns + (uint64_t)(pf->deadline_ms ? pf->deadline_ms : 600000) * 1000000ull;
+    if (s->tail)
+        s->tail->next = r;
+    else
+        s->head = r;
+    s->tail = r;
+    s->n_queued++;
+    s->n_live++;
+    return duet_msg_new_ack(&o, reply);
+}
+
+static Duet__V1__RequestState pr_wire_state(pr_state_t st)
+{
+    switch (st) {
+    case PR_QUEUED: return DUET__V1__REQUEST_STATE__REQUEST_STATE_QUEUED;
+    case PR_PREFILLING: return DUET__V1__REQUEST_STATE__REQUEST_STATE_PREFILLING;
+    default: return DUET__V1__REQUEST_STATE__REQUEST_STATE_TRANSFERRING;
+    }
+}
+
+/* Stop a request: queued or not yet transferring -> dropped (nothing was put);
+ * transferring -> stop puts, flush, AbortAck to decode (the SEND event ends it). */
+static int stop_request(psrv_t *s, preq_t *r)
+{
+    if (r->state == PR_ABORTING)
+        return 1;
+    if (!r->has_tid) {
+        unlink_req(s, r);
+        return 0;
+    }
+    duet_xfer_send_abort(s->xfer, r->tid);
+    if (r->state == PR_QUEUED)
+        s->n_queued--;
+    r->state = PR_ABORTING;
+    return 1;
+}
+
+static duet_status_t on_abort(psrv_t *s, const duet_envelope_t *req, duet_envelope_t **reply)
+{
+    const char *rid = req->header->rid;
+    duet_msg_origin_t o = origin(s, rid, req->header->epoch);
+    preq_t *r = rid ? find_req(s, rid, req->header->epoch) : NULL;
+    if (!r)
+        return duet_msg_new_abort_ack(&o, 0, DUET__V1__REQUEST_STATE__REQUEST_STATE_UNSPECIFIED, 0, 0, reply);
+    Duet__V1__RequestState was = pr_wire_state(r->state);
+    int started = stop_request(s, r);
+    return duet_msg_new_abort_ack(&o, 1, was, started, 0, reply);
+}
+
+static void fill_load(psrv_t *s, Duet__V1__Load *l)
+{
+    uint32_t counts[4] = {0};
+    uint64_t tokens = 0;
+    for (preq_t *r = s->head; r; r = r->next) {
+        counts[r->state]++;
+        tokens += (uint64_t)(r->n_tokens - r->done);
+    }
+    l->queue_len = s->n_queued;
+    l->tokens_in_flight = tokens;
+    l->pages_free = duet_kv_cache_free_page_count(s->cache);
+    l->pages_used = duet_kv_cache_n_pages(s->cache) - l->pages_free;
+    l->slots_free = duet_kv_cache_free_slot_count(s->cache);
+    l->slots_used = duet_kv_cache_n_slots(s->cache) - l->slots_free;
+    if (counts[PR_QUEUED])
+        duet_msg_load_add_state(l, DUET__V1__REQUEST_STATE__REQUEST_STATE_QUEUED, counts[PR_QUEUED]);
+    if (counts[PR_PREFILLING])
+        duet_msg_load_add_state(l, DUET__V1__REQUEST_STATE__REQUEST_STATE_PREFILLING, counts[PR_PREFILLING]);
+    if (counts[PR_TRANSFERRING] + counts[PR_ABORTING])
+        duet_msg_load_add_state(l, DUET__V1__REQUEST_STATE__REQUEST_STATE_TRANSFERRING,
+                                counts[PR_TRANSFERRING] + counts[PR_ABORTING]);
+}
+
+static duet_status_t on_state_dump(psrv_t *s, const duet_envelope_t *req, duet_envelope_t **reply)
+{
+    duet_msg_origin_t o = origin(s, NULL, 0);
+    duet_status_t st = duet_msg_new_state_dump(&o, DUET__V1__ROLE__ROLE_PREFILL, reply);
+    if (st != DUET_OK)
+        return st;
+    fill_load(s, (*reply)->state_dump->load);
+    if (req->state_dump_request->include_requests) {
+        uint64_t now = duet_time_ns();
+        for (preq_t *r = s->head; r; r = r->next)
+            duet_msg_state_dump_add_request((*reply)->state_dump, r->rid, r->epoch, pr_wire_state(r->state),
+                                            (now - r->received_ns) / 1000000ull, r->seq.n_pages);
+    }
+    return DUET_OK;
+}
+
+static duet_status_t handler(const duet_envelope_t *req, duet_envelope_t **reply, void *arg)
+{
+    psrv_t *s = arg;
+    switch (duet_msg_kind(req)) {
+    case DUET__V1__ENVELOPE__BODY_PREFILL: return on_prefill(s, req, reply);
+    case DUET__V1__ENVELOPE__BODY_ABORT: return on_abort(s, req, reply);
+    case DUET__V1__ENVELOPE__BODY_STATE_DUMP_REQUEST: return on_state_dump(s, req, reply);
+    default: {
+        duet_msg_origin_t o = origin(s, duet_msg_rid(req), 0);
+        return duet_msg_new_error(&o, DUET_ERR_PROTOCOL, "prefill does not serve this command", reply);
+    }
+    }
+}
+
+/* ---- data-plane events ------------------------------------------------- */
+
+static void drain_xfer(psrv_t *s)
+{
+    duet_xfer_event_t ev[32];
+    uint32_t n;
+    while ((n = duet_xfer_poll(s->xfer, ev, 32)) > 0)
+        for (uint32_t i = 0; i < n; i++) {
+            if (ev[i].kind != DUET_XFER_EV_SEND)
+                continue;
+            preq_t *r = NULL;
+            for (preq_t *q = s->head; q; q = q->next)
+                if (q->has_tid && q->tid == ev[i].tid) {
+                    r = q;
+                    break;
+                }
+            if (!r)
+                continue;
+            if (ev[i].status != DUET_OK && ev[i].status != DUET_ERR_ABORTED) {
+                duet_log_rid(DUET_LOG_WARN, r->rid, "transfer failed: %s %s", duet_status_code(ev[i].status),
+                             ev[i].msg);
+                push_error(s, r, ev[i].status, ev[i].msg);
+            }
+            unlink_req(s, r); /* every put has completed or failed: our pages are free again */
+        }
+}
+
+/* ---- prefill step ------------------------------------------------------ */
+
+static duet_status_t layer_done(void *arg, int layer)
+{
+    psrv_t *s = arg;
+    const duet_model_config_t *c = &s->model->cfg;
+    int ratio = c->compress_ratios[layer], ri = duet_cfg_ratio_layer_index(c, layer);
+    for (uint32_t i = 0; i < s->n_finals; i++) {
+        preq_t *r = s->finals[i];
+        duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_SWA_KV, (uint32_t)layer);
+        if (ratio == 4) {
+            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_C4_KV, (uint32_t)ri);
+            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_C4_INDEX_K, (uint32_t)ri);
+            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_STATE_C4, (uint32_t)ri);
+        } else if (ratio == 128) {
+            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_C128_KV, (uint32_t)ri);
+            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_STATE_C128, (uint32_t)ri);
+        }
+    }
+    return DUET_OK;
+}
+
+/* Start a queued request: our own pages and slot, then the data-plane transfer
+ * (which checks the decode worker's layouts again).  Returns 0 when it must wait. */
+static int start_request(psrv_t *s, preq_t *r)
+{
+    duet_err_t err = {0};
+    if (duet_kv_cache_free_slot_count(s->cache) == 0)
+        return 0;
+    if (duet_seq_init(s->cache, &r->seq, &err) != DUET_OK)
+        return 0;
+    if (duet_seq_reserve(s->cache, &r->seq, r->n_tokens, &err) != DUET_OK) {
+        duet_seq_release(s->cache, &r->seq);
+        return 0;
+    }
+    duet_status_t st = duet_xfer_send_begin(s->xfer, &r->desc, r->seq.pages, r->seq.n_pages, r->seq.slot, 0,
+                                            &r->tid, &err);
+    if (st != DUET_OK) {
+        duet_log_rid(DUET_LOG_WARN, r->rid, "transfer refused: %s", duet_err_text(&err));
+        push_error(s, r, st, err.msg);
+        unlink_req(s, r);
+        return -1;
+    }
+    r->has_tid = 1;
+    r->state = PR_PREFILLING;
+    s->n_queued--;
+    return 1;
+}
+
+static void prefill_step(psrv_t *s)
+{
+    uint64_t now = duet_time_ns();
+    uint32_t budget = s->o.token_budget, n = 0;
+    duet_fwd_item_t items[MAX_ITEMS];
+    preq_t *owners[MAX_ITEMS];
+    s->n_finals = 0;
+    for (preq_t *r = s->head, *next; r && budget > 0 && n < MAX_ITEMS && s->n_finals < MAX_FINALS; r = next) {
+        next = r->next;
+        if (now > r->deadline_ns && r->state != PR_ABORTING) {
+            duet_log_rid(DUET_LOG_WARN, r->rid, "prefill deadline passed");
+            push_error(s, r, DUET_ERR_TIMEOUT, "prefill deadline passed");
+            stop_request(s, r);
+            continue;
+        }
+        if (r->state == PR_QUEUED) {
+            int ok = start_request(s, r);
+            if (ok <= 0)
+                continue;
+        }
+        if (r->state != PR_PREFILLING)
+            continue;
+        uint32_t left = (uint32_t)(r->n_tokens - r->done), take = left < budget ? left : budget;
+        int final = take == left;
+        items[n] = (duet_fwd_item_t){.seq = &r->seq, .tokens = r->tokens + r->done, .n_tokens = (int)take,
+                                     .logits_mode = final ? DUET_LOGITS_LAST : DUET_LOGITS_NONE,
+                                     .logits = final ? s->logits + (size_t)s->n_finals * s->model->cfg.vocab_size
+                                                     : NULL};
+        owners[n++] = r;
+        if (final)
+            s->finals[s->n_finals++] = r;
+        budget -= take;
+    }
+    if (!n)
+        return;
+    duet_err_t err = {0};
+    duet_status_t st = duet_forward_hooked(s->model, s->cache, items, (int)n, layer_done, s, &err);
+    if (st != DUET_OK) {
+        duet_error("prefill step failed: %s", duet_err_text(&err));
+        for (uint32_t i = 0; i < n; i++) {
+            push_error(s, owners[i], st, err.msg);
+            stop_request(s, owners[i]);
+        }
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        preq_t *r = owners[i];
+        r->done += items[i].n_tokens;
+        if (r->done < r->n_tokens)
+            continue;
+        int32_t first = duet_sample(items[i].logits, s->model->cfg.vocab_size, &r->sp, r->n_tokens);
+        duet_xfer_send_finish(s->xfer, r->tid, first);
+        r->state = PR_TRANSFERRING;
+        duet_msg_origin_t o = origin(s, r->rid, r->epoch);
+        duet_envelope_t *ev = NULL;
+        if (duet_msg_new_transfer_done(&o, first, (uint32_t)r->n_tokens, 0, &ev) == DUET_OK)
+            push_event(s, ev); /* the router's copy: the first token is known */
+    }
+}
+
+static void heartbeat(psrv_t *s)
+{
+    uint64_t now = duet_time_ns();
+    if (!s->push || now - s->last_heartbeat_ns < (uint64_t)s->o.heartbeat_ms * 1000000ull)
+        return;
+    s->last_heartbeat_ns = now;
+    duet_msg_origin_t o = origin(s, NULL, 0);
+    duet_envelope_t *ev = NULL;
+    if (duet_msg_new_heartbeat(&o, DUET__V1__ROLE__ROLE_PREFILL, &ev) == DUET_OK) {
+        fill_load(s, ev->heartbeat->load);
+        push_event(s, ev);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    psrv_t S;
+    memset(&S, 0, sizeof S);
+    duet_err_t err = {0};
+    duet_log_init_from_env();
+    duet_log_set_ident("duet-prefill");
+    if (duet_worker_opts_parse(&S.o, "prefill", argc, argv, &err) != DUET_OK) {
+        if (strcmp(err.msg, "help") != 0)
+            fprintf(stderr, "duet-prefill: %s\n", duet_err_text(&err));
+        duet_worker_opts_usage("prefill");
+        return 2;
+    }
+    int rc = 1;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (duet_model_load(S.o.model, &S.model, &err) != DUET_OK)
+        goto fail;
+    if (duet_kv_cache_create(&S.model->cfg, &S.o.cache, S.o.pages, S.o.slots, &S.cache, &err) != DUET_OK)
+        goto fail;
+    S.logits = duet_malloc_array(MAX_FINALS, (size_t)S.model->cfg.vocab_size * sizeof(float));
+    S.finals = duet_calloc(MAX_FINALS, sizeof(preq_t *));
+    if (!S.logits || !S.finals) {
+        duet_err_set(&err, DUET_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    duet_xfer_opts_t xo = {.name = S.o.id};
+    if (S.o.xfer_path)
+        xo.data_path = strcmp(S.o.xfer_path, "rma") == 0 ? DUET_XFER_PATH_RMA
+                       : strcmp(S.o.xfer_path, "am") == 0 ? DUET_XFER_PATH_AM
+                                                          : DUET_XFER_PATH_AUTO;
+    if (duet_xfer_create(&xo, &S.xfer, &err) != DUET_OK || duet_xfer_register_cache(S.xfer, S.cache, &err) != DUET_OK)
+        goto fail;
+    duet_ctl_opts_t co = {.url = S.o.listen, .sender_id = S.o.id};
+    if (duet_ctl_server_create(&co, handler, &S, &S.srv, &err) != DUET_OK)
+        goto fail;
+    if (S.o.events) {
+        duet_ctl_opts_t po = {.url = S.o.events, .queue_len = 65536};
+        if (duet_ctl_pusher_create(&po, &S.push, &err) != DUET_OK)
+            goto fail;
+    }
+    duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, budget %u tokens/step)", S.o.id,
+              S.o.listen, S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
+              duet_cache_dtype_name(S.o.cache.index_k_dtype), S.o.token_budget);
+    while (!g_stop) {
+        int busy = 0;
+        for (preq_t *r = S.head; r; r = r->next)
+            busy |= r->state == PR_QUEUED || r->state == PR_PREFILLING;
+        duet_ctl_server_poll(S.srv, busy ? 0 : duet_deadline_after_ms(2), NULL);
+        drain_xfer(&S);
+        prefill_step(&S);
+        heartbeat(&S);
+    }
+    /* shutdown: stop everything in flight; give the data plane a bounded time to flush and ack */
+    for (preq_t *r = S.head, *next; r; r = next) {
+        next = r->next;
+        push_error(&S, r, DUET_ERR_ABORTED, "prefill worker shutting down");
+        stop_request(&S, r);
+    }
+    uint64_t until = duet_deadline_after_ms(5000);
+    while (S.head && duet_time_ns() < until) {
+        duet_xfer_event_t ev;
+        if (duet_xfer_wait(S.xfer, &ev, 100) == DUET_OK)
+            for (preq_t *r = S.head; r; r = r->next)
+                if (r->has_tid && r->tid == ev.tid) {
+                    unlink_req(&S, r);
+                    break;
+                }
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "duet-prefill: %s\n", duet_err_text(&err));
+done:
+    duet_ctl_server_destroy(&S.srv);
+    duet_ctl_pusher_destroy(&S.push);
+    duet_xfer_destroy(&S.xfer); /* pages stay registered until here */
+    while (S.head)
+        unlink_req(&S, S.head);
+    free(S.logits);
+    free(S.finals);
+    duet_kv_cache_destroy(&S.cache);
+    duet_model_destroy(&S.model);
+    duet_worker_opts_fini(&S.o);
+    return rc;
+}
