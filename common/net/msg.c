@@ -149,13 +149,26 @@ static void path_pop(path_t *p, size_t old)
     p->s[old] = '\0';
 }
 
-/* Every enum value anywhere in the message must be one this version knows:
- * proto3 decoders keep unknown values, and an unknown reason or pool kind
- * would change what the message means. */
+/* Walk every (sub)message:
+ *  - every enum value must be one this version knows: proto3 decoders keep
+ *    unknown values, and an unknown reason or pool kind would change what
+ *    the message means;
+ *  - unknown fields (kept for forward compatibility) must be well formed:
+ *    protobuf-c accepts a non-canonical tag of field number 0 ("80 00") as
+ *    an unknown field, which would re-encode into bytes no decoder accepts. */
 static duet_status_t check_enums(const ProtobufCMessage *m, path_t *p, duet_err_t *err)
 {
     const ProtobufCMessageDescriptor *d = m->descriptor;
     const char *base = (const char *)m;
+
+    for (unsigned i = 0; i < m->n_unknown_fields; i++) {
+        const ProtobufCMessageUnknownField *u = &m->unknown_fields[i];
+        if (u->tag == 0 || u->tag > 536870911u ||
+            (u->wire_type != PROTOBUF_C_WIRE_TYPE_VARINT && u->wire_type != PROTOBUF_C_WIRE_TYPE_64BIT &&
+             u->wire_type != PROTOBUF_C_WIRE_TYPE_LENGTH_PREFIXED && u->wire_type != PROTOBUF_C_WIRE_TYPE_32BIT))
+            return duet_err_set(err, DUET_ERR_PARSE, "%s%sunknown field %u (wire type %d) is not a valid encoding",
+                                p->s, p->len ? ": " : "", u->tag, (int)u->wire_type);
+    }
 
     for (unsigned f = 0; f < d->n_fields; f++) {
         const ProtobufCFieldDescriptor *fd = &d->fields[f];
@@ -400,7 +413,7 @@ static duet_status_t check_descriptor(const Duet__V1__TransferDescriptor *d, con
         if (d->page_ids[i] >= page_limit)
             FAIL(DUET_ERR_RANGE, "%s[%zu]: page %u is outside the pools' %llu pages", f, i, d->page_ids[i],
                  (unsigned long long)page_limit);
-    if (slot_limit != UINT64_MAX && d->slot >= slot_limit)
+    if (slot_limit != UINT64_MAX && d->slot != DUET_MSG_NO_SLOT && d->slot >= slot_limit)
         FAIL(DUET_ERR_RANGE, "%s.descriptor.slot: %u is outside the pools' %llu slots", where, d->slot,
              (unsigned long long)slot_limit);
     return DUET_OK;
@@ -526,7 +539,7 @@ static duet_status_t check_body(const duet_envelope_t *e, const duet_msg_limits_
         for (size_t i = 0; i < c->n_hash; i++) {
             if (c->pool[i] == DUET__V1__POOL_KIND__POOL_KIND_UNSPECIFIED)
                 FAIL(DUET_ERR_PROTOCOL, "transfer_done.checksums.pool[%zu]: UNSPECIFIED", i);
-            if (c->layer[i] >= lim->max_layers)
+            if (c->layer[i] >= lim->max_layers && c->layer[i] != DUET_MSG_ALL_LAYERS)
                 FAIL(DUET_ERR_RANGE, "transfer_done.checksums.layer[%zu]: %u is not below %u", i, c->layer[i],
                      lim->max_layers);
             if (c->page[i] >= lim->max_units)

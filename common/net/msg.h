@@ -64,6 +64,8 @@ typedef struct {
 } duet_msg_limits_t;
 
 #define DUET_MSG_MAX_ID_LEN 64 /* rid, sender and worker ids: 1..64 of [A-Za-z0-9._:-] */
+#define DUET_MSG_NO_SLOT UINT32_MAX       /* TransferDescriptor.slot: the request has none */
+#define DUET_MSG_ALL_LAYERS UINT32_MAX    /* PageChecksums.layer: hash chained over every layer */
 
 /* Fill `l` with the defaults above. */
 void duet_msg_limits_default(duet_msg_limits_t *l);

@@ -923,7 +923,7 @@ static int send_advance(duet_xfer_t *x, send_t *t, uint64_t now)
             if (t->msg_buf)
                 hdr_fill(x, (am_hdr_t *)t->msg_buf, AM_ABORT_ACK, rid, t->desc.epoch);
         } else {
-            uint32_t n = sums_count(x, t->n_pages, t->local_slot);
+            uint32_t n = x->opts.skip_checksums ? 0 : sums_count(x, t->n_pages, t->local_slot);
             t->msg_len = sizeof(am_done_t) + (size_t)n * sizeof(uint64_t);
             t->msg_buf = calloc(1, t->msg_len);
             if (t->msg_buf) {
@@ -932,8 +932,9 @@ static int send_advance(duet_xfer_t *x, send_t *t, uint64_t now)
                 d->first_token = t->first_token;
                 d->n_sums = n;
                 d->am_bytes = t->am_bytes;
-                sums_compute(x, t->local_pages, t->n_pages, t->local_slot,
-                             (uint64_t *)(t->msg_buf + sizeof *d));
+                if (n)
+                    sums_compute(x, t->local_pages, t->n_pages, t->local_slot,
+                                 (uint64_t *)(t->msg_buf + sizeof *d));
             }
         }
         if (!t->msg_buf) {
@@ -1255,6 +1256,15 @@ static void handle_msg(duet_xfer_t *x, const inmsg_t *m)
         return;
     }
     uint32_t want = sums_count(x, r->n_pages, r->slot);
+    if (d.n_sums == 0 && want > 0 && m->len == sizeof d) {
+        if (x->opts.verify_checksums) {
+            STAT_ADD(x, checksum_failures, 1);
+            recv_end(x, r, DUET_ERR_CHECKSUM, d.first_token, "TransferDone carries no checksums");
+        } else {
+            recv_end(x, r, DUET_OK, d.first_token, "transfer done (sender sent no checksums)");
+        }
+        return;
+    }
     if (d.n_sums != want || m->len != sizeof d + (size_t)d.n_sums * sizeof(uint64_t)) {
         STAT_ADD(x, bad_messages, 1);
         recv_end(x, r, DUET_ERR_PROTOCOL, -1, "TransferDone carries %u checksums, expected %u",

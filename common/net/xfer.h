@@ -83,6 +83,8 @@ typedef struct {
     uint32_t keepalive_ms;    /* UCX keepalive interval unless UCX_KEEPALIVE_INTERVAL is
                                  set; 0: 1000 */
     int verify_checksums;     /* receiver verifies TransferDone checksums */
+    int skip_checksums;       /* sender sends TransferDone without checksums (benchmarks);
+                                 a verifying receiver answers CHECKSUM */
     int data_path;            /* DUET_XFER_PATH_*; AUTO also reads DUET_XFER_PATH=rma|am */
     uint32_t am_chunk_bytes;  /* AM write path: page bytes per message; 0: 64 KiB */
     const duet_xfer_staging_t *staging; /* device pools without UCX CUDA support */

@@ -63,6 +63,8 @@ struct duet_cuda {
     size_t args_bytes;
     cudaEvent_t args_done; /* the last copy out of args_host has finished after this */
     cudaEvent_t t0, t1;
+    void *flush_buf; /* duet_cuda_flush_l2 */
+    size_t flush_bytes;
     duet_cuda_info_t info;
     struct duet_lt_plan plans[DUET_CUDA_MAX_PLANS];
     duet_err_t err;

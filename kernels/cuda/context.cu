@@ -52,6 +52,7 @@ static void ctx_release(duet_cuda_t *c)
     if (c->args_host)
         cudaFreeHost(c->args_host);
     cudaFree(c->args_dev);
+    cudaFree(c->flush_buf);
     cudaFree(c->scratch);
     cudaFree(c->workspace);
     if (c->lt)

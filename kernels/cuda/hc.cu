@@ -127,8 +127,13 @@ __global__ void __launch_bounds__(HC_THREADS) hc_head_kernel(const float *x, int
     }
 }
 
-__global__ void hc_post_kernel(float *x, int n, int hc, int dim, const float *f, const float *post, const float *comb)
+/* HCT > 0: hc known at compile time (registers); HCT == 0: any hc up to HC_MAX. */
+template <int HCT>
+__global__ void hc_post_kernel(float *x, int n, int hc_rt, int dim, const float *f, const float *post,
+                               const float *comb)
 {
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    constexpr int CAP = HCT > 0 ? HCT : HC_MAX;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -136,17 +141,26 @@ __global__ void hc_post_kernel(float *x, int n, int hc, int dim, const float *f,
     float *xi = x + (size_t)row * hc * dim;
     const float *po = post + (size_t)row * hc, *cb = comb + (size_t)row * hc * hc;
     float fc = f[(size_t)row * dim + c];
-    float xin[HC_MAX], tmp[HC_MAX];
-    for (int j = 0; j < hc; j++)
-        xin[j] = xi[(size_t)j * dim + c];
-    for (int k = 0; k < hc; k++) {
+    float xin[CAP], tmp[CAP];
+#pragma unroll
+    for (int j = 0; j < CAP; j++)
+        if (j < hc)
+            xin[j] = xi[(size_t)j * dim + c];
+#pragma unroll
+    for (int k = 0; k < CAP; k++) {
+        if (k >= hc)
+            break;
         float acc = 0.0f;
-        for (int j = 0; j < hc; j++)
-            acc = __fadd_rn(acc, __fmul_rn(cb[j * hc + k], xin[j]));
+#pragma unroll
+        for (int j = 0; j < CAP; j++)
+            if (j < hc)
+                acc = __fadd_rn(acc, __fmul_rn(cb[j * hc + k], xin[j]));
         tmp[k] = __fadd_rn(__fmul_rn(po[k], fc), acc);
     }
-    for (int k = 0; k < hc; k++)
-        xi[(size_t)k * dim + c] = tmp[k];
+#pragma unroll
+    for (int k = 0; k < CAP; k++)
+        if (k < hc)
+            xi[(size_t)k * dim + c] = tmp[k];
 }
 
 static duet_status_t hc_check(duet_cuda_t *c, const char *op, int hc, int dim, const void *x)
@@ -180,7 +194,10 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    hc_post_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, hc, dim, f, post, comb);
+    if (hc == 4)
+        hc_post_kernel<4><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, hc, dim, f, post, comb);
+    else
+        hc_post_kernel<0><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, hc, dim, f, post, comb);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -20,6 +20,12 @@ duet_status_t duet_cuda_measure_gemm_bf16(duet_cuda_t *c, int m, int n, int k, i
  * DUET_ERR_UNSUPPORTED where cuBLASLt has no such algorithm. */
 duet_status_t duet_cuda_measure_gemm_fp8(duet_cuda_t *c, int m, int n, int k, int reps, double *tflops);
 
+/* Plain fp32 fused multiply-add rate (independent chains on every SM); TFLOP/s counting 2 per FMA. */
+duet_status_t duet_cuda_measure_fma(duet_cuda_t *c, int reps, double *tflops);
+/* Read a buffer of twice the L2 size, so the next operation starts with a cold L2
+ * (clean lines only: nothing is written back during what follows). */
+duet_status_t duet_cuda_flush_l2(duet_cuda_t *c);
+
 #ifdef __cplusplus
 }
 #endif

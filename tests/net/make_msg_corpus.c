@@ -121,6 +121,15 @@ int main(int argc, char **argv)
     static const uint8_t endless[] = {0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     put("varint_endless.bin", endless, sizeof endless);
 
+    /* a valid Ack followed by a field-0 tag in non-canonical form */
+    buf = pack(DUET__V1__ENVELOPE__BODY_ACK, &len);
+    uint8_t *tagged = malloc(len + 3);
+    memcpy(tagged, buf, len);
+    memcpy(tagged + len, "\x80\x00\x00", 3);
+    put("tag_field_zero.bin", tagged, len + 3);
+    free(tagged);
+    free(buf);
+
     uint8_t junk[64];
     memset(junk, 0xff, sizeof junk);
     put("garbage_ff.bin", junk, sizeof junk);

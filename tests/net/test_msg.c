@@ -17,6 +17,7 @@
 #include "cache_layout.h"
 #include "msg.h"
 #include "msg_samples.h"
+#include "msg_xfer.h"
 
 /* Decode must fail with one of the statuses a peer may send back, and say why. */
 static int is_decode_status(duet_status_t st)
@@ -366,6 +367,12 @@ static void test_unknown_fields(void **state)
     more[len + 1] = 0x06;
     more[len + 2] = 0x05;
     assert_int_equal(decode_bytes(more, len + 3, NULL, &err), DUET_OK);
+    /* field number 0 in a non-canonical tag ("80 00"): not an encoding */
+    more[len] = 0x80;
+    more[len + 1] = 0x00;
+    more[len + 2] = 0x00;
+    assert_int_equal(decode_bytes(more, len + 3, NULL, &err), DUET_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "unknown field 0"));
     free(more);
     free(buf);
 
@@ -670,6 +677,83 @@ static void test_descriptor_layouts(void **state)
     duet_envelope_free(&e);
 }
 
+/* The data plane's descriptor survives the wire: xfer -> proto -> bytes -> proto -> xfer. */
+static void test_descriptor_xfer_roundtrip(void **state)
+{
+    (void)state;
+    duet_xfer_desc_t x, back;
+    duet_err_t err = {0};
+    memset(&x, 0, sizeof x);
+    static uint8_t addr[40], rkey0[12], rkey1[20];
+    static uint32_t pages[3] = {4, 5, 11};
+    for (size_t i = 0; i < sizeof addr; i++)
+        addr[i] = (uint8_t)(i * 7);
+    memset(rkey0, 0xab, sizeof rkey0);
+    memset(rkey1, 0xcd, sizeof rkey1);
+    x.worker_id = 0xfeedfacecafebeefull;
+    snprintf(x.rid, sizeof x.rid, "%s", SAMPLE_RID);
+    x.epoch = 42;
+    x.page_tokens = 256;
+    x.address = addr;
+    x.address_len = sizeof addr;
+    x.n_pools = 2;
+    x.pools[0] = (duet_xfer_pool_desc_t){DUET_POOL_C4_KV, 0x1111, 0x7f0000001000ull, 37376, 16, 21, sizeof rkey0, rkey0};
+    x.pools[1] = (duet_xfer_pool_desc_t){DUET_POOL_SWA_KV, 0x2222, 0x7f0000900000ull, 74752, 4, 43, sizeof rkey1, rkey1};
+    x.n_pages = 3;
+    x.page_ids = pages;
+    x.slot = 3;
+
+    duet_msg_origin_t o = {"decode-0", SAMPLE_RID, 42};
+    duet_envelope_t *e = NULL, *d = NULL;
+    assert_int_equal(duet_msg_new_reserved(&o, "decode-0", NULL, 0, 256, 0, &e), DUET_OK);
+    duet_msg_free(&e->reserved->descriptor->base);
+    assert_int_equal(duet_msg_descriptor_from_xfer(&x, "decode-0", &e->reserved->descriptor), DUET_OK);
+    uint8_t *buf;
+    size_t len;
+    if (duet_msg_encode(e, NULL, &buf, &len, &err) != DUET_OK)
+        fail_msg("%s", duet_err_text(&err));
+    assert_int_equal(duet_msg_decode(buf, len, NULL, &d, &err), DUET_OK);
+    free(buf);
+    assert_int_equal(d->reserved->descriptor->engine_id, 0xfeedfacecafebeefull);
+    assert_int_equal(duet_msg_descriptor_to_xfer(d->reserved->descriptor, duet_msg_rid(d), &back, &err), DUET_OK);
+    assert_int_equal(duet_xfer_desc_validate(&back, &err), DUET_OK);
+    assert_string_equal(back.rid, SAMPLE_RID);
+    assert_int_equal(back.worker_id, x.worker_id);
+    assert_int_equal(back.epoch, 42);
+    assert_int_equal(back.page_tokens, 256);
+    assert_int_equal(back.address_len, sizeof addr);
+    assert_memory_equal(back.address, addr, sizeof addr);
+    assert_int_equal(back.n_pools, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(back.pools[i].kind, x.pools[i].kind);
+        assert_int_equal(back.pools[i].fingerprint, x.pools[i].fingerprint);
+        assert_int_equal(back.pools[i].remote_base, x.pools[i].remote_base);
+        assert_int_equal(back.pools[i].page_bytes, x.pools[i].page_bytes);
+        assert_int_equal(back.pools[i].n_units, x.pools[i].n_units);
+        assert_int_equal(back.pools[i].n_layers, x.pools[i].n_layers);
+        assert_int_equal(back.pools[i].rkey_len, x.pools[i].rkey_len);
+        assert_memory_equal(back.pools[i].rkey, x.pools[i].rkey, x.pools[i].rkey_len);
+    }
+    assert_int_equal(back.n_pages, 3);
+    assert_memory_equal(back.page_ids, pages, sizeof pages);
+    assert_int_equal(back.slot, 3);
+    duet_xfer_desc_fini(&back);
+
+    /* "no slot" crosses the wire too */
+    d->reserved->descriptor->slot = DUET_MSG_NO_SLOT;
+    assert_int_equal(duet_msg_validate(d, NULL, &err), DUET_OK);
+    assert_int_equal(duet_msg_descriptor_to_xfer(d->reserved->descriptor, duet_msg_rid(d), &back, &err), DUET_OK);
+    assert_int_equal(back.slot, DUET_XFER_NO_SLOT);
+    duet_xfer_desc_fini(&back);
+    /* a rid the data plane cannot hold */
+    char long_rid[65];
+    memset(long_rid, 'a', 64);
+    long_rid[64] = '\0';
+    assert_int_equal(duet_msg_descriptor_to_xfer(d->reserved->descriptor, long_rid, &back, &err), DUET_ERR_RANGE);
+    duet_envelope_free(&d);
+    duet_envelope_free(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -685,6 +769,7 @@ int main(void)
         cmocka_unit_test(test_unknown_fields),
         cmocka_unit_test(test_out_of_range_fields),
         cmocka_unit_test(test_descriptor_layouts),
+        cmocka_unit_test(test_descriptor_xfer_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
