@@ -318,11 +318,46 @@ static int deliver_token(dsrv_t *s, duet_dreq_t *r, int32_t tok)
     return 0;
 }
 
+typedef struct {
+    dsrv_t *s;
+    const char *prefill_id;
+} dead_ctx_t;
+
+static int notify_dead_one(duet_dreq_t *r, void *arg)
+{
+    dead_ctx_t *c = arg;
+    if (strcmp(r->prefill_id, c->prefill_id) == 0 && r->state == DUET_REQ_WAITING_FOR_INPUT) {
+        emit_finished(c->s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
+                      DUET__V1__ABORT_REASON__ABORT_REASON_PEER_FAILURE, DUET_ERR_PEER);
+        free_dd(r);
+    }
+    return 0;
+}
+
+/* The data plane declared a prefill worker's endpoint failed and closed: no put
+ * from it can land any more (it also refuses to reconnect to us), so every
+ * request bound to it ends and its pages are released (DESIGN §3 (b)). */
+static void prefill_dead(dsrv_t *s, const char *prefill_id)
+{
+    if (!prefill_id[0])
+        return;
+    char id[DUET_WORKER_ID_MAX + 1];
+    snprintf(id, sizeof id, "%s", prefill_id);
+    dead_ctx_t c = {s, id};
+    duet_dreq_foreach(s->tab, notify_dead_one, &c);
+    int n = duet_dreq_prefill_dead(s->tab, id);
+    duet_warn("prefill worker %s failed: %d requests ended, their pages released", id, n);
+}
+
 static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
 {
     duet_dreq_t *r = duet_dreq_find(s->tab, ev->rid);
     if (!r || r->epoch != ev->epoch)
         return;
+    if (ev->status == DUET_ERR_PEER && r->prefill_id[0]) {
+        prefill_dead(s, r->prefill_id);
+        return;
+    }
     if (r->quarantined) {
         /* any end of the receive means no put for this epoch can still land */
         if (ev->status == DUET_OK || ev->status == DUET_ERR_ABORTED || ev->status == DUET_ERR_PEER ||

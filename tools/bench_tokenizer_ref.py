@@ -15,7 +15,8 @@ it is for every Python server that uses it.
 
 Usage: tools/bench_tokenizer_ref.py [--bench build/tools/duet-bench-tokenizer]
            [--tokenizer tokenizer.json] [--corpus file] [--passes N]
-Exits 77 when the `tokenizers` package is missing.
+Runs under /opt/textenv/bin/python when this Python lacks `tokenizers`; exits
+77 when neither has it.
 """
 import argparse
 import gzip
@@ -61,6 +62,9 @@ def main():
         import tokenizers
         from tokenizers import Tokenizer
     except ImportError:
+        venv = "/opt/textenv/bin/python"
+        if os.path.exists(venv) and os.path.realpath(sys.prefix) != os.path.realpath("/opt/textenv"):
+            os.execv(venv, [venv] + sys.argv)
         print("SKIP: the Python package `tokenizers` is missing "
               "(python3 -m venv /opt/textenv && /opt/textenv/bin/pip install tokenizers)")
         return 77

@@ -48,6 +48,7 @@ typedef struct {
     uint32_t n_out;
     const char *status, *finish;
     int abort_stage, abort_after;
+    int prefill_sent;
     uint64_t deadline_ns;
 } rq_t;
 
@@ -58,6 +59,9 @@ typedef struct {
     rq_t *rq;
     size_t n_rq;
     uint32_t wait_ms;
+    int never_prefill;           /* reserve only: a prefill worker that never sends */
+    uint32_t abort_all_after_ms; /* mass abort: abort every running request at this time */
+    const char *abort_prefix;    /* ... whose rid starts with this */
 } drv_t;
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -118,10 +122,14 @@ static void abort_request(drv_t *D, rq_t *r, int prefill_sent)
     duet_msg_origin_t o = origin(r);
     if (prefill_sent) {
         duet_msg_new_abort(&o, DUET__V1__ABORT_REASON__ABORT_REASON_CLIENT_DISCONNECT, 0, "test abort", &req);
-        if (call(D->p[r->p_idx], req, &reply) == DUET_OK && duet_msg_kind(reply) == DUET__V1__ENVELOPE__BODY_ABORT_ACK)
+        duet_status_t st = call(D->p[r->p_idx], req, &reply);
+        if (st == DUET_OK && duet_msg_kind(reply) == DUET__V1__ENVELOPE__BODY_ABORT_ACK)
             quiesced = !(reply->abort_ack->known && reply->abort_ack->transfer_started);
         else
-            quiesced = 0; /* unknown outcome: let decode wait for prefill's own ack or death */
+            /* Prefill does not answer.  A router declares it dead from its heartbeat TTL
+             * before telling decode so; this driver has no heartbeats and takes a failed
+             * call as that verdict (tests kill prefill workers on purpose). */
+            quiesced = st == DUET_ERR_PEER || st == DUET_ERR_TIMEOUT;
         duet_envelope_free(&reply);
     }
     if (r->epoch) {
@@ -171,6 +179,10 @@ static void start_request(drv_t *D, rq_t *r, size_t i)
         abort_request(D, r, 0);
         return;
     }
+    if (D->never_prefill) {
+        duet_envelope_free(&reply);
+        return;
+    }
     duet_msg_new_prefill(&o, r->tokens, r->n_tokens, reply->reserved->descriptor, 60000, &req);
     duet_envelope_free(&reply);
     sp = req->prefill->sampling;
@@ -188,6 +200,7 @@ static void start_request(drv_t *D, rq_t *r, size_t i)
         return;
     }
     duet_envelope_free(&reply);
+    r->prefill_sent = 1;
     if (r->abort_stage == AB_AFTER_PREFILL)
         abort_request(D, r, 1);
 }
@@ -223,6 +236,12 @@ static void on_event(drv_t *D, duet_envelope_t *ev)
     }
     case DUET__V1__ENVELOPE__BODY_REQUEST_FINISHED: {
         Duet__V1__FinishReason fr = ev->request_finished->reason;
+        if (fr == DUET__V1__FINISH_REASON__FINISH_REASON_ABORT) {
+            /* decode gave up on its own (deadline, peer failure): stop prefill, and tell decode
+             * whether a put can still land so it can release the quarantine */
+            abort_request(D, r, r->prefill_sent);
+            return;
+        }
         finish(r, fr == DUET__V1__FINISH_REASON__FINISH_REASON_ABORT   ? "aborted"
                   : fr == DUET__V1__FINISH_REASON__FINISH_REASON_ERROR ? "error"
                                                                        : "ok",
@@ -307,6 +326,9 @@ static int cmd_run(int argc, char **argv)
         else if (!strcmp(k, "--abort-seed")) rng_state = strtoull(v, NULL, 10) * 2654435761ull + 1;
         else if (!strcmp(k, "--timeout-ms")) timeout_ms = (uint32_t)atoi(v);
         else if (!strcmp(k, "--wait-ms")) D.wait_ms = (uint32_t)atoi(v);
+        else if (!strcmp(k, "--never-prefill")) D.never_prefill = atoi(v);
+        else if (!strcmp(k, "--abort-all-after-ms")) D.abort_all_after_ms = (uint32_t)atoi(v);
+        else if (!strcmp(k, "--abort-only-prefix")) D.abort_prefix = v;
         else {
             fprintf(stderr, "duet-driver: unknown option %s\n", k);
             return 2;
@@ -335,6 +357,7 @@ static int cmd_run(int argc, char **argv)
     }
     size_t next = 0, done = 0;
     uint64_t end = duet_deadline_after_ms(timeout_ms);
+    uint64_t mass_at = D.abort_all_after_ms ? duet_deadline_after_ms(D.abort_all_after_ms) : 0;
     while (done < D.n_rq && duet_time_ns() < end) {
         size_t running = 0;
         for (size_t i = 0; i < D.n_rq; i++)
@@ -350,6 +373,19 @@ static int cmd_run(int argc, char **argv)
             duet_envelope_free(&ev);
         }
         uint64_t now = duet_time_ns();
+        if (mass_at && now >= mass_at) {
+            uint64_t t0 = duet_time_ns();
+            size_t n_ab = 0;
+            for (size_t i = 0; i < D.n_rq; i++) {
+                rq_t *r = &D.rq[i];
+                if (r->phase == RQ_RUNNING && (!D.abort_prefix || !strncmp(r->rid, D.abort_prefix, strlen(D.abort_prefix)))) {
+                    abort_request(&D, r, r->prefill_sent);
+                    n_ab++;
+                }
+            }
+            fprintf(stderr, "duet-driver: mass abort of %zu requests took %.1f ms\n", n_ab, (duet_time_ns() - t0) / 1e6);
+            mass_at = 0;
+        }
         done = 0;
         for (size_t i = 0; i < D.n_rq; i++) {
             rq_t *r = &D.rq[i];

@@ -43,6 +43,8 @@ enum {
     AM_DONE = 0x32,       /* {hdr, first_token, n_sums, sums[]}: TransferDone */
     AM_ABORT_ACK = 0x33,  /* {hdr}: AbortAck, after the flush */
     AM_DATA = 0x34,       /* header {data hdr}, payload: page bytes (AM write path) */
+    AM_PING = 0x35,       /* {hdr}: liveness probe, receiver -> sender of its pending requests */
+    AM_PONG = 0x36,       /* {hdr}: answer */
 };
 
 #define AM_MAGIC 0x31465844u /* "DXF1" */
@@ -113,11 +115,16 @@ typedef struct peer {
     uint32_t n_inflight;      /* UCX requests on this endpoint */
     uint32_t n_puts;          /* puts among them (the window) */
     uint64_t last_progress_ns;
+    uint64_t last_heard_ns;   /* last message from this peer (receiver side) */
+    uint64_t ping_sent_ns;    /* probe outstanding since (0: none) */
+    uint32_t n_recvs;         /* pending receives bound to this peer */
+    am_hdr_t ping_buf, pong_buf;
     void *close_req;
     uint64_t close_deadline_ns;
     uint64_t dead_since_ns;
     uint32_t refs;            /* sends and receives bound to it */
     int use_am;               /* write pages with AM_DATA instead of ucp_put_nbx */
+    int graceful;             /* close with a flush (engine shutdown), not FORCE */
 } peer_t;
 
 typedef struct {
@@ -244,6 +251,7 @@ struct duet_xfer {
 
     pthread_mutex_t cmd_lock;
     cmd_t *cmd_head, *cmd_tail;
+    recv_t *new_recvs;        /* expected receives not yet adopted (under cmd_lock) */
     pthread_mutex_t sync_lock;
     pthread_cond_t sync_cond;
 
@@ -501,6 +509,7 @@ static peer_t *peer_get(duet_xfer_t *x, const uint8_t *addr, size_t len, uint64_
     p->state = PEER_UP;
     p->use_am = x->path == DUET_XFER_PATH_AM || (x->path == DUET_XFER_PATH_AUTO && !ep_has_rma_lane(p->ep));
     p->last_progress_ns = duet_time_ns();
+    p->last_heard_ns = p->last_progress_ns;
     p->next = x->peers;
     x->peers = p;
     duet_debug("xfer %s: endpoint to %016" PRIx64 ", pages written with %s", x->name, remote_id,
@@ -998,8 +1007,10 @@ static void recv_unlink(duet_xfer_t *x, recv_t *r)
             *pp = r->next;
             break;
         }
-    if (r->peer)
+    if (r->peer) {
         r->peer->refs--;
+        r->peer->n_recvs--;
+    }
     if (x->last_recv == r)
         x->last_recv = NULL;
     free(r->pages);
@@ -1050,6 +1061,46 @@ static recv_t *recv_find(duet_xfer_t *x, const char *rid, uint64_t epoch, int *r
     return NULL;
 }
 
+/* Move receives expected since the last look into x->recvs.  Called before
+ * every command batch and whenever a message finds no record, so that a
+ * sender answering a fresh descriptor can never outrun its record. */
+static void adopt_new_recvs(duet_xfer_t *x)
+{
+    pthread_mutex_lock(&x->cmd_lock);
+    recv_t *r = x->new_recvs;
+    x->new_recvs = NULL;
+    pthread_mutex_unlock(&x->cmd_lock);
+    while (r) {
+        recv_t *next = r->next;
+        int seen;
+        if (recv_find(x, r->rid, r->epoch, &seen)) {
+            duet_xfer_event_t ev = {.kind = DUET_XFER_EV_RECV, .status = DUET_ERR_BUSY, .user = r->user,
+                                    .epoch = r->epoch};
+            snprintf(ev.rid, sizeof ev.rid, "%s", r->rid);
+            snprintf(ev.msg, sizeof ev.msg, "(rid, epoch) is already expected");
+            free(r->pages);
+            free(r->unit_bits);
+            free(r);
+            STAT_SUB(x, recvs_pending, 1);
+            emit(x, &ev);
+        } else {
+            r->next = x->recvs;
+            x->recvs = r;
+        }
+        r = next;
+    }
+}
+
+static recv_t *recv_find_adopt(duet_xfer_t *x, const char *rid, uint64_t epoch, int *rid_seen)
+{
+    recv_t *r = recv_find(x, rid, epoch, rid_seen);
+    if (!r) {
+        adopt_new_recvs(x);
+        r = recv_find(x, rid, epoch, rid_seen);
+    }
+    return r;
+}
+
 /* AM handlers run inside ucp_worker_progress: copy and queue only. */
 static ucs_status_t am_queue(duet_xfer_t *x, unsigned id, const void *data, size_t len,
                              const ucp_am_recv_param_t *param)
@@ -1086,6 +1137,42 @@ static ucs_status_t am_queue(duet_xfer_t *x, unsigned id, const void *data, size
 AM_HANDLER(am_begin_cb, AM_BEGIN)
 AM_HANDLER(am_done_cb, AM_DONE)
 AM_HANDLER(am_abort_ack_cb, AM_ABORT_ACK)
+AM_HANDLER(am_ping_cb, AM_PING)
+AM_HANDLER(am_pong_cb, AM_PONG)
+
+/* Completion of a probe or its answer (no transfer attached). */
+static void ctl_cb(void *request, ucs_status_t status, void *user_data)
+{
+    peer_t *p = user_data;
+    peer_op_done(p->x, p, 0);
+    if (status != UCS_OK && status != UCS_ERR_CANCELED)
+        peer_fail(p->x, p, DUET_ERR_PEER, "liveness probe failed: %s", ucs_status_string(status));
+    ucp_request_free(request);
+}
+
+static void ctl_send(duet_xfer_t *x, peer_t *p, unsigned id, am_hdr_t *buf, uint64_t seq)
+{
+    hdr_fill(x, buf, id, "-", seq);
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = ctl_cb,
+        .user_data = p,
+    };
+    ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, id, NULL, 0, buf, sizeof *buf, &prm);
+    if (UCS_PTR_IS_ERR(sp))
+        peer_fail(x, p, DUET_ERR_PEER, "liveness probe: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+    else if (sp)
+        peer_op_start(x, p, 0);
+}
+
+static peer_t *peer_by_id(duet_xfer_t *x, uint64_t id)
+{
+    for (peer_t *p = x->peers; p; p = p->next)
+        if (p->remote_id == id && p->state == PEER_UP)
+            return p;
+    return NULL;
+}
 
 static recv_t *recv_lookup(duet_xfer_t *x, const char *rid, uint64_t epoch)
 {
@@ -1093,7 +1180,7 @@ static recv_t *recv_lookup(duet_xfer_t *x, const char *rid, uint64_t epoch)
     if (r && r->epoch == epoch && strcmp(r->rid, rid) == 0)
         return r;
     int seen;
-    r = recv_find(x, rid, epoch, &seen);
+    r = recv_find_adopt(x, rid, epoch, &seen);
     if (r)
         x->last_recv = r;
     return r;
@@ -1147,6 +1234,8 @@ static ucs_status_t am_data_cb(void *arg, const void *header, size_t header_leng
     uint8_t *dst = (uint8_t *)pr->spec.base + ((uint64_t)h.layer * pr->spec.n_units + h.unit) * pb + h.offset;
     memcpy(dst, data, length);
     r->am_bytes += length;
+    if (r->peer)
+        r->peer->last_heard_ns = duet_time_ns();
     if (r->pending_done) {
         am_done_t d;
         memcpy(&d, r->pending_done->data, sizeof d);
@@ -1181,8 +1270,22 @@ static void handle_msg(duet_xfer_t *x, const inmsg_t *m)
                   h.magic, h.version);
         return;
     }
+    if (m->id == AM_PING || m->id == AM_PONG) {
+        peer_t *p = peer_by_id(x, h.sender_id);
+        if (!p)
+            return; /* no endpoint to answer on: the prober's deadline decides */
+        if (m->id == AM_PING) {
+            ctl_send(x, p, AM_PONG, &p->pong_buf, h.epoch);
+        } else {
+            p->ping_sent_ns = 0;
+            p->last_heard_ns = duet_time_ns();
+        }
+        return;
+    }
     int rid_seen;
-    recv_t *r = recv_find(x, h.rid, h.epoch, &rid_seen);
+    recv_t *r = recv_find_adopt(x, h.rid, h.epoch, &rid_seen);
+    if (r && r->peer)
+        r->peer->last_heard_ns = duet_time_ns();
     if (!r) {
         STAT_ADD(x, stale_messages, 1);
         duet_log_rid(DUET_LOG_DEBUG, h.rid, "xfer %s: %s message %u for epoch %" PRIu64 " dropped",
@@ -1213,6 +1316,7 @@ static void handle_msg(duet_xfer_t *x, const inmsg_t *m)
         }
         r->peer = p;
         p->refs++;
+        p->n_recvs++;
         duet_xfer_event_t ev = {
             .kind = DUET_XFER_EV_RECV_BEGUN,
             .status = DUET_OK,
@@ -1381,24 +1485,8 @@ static void run_command(duet_xfer_t *x, cmd_t *c)
             snprintf(t->msg, sizeof t->msg, "aborted by the sender");
         }
         break;
-    case CMD_RECV_EXPECT: {
-        recv_t *r = c->obj;
-        int seen;
-        if (recv_find(x, r->rid, r->epoch, &seen)) {
-            duet_xfer_event_t ev = {.kind = DUET_XFER_EV_RECV, .status = DUET_ERR_BUSY,
-                                    .user = r->user, .epoch = r->epoch};
-            snprintf(ev.rid, sizeof ev.rid, "%s", r->rid);
-            snprintf(ev.msg, sizeof ev.msg, "(rid, epoch) is already expected");
-            emit(x, &ev);
-            free(r->pages);
-            free(r);
-            STAT_SUB(x, recvs_pending, 1);
-            break;
-        }
-        r->next = x->recvs;
-        x->recvs = r;
+    case CMD_RECV_EXPECT: /* records travel through new_recvs */
         break;
-    }
     case CMD_RECV_CANCEL: {
         int seen;
         recv_t *r = recv_find(x, c->rid, c->epoch, &seen);
@@ -1414,6 +1502,7 @@ static void run_command(duet_xfer_t *x, cmd_t *c)
 
 static int run_commands(duet_xfer_t *x)
 {
+    adopt_new_recvs(x);
     pthread_mutex_lock(&x->cmd_lock);
     cmd_t *c = x->cmd_head;
     x->cmd_head = x->cmd_tail = NULL;
@@ -1447,7 +1536,7 @@ static void reap_peers(duet_xfer_t *x, uint64_t now)
                     recv_end(x, r, p->fail_status, -1, "sender failed: %s", p->fail_msg);
             }
             ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                       .flags = UCP_EP_CLOSE_FLAG_FORCE};
+                                       .flags = p->graceful ? 0u : (uint32_t)UCP_EP_CLOSE_FLAG_FORCE};
             ucs_status_ptr_t sp = ucp_ep_close_nbx(p->ep, &prm);
             p->ep = NULL;
             p->close_deadline_ns = now + (uint64_t)x->opts.timeout_ms * 1000000ull;
@@ -1488,6 +1577,19 @@ static void check_deadlines(duet_xfer_t *x, uint64_t now)
         if (p->state == PEER_UP && p->n_inflight > 0 && now > p->last_progress_ns + limit)
             peer_fail(x, p, DUET_ERR_TIMEOUT, "no progress on %u operations for %u ms", p->n_inflight,
                       x->opts.timeout_ms);
+    /* A receiver probes the senders it waits on: shared memory has no socket to
+     * reset and a dead host sends no RST, so this is what bounds detection. */
+    uint64_t every = (uint64_t)x->opts.keepalive_ms * 1000000ull;
+    for (peer_t *p = x->peers; p; p = p->next) {
+        if (p->state != PEER_UP || p->n_recvs == 0)
+            continue;
+        if (p->ping_sent_ns && now > p->ping_sent_ns + limit)
+            peer_fail(x, p, DUET_ERR_TIMEOUT, "no answer to liveness probes for %u ms", x->opts.timeout_ms);
+        else if (!p->ping_sent_ns && now > p->last_heard_ns + every) {
+            p->ping_sent_ns = now;
+            ctl_send(x, p, AM_PING, &p->ping_buf, now);
+        }
+    }
     for (recv_t *r = x->recvs, *n; r; r = n) {
         n = r->next;
         if (now > r->deadline_ns)
@@ -1556,6 +1658,7 @@ static void shutdown_all(duet_xfer_t *x)
     for (peer_t *p = x->peers; p; p = p->next)
         if (p->state == PEER_UP) {
             p->state = PEER_FAILED;
+            p->graceful = 1;
             p->fail_status = DUET_ERR_ABORTED;
             snprintf(p->fail_msg, sizeof p->fail_msg, "engine stopped");
         }
@@ -1713,7 +1816,7 @@ duet_status_t duet_xfer_create(const duet_xfer_opts_t *opts, duet_xfer_t **out, 
         unsigned id;
         ucp_am_recv_callback_t cb;
     } handlers[] = {{AM_BEGIN, am_begin_cb}, {AM_DONE, am_done_cb}, {AM_ABORT_ACK, am_abort_ack_cb},
-                    {AM_DATA, am_data_cb}};
+                    {AM_DATA, am_data_cb}, {AM_PING, am_ping_cb}, {AM_PONG, am_pong_cb}};
     for (size_t i = 0; i < sizeof handlers / sizeof handlers[0]; i++) {
         ucp_am_handler_param_t hp = {
             .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -1829,6 +1932,13 @@ void duet_xfer_destroy(duet_xfer_t **xp)
         inmsg_t *m = x->in_head;
         x->in_head = m->next;
         free(m);
+    }
+    while (x->new_recvs) {
+        recv_t *r = x->new_recvs;
+        x->new_recvs = r->next;
+        free(r->pages);
+        free(r->unit_bits);
+        free(r);
     }
     evnode_t *e = x->ev_head;
     while (e) {
@@ -2019,9 +2129,12 @@ duet_status_t duet_xfer_recv_expect(duet_xfer_t *x, const char *rid, uint64_t ep
     r->n_pages = n_pages;
     r->slot = slot;
     r->deadline_ns = deadline_ns;
-    c->obj = r;
     STAT_ADD(x, recvs_pending, 1);
-    cmd_push(x, c);
+    pthread_mutex_lock(&x->cmd_lock);
+    r->next = x->new_recvs;
+    x->new_recvs = r;
+    pthread_mutex_unlock(&x->cmd_lock);
+    cmd_push(x, c); /* wakes the thread */
     *desc = d;
     return DUET_OK;
 
@@ -2458,5 +2571,8 @@ duet_status_t duet_xfer_desc_unpack(const uint8_t *buf, size_t len, duet_xfer_de
         duet_xfer_desc_fini(d);
         return duet_err_set(err, DUET_ERR_TRUNCATED, "descriptor: truncated or trailing bytes");
     }
-    return duet_xfer_desc_validate(d, err);
+    duet_status_t st = duet_xfer_desc_validate(d, err);
+    if (st != DUET_OK)
+        duet_xfer_desc_fini(d); /* on failure the descriptor is left empty */
+    return st;
 }

@@ -243,7 +243,8 @@ duet_status_t duet_xfer_desc_copy(const duet_xfer_desc_t *src, duet_xfer_desc_t 
 /* Structure checks only (sizes, counts, ids against n_units, overflow). */
 duet_status_t duet_xfer_desc_validate(const duet_xfer_desc_t *d, duet_err_t *err);
 /* A flat little-endian form for processes of the same build (tests, the
- * bench); services use the proto TransferDescriptor.  pack: *buf malloc'd. */
+ * bench); services use the proto TransferDescriptor.  pack: *buf malloc'd.
+ * unpack validates; on failure `d` is left empty (nothing to fini). */
 duet_status_t duet_xfer_desc_pack(const duet_xfer_desc_t *d, uint8_t **buf, size_t *len);
 duet_status_t duet_xfer_desc_unpack(const uint8_t *buf, size_t len, duet_xfer_desc_t *d, duet_err_t *err);
 

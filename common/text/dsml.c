@@ -844,6 +844,22 @@ static const char *name1(duet_dsml_parser_t *p, const char *s, size_t n)
 
 /* ---- tags */
 
+/* An attribute value: 1..ATTR_VALUE_MAX bytes of valid UTF-8 without control
+ * characters, '"', '<' or '>'.  The parser and the encoder share this rule. */
+static int attr_value_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > ATTR_VALUE_MAX)
+        return 0;
+    for (size_t k = 0; k < n;) {
+        uint32_t cp;
+        int r = duet_utf8_scan((const uint8_t *)s + k, n - k, &cp);
+        if (r <= 0 || cp < 0x20 || cp == 0x7f || cp == '"' || cp == '<' || cp == '>')
+            return 0;
+        k += (size_t)r;
+    }
+    return 1;
+}
+
 typedef struct {
     int closing;
     int name;               /* enum tag_name */
@@ -939,7 +955,7 @@ static int lex_tag_attrs(duet_dsml_parser_t *p, const char *s, size_t n, tag_t *
         }
         size_t v0 = ++i;
         while (i < n && s[i] != '"' && s[i] != '<' && s[i] != '>' && s[i] != '\n' && s[i] != '\r' &&
-               i - v0 <= ATTR_VALUE_MAX)
+               i - v0 < ATTR_VALUE_MAX)
             i++;
         if (i >= n)
             goto more;
@@ -947,15 +963,10 @@ static int lex_tag_attrs(duet_dsml_parser_t *p, const char *s, size_t n, tag_t *
             snprintf(p->msg, sizeof p->msg, "<%s%s>: unterminated or overlong attribute value", DSML_TOK, tn);
             return LX_ERR;
         }
-        for (size_t k = v0; k < i;) {
-            uint32_t cp;
-            int r = duet_utf8_scan((const uint8_t *)s + k, i - k, &cp);
-            if (r <= 0 || cp < 0x20 || cp == 0x7f) {
-                snprintf(p->msg, sizeof p->msg, "<%s%s>: attribute value holds a control character or invalid UTF-8",
-                         DSML_TOK, tn);
-                return LX_ERR;
-            }
-            k += (size_t)r;
+        if (i > v0 && !attr_value_ok(s + v0, i - v0)) {
+            snprintf(p->msg, sizeof p->msg, "<%s%s>: attribute value holds a control character or invalid UTF-8",
+                     DSML_TOK, tn);
+            return LX_ERR;
         }
         t->attr[which][0] = v0;
         t->attr[which][1] = i - v0;
@@ -1574,16 +1585,6 @@ int duet_dsml_parser_calls(const duet_dsml_parser_t *p) { return p ? p->n_calls 
 
 /* ------------------------------------------------------------ the encoder */
 
-static int attr_ok(const char *s, size_t n)
-{
-    if (n == 0 || n > ATTR_VALUE_MAX)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] == '"' || s[i] == '<' || s[i] == '>' || s[i] == '\n' || s[i] == '\r')
-            return 0;
-    return 1;
-}
-
 static int has_markup(const char *s, size_t n)
 {
     return memmem(s, n, MK_OPEN, MK_OPEN_LEN) || memmem(s, n, MK_CLOSE, MK_CLOSE_LEN);
@@ -1603,7 +1604,7 @@ duet_status_t duet_dsml_encode_calls(const duet_dsml_call_t *calls, size_t n, ch
         goto oom;
     for (size_t c = 0; c < n; c++) {
         const char *name = calls[c].name ? calls[c].name : "";
-        if (!attr_ok(name, strlen(name))) {
+        if (!attr_value_ok(name, strlen(name))) {
             sanitize(nb, sizeof nb, name, strlen(name));
             st = duet_err_set(err, DUET_ERR_INVALID, "tool call %zu: name \"%s\" cannot be written as DSML", c, nb);
             goto fail;
@@ -1633,7 +1634,7 @@ duet_status_t duet_dsml_encode_calls(const duet_dsml_call_t *calls, size_t n, ch
                 v = raw.p ? raw.p : "";
                 vl = raw.len;
             }
-            if (!attr_ok(m->key, m->key_len) || memchr(m->key, '\0', m->key_len) || has_markup(v, vl)) {
+            if (!attr_value_ok(m->key, m->key_len) || has_markup(v, vl)) {
                 sanitize(nb, sizeof nb, m->key, m->key_len);
                 st = duet_err_set(err, DUET_ERR_INVALID, "tool call %zu (%s): parameter \"%s\" cannot be written as DSML",
                                   c, name, nb);

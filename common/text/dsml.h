@@ -109,7 +109,9 @@ typedef struct {
     const json_t *tools;
     /* Seed of the tool-call ids: the same seed gives the same ids. */
     uint64_t id_seed;
-    /* Largest tool-call block in bytes (0: DUET_DSML_DEFAULT_MAX_BLOCK). */
+    /* Largest tool call, with the markup before it, in bytes; past it the
+     * block fails with DSML_TOO_LARGE (0: DUET_DSML_DEFAULT_MAX_BLOCK; at
+     * least 64). */
     size_t max_block_bytes;
 } duet_dsml_opts_t;
 
@@ -146,8 +148,9 @@ typedef struct {
  * string="true", everything else as JSON with string="false".  *out
  * (NUL-terminated, free()) and *out_len are written only on success.
  * DUET_ERR_INVALID (message in err) when arguments are not a JSON object, a
- * name holds `"`, `<`, `>` or a newline, or a string value holds DSML markup
- * and so could not be parsed back. */
+ * tool or parameter name is not a valid attribute value (empty, over 1024
+ * bytes, a control character, invalid UTF-8, `"`, `<` or `>`), or a value
+ * holds DSML markup: what could not be parsed back. */
 duet_status_t duet_dsml_encode_calls(const duet_dsml_call_t *calls, size_t n, char **out,
                                      size_t *out_len, duet_err_t *err);
 

@@ -16,19 +16,16 @@
 /* ---- byte-level map ------------------------------------------------------ */
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
- * other 68 bytes to U+0100.. in byte order. */
+ * other 68 bytes to U+0100.. in byte order (0-32, then 127-160, then 173). */
 uint32_t duet_tok_byte_char(uint8_t b)
 {
-    static uint32_t map[256];
-    static _Atomic int ready;
-    if (!atomic_load_explicit(&ready, memory_order_acquire)) {
-        uint32_t m[256], next = 256;
-        for (int i = 0; i < 256; i++)
-            m[i] = ((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || i >= 174) ? (uint32_t)i : next++;
-        memcpy(map, m, sizeof map); /* every thread writes the same values */
-        atomic_store_explicit(&ready, 1, memory_order_release);
-    }
-    return map[b];
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)
+        return b;
+    if (b <= 32)
+        return 256u + b;
+    if (b <= 160)
+        return 256u + 33 + (b - 127u);
+    return 256u + 33 + 34; /* 173 */
 }
 
 static size_t utf8_put(uint32_t c, char *o)

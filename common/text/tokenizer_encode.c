@@ -213,7 +213,8 @@ static char *utf8_sanitize(const char *text, size_t n, size_t *outn, bool *oom)
         return NULL;
     size_t cap;
     char *o;
-    if (duet_mul_size(n, 3, &cap) || !(o = malloc(cap))) { /* each bad byte grows to at most 3 */
+    /* each bad byte grows to at most 3; 64 bytes of slack for the JIT (below) */
+    if (duet_mul_size(n, 3, &cap) || cap > SIZE_MAX - 64 || !(o = malloc(cap += 64))) {
         *oom = true;
         return NULL;
     }
@@ -230,6 +231,9 @@ static char *utf8_sanitize(const char *text, size_t n, size_t *outn, bool *oom)
             i += bad;
         }
     }
+    /* PCRE2's JIT loads whole aligned vectors, which may reach past the
+     * subject's end: keep those bytes inside the block and defined */
+    memset(o + k, 0, cap - k);
     *outn = k;
     return o;
 }

@@ -56,10 +56,8 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *log
                 bi = oi;
             }
         }
-        if (lane == 0) {
-            float x0 = x[0];
-            out[blockIdx.x] = (x0 != x0 || bv != bv) ? 0 : bi;
-        }
+        if (lane == 0)
+            out[blockIdx.x] = bv != bv ? 0 : bi; /* all NaN: 0 */
     }
 }
 

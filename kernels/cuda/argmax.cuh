@@ -1,7 +1,7 @@
 /* Greedy sampling on the GPU: for each row b < n_rows of logits(n_rows,
  * vocab) the token duet_sample() picks at temperature 0: the largest logit,
- * the lowest id on ties, NaN never chosen (unless logits[0] is NaN, which the
- * CPU's scan keeps: then 0).  Bit-exact.  out: n_rows int32 on the device. */
+ * the lowest id on ties, NaN never chosen (0 when every logit is NaN).
+ * Bit-exact.  out: n_rows int32 on the device. */
 #ifndef DUET_CUDA_ARGMAX_CUH
 #define DUET_CUDA_ARGMAX_CUH
 

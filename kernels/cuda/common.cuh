@@ -63,6 +63,7 @@ struct duet_cuda {
     size_t args_bytes;
     cudaEvent_t args_done; /* the last copy out of args_host has finished after this */
     cudaEvent_t t0, t1;
+    int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
     duet_cuda_info_t info;

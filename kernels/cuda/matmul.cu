@@ -521,7 +521,7 @@ extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w
 /* One warp per (row, 128-column block) of x(n, k): scale amax/448 (1 for an all-zero block),
  * e4m3 codes as duet_f32_to_e4m3.  Rows n..n_pad get code 0 and scale 1.
  * xq(n_pad, k) bytes; sx(k/128, n_pad) floats, row index fastest (cuBLASLt's VEC128 layout). */
-__global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_t *xq, float *sx)
+__global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_t *xq, float *sx, int row_major)
 {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     int kb = k / 128;
@@ -541,19 +541,29 @@ __global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_
     q.w = duet_d_f32_to_e4m3(__fdiv_rn(v.w, s));
     *(uchar4 *)(xq + (size_t)row * k + b * 128 + lane * 4) = q;
     if (lane == 0)
-        sx[(size_t)b * n_pad + row] = s;
+        sx[row_major ? (size_t)row * kb + b : (size_t)b * n_pad + row] = s;
 }
 
 /* Weight block scales of rows [row_begin, row_end) -> f32 [m/128][kb_pad] (cuBLASLt's BLK128x128 layout). */
 __global__ void wscale_kernel(const void *scale, int f32, int scale_cols, int block_row0, int n_brows, int kb,
-                              int kb_pad, float *out)
+                              int kb_pad, float *out, int transposed)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_brows * kb_pad)
-        return;
-    int br = i / kb_pad, b = i % kb_pad;
-    out[i] = b < kb ? scale_load(scale, f32, (size_t)(block_row0 + br) * scale_cols + b) : 1.0f;
+    if (!transposed) {
+        if (i >= n_brows * kb_pad)
+            return;
+        int br = i / kb_pad, b = i % kb_pad;
+        out[i] = b < kb ? scale_load(scale, f32, (size_t)(block_row0 + br) * scale_cols + b) : 1.0f;
+    } else { /* [kb][n_brows padded to 4] */
+        int nb_pad = (n_brows + 3) / 4 * 4;
+        if (i >= kb * nb_pad)
+            return;
+        int b = i / nb_pad, br = i % nb_pad;
+        out[i] = br < n_brows ? scale_load(scale, f32, (size_t)(block_row0 + br) * scale_cols + b) : 1.0f;
+    }
 }
+
+extern "C" void duet_cuda_fp8_act_scale_layout(duet_cuda_t *c, int variant) { c->fp8_scale_layout = variant & 3; }
 
 __global__ void bf16_to_f32_kernel(const __nv_bfloat16 *x, size_t n, float *y)
 {
@@ -576,7 +586,7 @@ extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_wei
     int n_pad = (n + 3) / 4 * 4, n_brows = (m + 127) / 128;
     size_t xq_bytes = duet_round_up((size_t)n_pad * k, 256);
     size_t sx_bytes = duet_round_up((size_t)kb * n_pad * 4, 256);
-    size_t sw_bytes = duet_round_up((size_t)n_brows * kb_pad * 4, 256);
+    size_t sw_bytes = duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256);
     size_t d_bytes = (size_t)m * n_pad * 4; /* fp32 D when padded, or bf16 D */
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, xq_bytes + sx_bytes + sw_bytes + d_bytes, &scr));
@@ -588,10 +598,11 @@ extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_wei
     if (((uintptr_t)x % 16) != 0)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_fp8_act: x not 16-byte aligned");
     unsigned warps = (unsigned)(n_pad * kb);
-    act_quant_kernel<<<duet_cdiv((size_t)warps * 32, 256), 256, 0, c->stream>>>(x, n, n_pad, k, xq, sx);
+    int lay = c->fp8_scale_layout;
+    act_quant_kernel<<<duet_cdiv((size_t)warps * 32, 256), 256, 0, c->stream>>>(x, n, n_pad, k, xq, sx, lay & 1);
     DUET_CUDA_CHECK_LAUNCH(c);
-    wscale_kernel<<<duet_cdiv((size_t)n_brows * kb_pad, 256), 256, 0, c->stream>>>(
-        w->scale, w->scale_dtype == DUET_DT_F32, w->scale_cols, row_begin / 128, n_brows, kb, kb_pad, sw);
+    wscale_kernel<<<duet_cdiv((size_t)(n_brows + 3) * kb_pad, 256), 256, 0, c->stream>>>(
+        w->scale, w->scale_dtype == DUET_DT_F32, w->scale_cols, row_begin / 128, n_brows, kb, kb_pad, sw, lay & 2);
     DUET_CUDA_CHECK_LAUNCH(c);
 
     struct duet_lt_plan *p;

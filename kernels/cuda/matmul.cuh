@@ -48,6 +48,12 @@ duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_weight_t *w, i
 /* The output type cuBLASLt accepted for the fp8 GEMM so far (for reports):
  * 0 not used yet, 1 fp32, 2 bf16 (then converted to fp32: ~3e-3 more error). */
 int duet_cuda_fp8_act_output(const duet_cuda_t *c);
+/* Diagnostic for the check harness: the scale layouts handed to cuBLASLt.
+ * 0 (the documented one, default): activation scales [k/128][n] with the row
+ * index fastest, weight scales [rows/128][k/128 padded to 4].  Bit 0 makes the
+ * activation scales [n][k/128], bit 1 the weight scales [k/128][rows/128
+ * padded to 4]. */
+void duet_cuda_fp8_act_scale_layout(duet_cuda_t *c, int variant);
 
 #ifdef __cplusplus
 }

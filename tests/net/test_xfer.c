@@ -192,7 +192,7 @@ static pid_t spawn(int (*fn)(int fd, const void *arg), const void *arg, int *fd)
     REQUIRE(pid >= 0, "fork");
     if (pid == 0) {
         close(sv[0]);
-        _exit(fn(sv[1], arg));
+        exit(fn(sv[1], arg));
     }
     close(sv[1]);
     *fd = sv[0];
@@ -790,7 +790,7 @@ int main(int argc, char **argv)
         if (pid == 0) {
             cases[i].fn();
             fflush(stdout);
-            _exit(g_fail ? 1 : 0);
+            exit(g_fail ? 1 : 0); /* exit, not _exit: leak checkers run at exit */
         }
         int rc = reap(pid, CASE_LIMIT_S * 1000);
         double dt = duet_time_s() - t0;

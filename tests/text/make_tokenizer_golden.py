@@ -21,8 +21,11 @@ Each line is a JSON object:
   "plain" encode(t) with no added tokens (added_tokens removed), only where
           it differs from "ids"
 
-Usage: /opt/textenv/bin/python tests/text/make_tokenizer_golden.py [N]
-Exits 77 (meson's "skipped") when the `tokenizers` package is missing.
+Usage: tests/text/make_tokenizer_golden.py [N]       write the corpus (N strings)
+       tests/text/make_tokenizer_golden.py --check   re-encode the committed corpus
+                                                     with the reference and compare
+Runs under /opt/textenv/bin/python when this Python lacks `tokenizers`; exits
+77 (meson's "skipped") when neither has it.
 """
 import gzip
 import json
@@ -30,10 +33,13 @@ import os
 import random
 import sys
 
+VENV_PYTHON = "/opt/textenv/bin/python"
 try:
     from tokenizers import Tokenizer
     import tokenizers
 except ImportError:
+    if os.path.exists(VENV_PYTHON) and os.path.realpath(sys.prefix) != os.path.realpath("/opt/textenv"):
+        os.execv(VENV_PYTHON, [VENV_PYTHON] + sys.argv)
     print("SKIP: the Python package `tokenizers` is missing "
           "(python3 -m venv /opt/textenv && /opt/textenv/bin/pip install tokenizers)")
     sys.exit(77)
@@ -123,7 +129,29 @@ def load(tokjson, added):
     return Tokenizer.from_str(json.dumps(j))
 
 
+def check():
+    """The committed ids are the reference's, both ways."""
+    tok, plain = load(TOKJSON, True), load(TOKJSON, False)
+    ok = bad = 0
+    with gzip.open(OUT, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            rec = json.loads(line)
+            ids = tok.encode(rec["t"], add_special_tokens=False).ids
+            p = plain.encode(rec["t"], add_special_tokens=False).ids
+            good = ids == rec["ids"] and p == rec.get("plain", rec["ids"])
+            if "b" in rec:
+                good = good and bytes.fromhex(rec["b"]).decode("utf-8", "replace") == rec["t"]
+            if not good and bad < 10:
+                print(f"record {i} ({rec['cat']}): the reference now gives other ids")
+            ok += good
+            bad += not good
+    print(f"tokenizer golden vs tokenizers {tokenizers.__version__}: {ok} passed, {bad} failed")
+    return 1 if bad or ok < 10000 else 0
+
+
 def main():
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(check())
     n_target = int(sys.argv[1]) if len(sys.argv) > 1 else 10500
     tok, plain = load(TOKJSON, True), load(TOKJSON, False)
     added = [a["content"] for a in json.load(open(TOKJSON, encoding="utf-8"))["added_tokens"]]

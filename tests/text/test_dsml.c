@@ -359,6 +359,10 @@ static void test_encode_exact(void **state)
         {"x", "{\"a\": [\"" O "invoke\"]}"},
         {"x", "{\"we\\\"ird\": 1}"},
         {"x", "{\"\": 1}"},
+        {"x", "{\"a\\tb\": 1}"},
+        {"x", "{\"a\\u0000b\": 1}"},
+        {"x", "{\"a>b\": 1}"},
+        {"tab\tname", "{}"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         out = NULL;

@@ -4,6 +4,7 @@
  * added tokens recognised and with them as plain text, decode(encode(s)) ==
  * s, the same on the PCRE2 path, and the DeepSeek-V4 special-token ids.
  * Usage: test_tokenizer_golden TOKENIZER_JSON CORPUS_GZ */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -189,6 +190,46 @@ static void test_corpus_pcre2(void **state)
     duet_tok_destroy(&t);
 }
 
+/* Concurrent encoders on one tokenizer with a tiny cache, so that they
+ * evict and rewrite each other's entries all the time: ids stay exact. */
+typedef struct {
+    duet_tok_t *t;
+    int dir;
+    size_t bad;
+} worker_t;
+
+static void *worker(void *arg)
+{
+    worker_t *w = arg;
+    for (size_t k = 0; k < n_recs; k++) {
+        const rec_t *r = &recs[w->dir > 0 ? k : n_recs - 1 - k];
+        duet_tok_ids_t ids = { 0 };
+        if (duet_tok_encode(w->t, r->text, r->text_len, true, &ids, NULL) != DUET_OK || ids.len != r->n_ids ||
+            memcmp(ids.ids, r->ids, ids.len * sizeof *ids.ids))
+            w->bad++;
+        duet_tok_ids_fini(&ids);
+    }
+    return NULL;
+}
+
+static void test_corpus_threads(void **state)
+{
+    duet_tok_t *t;
+    duet_err_t err = { 0 };
+    duet_tok_opts_t opts = { .cache_entries = 64 };
+    pthread_t th[2];
+    worker_t w[2];
+    assert_int_equal(duet_tok_create(tok_path, &opts, &t, &err), DUET_OK);
+    for (int i = 0; i < 2; i++) {
+        w[i] = (worker_t){ .t = t, .dir = i ? -1 : 1 };
+        assert_int_equal(pthread_create(&th[i], NULL, worker, &w[i]), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(w[0].bad + w[1].bad, 0);
+    duet_tok_destroy(&t);
+}
+
 static void test_special_ids(void **state)
 {
     duet_tok_t *t = *state;
@@ -255,6 +296,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_special_both_ways, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corpus, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corpus_pcre2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corpus_threads, setup, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (size_t i = 0; i < n_recs; i++) {

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Integration tests of duet-prefill + duet-decode (DESIGN §2, §3; issue acceptance).
+
+Real processes on loopback (NNG over ipc://, UCX over tcp), the CPU backend,
+duet-driver playing the router, duet-generate as the single-process oracle.
+
+  pdtest.py --build BUILD --model MODEL SCENARIO [options]
+
+Scenarios: exact, abort-storm, mass-abort, kill-prefill, kill-decode,
+wait-deadline, two-by-two, bad-input.  Each prints what it checked and ends
+with "N passed, N failed"; the exit status is non-zero on any failure.
+Standard library only.
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+VOCAB = 129280
+
+
+class Cluster:
+    """Prefill and decode workers in a temporary directory; always cleaned up."""
+
+    def __init__(self, build, model, kv="fp8", ik="fp8", n_prefill=1, n_decode=1, pages=256, slots=64,
+                 extra_decode=(), extra_prefill=()):
+        self.build, self.model = build, model
+        self.dir = tempfile.mkdtemp(prefix="duet-pd-")
+        self.events = f"ipc://{self.dir}/events.sock"
+        self.procs = {}
+        self.env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp,self"), DUET_LOG_LEVEL="info")
+        common = ["--model", model, "--kv-dtype", kv, "--index-k-dtype", ik, "--pages", str(pages),
+                  "--slots", str(slots), "--events", self.events, "--verify-checksums"]
+        self.prefill = [f"ipc://{self.dir}/p{i}.sock" for i in range(n_prefill)]
+        self.decode = [f"ipc://{self.dir}/d{i}.sock" for i in range(n_decode)]
+        for i, url in enumerate(self.prefill):
+            self.start(f"p{i}", [f"{build}/prefill/duet-prefill", "--listen", url, "--id", f"p{i}"]
+                       + [c for c in common if c != "--verify-checksums"] + list(extra_prefill))
+        for i, url in enumerate(self.decode):
+            self.start(f"d{i}", [f"{build}/decode/duet-decode", "--listen", url, "--id", f"d{i}"] + common
+                       + list(extra_decode))
+        self.pages = pages
+        self.slots = slots
+        for url in self.prefill + self.decode:
+            self.wait_ready(url)
+
+    def start(self, name, argv):
+        log = open(f"{self.dir}/{name}.log", "w")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                            start_new_session=True)
+
+    def wait_ready(self, url, timeout=30):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.state(url, quiet=True) is not None:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{url} did not come up; logs in {self.dir}")
+
+    def state(self, url, quiet=False):
+        r = subprocess.run([f"{self.build}/tools/duet-driver", "state", url, "--requests"], capture_output=True,
+                           text=True, timeout=20, env=self.env)
+        if r.returncode != 0:
+            return None
+        return json.loads(r.stdout)
+
+    def run(self, requests, concurrency=1, abort_rate=0.0, abort_seed=1, timeout_ms=300000, wait_ms=30000,
+            prefill=None, decode=None, extra=()):
+        req = f"{self.dir}/req-{time.time_ns()}.jsonl"
+        out = req.replace("req-", "out-")
+        with open(req, "w") as f:
+            for r in requests:
+                f.write(json.dumps(r) + "\n")
+        argv = [f"{self.build}/tools/duet-driver", "run", "--prefill", ",".join(prefill or self.prefill),
+                "--decode", ",".join(decode or self.decode), "--events", self.events, "--requests", req,
+                "--out", out, "--concurrency", str(concurrency), "--abort-rate", str(abort_rate),
+                "--abort-seed", str(abort_seed), "--timeout-ms", str(timeout_ms), "--wait-ms", str(wait_ms)]
+        argv += list(extra)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_ms / 1000 + 60, env=self.env)
+        results = {}
+        if os.path.exists(out):
+            for line in open(out):
+                o = json.loads(line)
+                results[o["rid"]] = o
+        return results, p.stderr
+
+    def kill(self, name, sig=signal.SIGKILL):
+        p = self.procs[name]
+        os.killpg(p.pid, sig)
+        p.wait(timeout=30)
+
+    def wait_clean(self, url, timeout=20):
+        """Wait until a decode worker holds no pages, slots or quarantine, and no request."""
+        end = time.time() + timeout
+        st = None
+        while time.time() < end:
+            st = self.state(url)
+            if st and st["pages_free"] == self.pages and st["pages_quarantined"] == 0 and \
+                    st["slots_quarantined"] == 0 and not st["requests"]:
+                return True, st
+            time.sleep(0.2)
+        return False, st
+
+    def stop(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for name, p in self.procs.items():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def log(self, name):
+        return open(f"{self.dir}/{name}.log").read()
+
+
+def make_requests(n, seed, lengths=None, max_tokens=12, sampled_share=0.5, prefix="r"):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = lengths[i % len(lengths)] if lengths else rng.randint(1, 2000)
+        sampled = rng.random() < sampled_share
+        out.append({"rid": f"{prefix}{seed}-{i}", "tokens": [rng.randrange(VOCAB) for _ in range(length)],
+                    "max_tokens": max_tokens, "temperature": 0.8 if sampled else 0.0,
+                    "top_p": 0.9 if sampled else 1.0, "top_k": 50 if sampled and i % 3 == 0 else 0,
+                    "seed": rng.randrange(1 << 31)})
+    return out
+
+
+def reference(build, model, r, kv, ik):
+    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
+        f.write(",".join(map(str, r["tokens"])))
+        path = f.name
+    argv = [f"{build}/tools/duet-generate", "--model", model, "--prompt-file", path, "--max-tokens",
+            str(r["max_tokens"]), "--kv-dtype", kv, "--index-k-dtype", ik, "--stop-at-eos",
+            "--temperature", str(r["temperature"]), "--top-p", str(r["top_p"]), "--top-k", str(r["top_k"]),
+            "--seed", str(r["seed"])]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    os.unlink(path)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr)
+    return [int(x) for x in p.stdout.split()]
+
+
+class Report:
+    def __init__(self):
+        self.ok = self.bad = 0
+
+    def check(self, cond, what):
+        print(("ok   " if cond else "FAIL ") + what, flush=True)
+        if cond:
+            self.ok += 1
+        else:
+            self.bad += 1
+
+    def done(self):
+        print(f"{self.ok} passed, {self.bad} failed")
+        return 1 if self.bad else 0
+
+
+def compare_all(rep, a, reqs, results, label, only_ok=False):
+    mism = 0
+    checked = 0
+    for r in reqs:
+        got = results.get(r["rid"])
+        if only_ok and (not got or got["status"] != "ok"):
+            continue
+        want = reference(a.build, a.model, r, a.kv, a.ik)
+        checked += 1
+        if not got or got["status"] != "ok" or got["tokens"] != want:
+            mism += 1
+            print(f"     {r['rid']} ({len(r['tokens'])} tokens): got {got and got['status']} "
+                  f"{got and got['tokens'][:8]} want {want[:8]}", flush=True)
+    rep.check(mism == 0, f"{label}: {checked} requests equal to duet-generate bit for bit ({mism} differ)")
+    return checked
+
+
+def sc_exact(a, rep):
+    lengths = [1, 2, 15, 16, 17, 127, 128, 129, 255, 256, 257, 300, 511, 600, 1000, 1500, 2000] if a.n > 12 \
+        else [1, 16, 129, 257, 700, 2000]
+    reqs = make_requests(a.n, a.seed, lengths=lengths if not a.random_lengths else None)
+    c = Cluster(a.build, a.model, a.kv, a.ik)
+    try:
+        for conc in a.concurrency:
+            res, err = c.run(reqs, concurrency=conc)
+            compare_all(rep, a, reqs, res, f"kv={a.kv} index-k={a.ik} concurrency {conc}")
+        ok, st = c.wait_clean(c.decode[0])
+        rep.check(ok, f"decode holds nothing afterwards ({st and st['pages_free']}/{c.pages} pages free)")
+    finally:
+        c.stop()
+
+
+def sc_abort_storm(a, rep):
+    reqs = make_requests(64, a.seed, lengths=[5, 40, 200, 300, 700, 1200], max_tokens=16)
+    c = Cluster(a.build, a.model, a.kv, a.ik)
+    try:
+        res, err = c.run(reqs, concurrency=64, abort_rate=0.5, abort_seed=a.seed)
+        aborted = [r for r in res.values() if r["abort_stage"] != "none"]
+        stages = sorted({r["abort_stage"] for r in aborted})
+        rep.check(len(aborted) >= 20 and len(stages) == 4,
+                  f"abort storm: {len(aborted)} of 64 aborted, at stages {stages}")
+        bad = [r for r in res.values() if r["status"] not in ("ok", "aborted")]
+        rep.check(not bad, f"no request failed or timed out ({len(bad)})")
+        kept = [r for r in reqs if res[r["rid"]]["abort_stage"] == "none"]
+        compare_all(rep, a, kept, res, "requests not aborted")
+        ok, st = c.wait_clean(c.decode[0])
+        rep.check(ok, f"decode free pages back to {c.pages}, nothing quarantined, no request left "
+                      f"(free {st and st['pages_free']}, quarantined {st and st['pages_quarantined']}"
+                      f"{'' if ok else ', left: ' + json.dumps(st and st['requests'])})")
+        if not ok:
+            for rid in [q["rid"] for q in (st and st["requests"]) or []]:
+                print("     " + rid + ": " + json.dumps(res.get(rid)))
+                for name in ("d0", "p0"):
+                    for line in c.log(name).splitlines():
+                        if rid in line:
+                            print(f"     {name}: {line}")
+        pst = c.state(c.prefill[0])
+        rep.check(pst and not pst["requests"] and pst["pages_free"] == c.pages, "prefill holds nothing afterwards")
+    finally:
+        c.stop()
+
+
+def sc_mass_abort(a, rep):
+    first = make_requests(48, a.seed, lengths=[400, 800], max_tokens=64, prefix="m")
+    second = make_requests(8, a.seed + 1, lengths=[50, 300], max_tokens=8, prefix="n")
+    c = Cluster(a.build, a.model, a.kv, a.ik)
+    try:
+        # every request of the first wave is aborted at some stage; the second wave arrives meanwhile
+        res, err = c.run(first + second, concurrency=56, abort_rate=0.0,
+                         extra=["--abort-all-after-ms", "1500", "--abort-only-prefix", "m"])
+        aborted = sum(1 for r in res.values() if r["rid"].startswith("m") and r["status"] == "aborted")
+        rep.check(aborted > 0, f"mass abort: {aborted} of 48 in-flight requests aborted at once")
+        compare_all(rep, a, second, res, "requests arriving during the mass abort")
+        ok, st = c.wait_clean(c.decode[0])
+        rep.check(ok, "decode holds nothing afterwards")
+        c.stop()
+        steps = [l for l in c.log("d0").splitlines() if "shutting down" in l]
+        print("     decode step times: " + (steps[-1].split("shutting down:")[-1].strip() if steps else "n/a"))
+    finally:
+        c.stop()
+
+
+def sc_kill_prefill(a, rep):
+    c = Cluster(a.build, a.model, a.kv, a.ik, extra_prefill=["--token-budget", "64"])
+    try:
+        reqs = make_requests(4, a.seed, lengths=[2000], max_tokens=8, prefix="k")
+        import threading
+        holder = {}
+        t = threading.Thread(target=lambda: holder.update(res=c.run(reqs, concurrency=4, timeout_ms=60000)))
+        t.start()
+        # wait until decode has them WAITING_FOR_INPUT and prefill is computing, then kill -9 prefill
+        end = time.time() + 30
+        while time.time() < end:
+            st = c.state(c.prefill[0])
+            if st and st["requests_per_state"].get("REQUEST_STATE_PREFILLING"):
+                break
+            time.sleep(0.05)
+        killed = time.time()
+        c.kill("p0")
+        ok, st = c.wait_clean(c.decode[0], timeout=30)
+        took = time.time() - killed
+        t.join(timeout=120)
+        res = holder.get("res", ({}, ""))[0]
+        failed = [r for r in res.values() if r["status"] in ("aborted", "error")]
+        rep.check(len(failed) == 4, f"kill -9 prefill mid-transfer: all 4 requests failed cleanly "
+                                    f"({[r['status'] for r in res.values()]})")
+        rep.check(ok, f"decode released every page after prefill's death, {took:.1f} s after the kill (bound 15 s)")
+        rep.check(took < 15, "within the bound")
+        if not ok:
+            print("\n".join("     d0: " + l for l in c.log("d0").splitlines()[-25:]))
+            print("     state: " + json.dumps(st))
+    finally:
+        c.stop()
+
+
+def sc_kill_decode(a, rep):
+    c = Cluster(a.build, a.model, a.kv, a.ik, n_decode=2)
+    try:
+        slow = make_requests(3, a.seed, lengths=[1500], max_tokens=200, prefix="s")
+        import threading
+        holder = {}
+        t = threading.Thread(target=lambda: holder.update(
+            res=c.run(slow, concurrency=3, decode=[c.decode[0]], timeout_ms=60000)))
+        t.start()
+        end = time.time() + 30
+        while time.time() < end:
+            st = c.state(c.decode[0])
+            if st and (st["requests_per_state"].get("REQUEST_STATE_WAITING_FOR_INPUT") or
+                       st["requests_per_state"].get("REQUEST_STATE_DECODING")):
+                break
+            time.sleep(0.05)
+        killed = time.time()
+        c.kill("d0")
+        # prefill must fail those transfers fast and still serve the healthy decode worker
+        end = time.time() + 30
+        pst = None
+        while time.time() < end:
+            pst = c.state(c.prefill[0])
+            if pst and not pst["requests"]:
+                break
+            time.sleep(0.1)
+        took = time.time() - killed
+        t.join(timeout=120)
+        rep.check(pst is not None and not pst["requests"] and took < 15,
+                  f"prefill dropped the dead decode worker's transfers within {took:.1f} s (bound 15 s)")
+        more = make_requests(4, a.seed + 7, lengths=[30, 300], max_tokens=8, prefix="h")
+        res, err = c.run(more, concurrency=4, decode=[c.decode[1]])
+        compare_all(rep, a, more, res, "prefill keeps serving the other decode worker")
+    finally:
+        c.stop()
+
+
+def sc_wait_deadline(a, rep):
+    c = Cluster(a.build, a.model, a.kv, a.ik)
+    try:
+        reqs = make_requests(3, a.seed, lengths=[20], max_tokens=4, prefix="w")
+        t0 = time.time()
+        res, err = c.run(reqs, concurrency=3, wait_ms=1000, extra=["--never-prefill", "1"])
+        took = time.time() - t0
+        st = [r["status"] for r in res.values()]
+        rep.check(all(s == "aborted" for s in st) and took < 10,
+                  f"a prefill that never sends: WAITING_FOR_INPUT deadline fired ({st}) in {took:.1f} s")
+        ok, stt = c.wait_clean(c.decode[0], timeout=10)
+        rep.check(ok, "pages released once the router confirmed prefill never had the descriptor")
+    finally:
+        c.stop()
+
+
+def sc_two_by_two(a, rep):
+    reqs = make_requests(16, a.seed, lengths=[3, 64, 300, 900], max_tokens=10, prefix="t")
+    c = Cluster(a.build, a.model, a.kv, a.ik, n_prefill=2, n_decode=2)
+    try:
+        res, err = c.run(reqs, concurrency=8)
+        compare_all(rep, a, reqs, res, "two prefill x two decode workers")
+        logs = [c.log(n) for n in ("p0", "p1", "d0", "d1")]
+        for url in c.decode:
+            ok, st = c.wait_clean(url)
+            rep.check(ok, f"{url.split('/')[-1]} holds nothing afterwards")
+    finally:
+        c.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("scenario")
+    ap.add_argument("--kv", default="fp8")
+    ap.add_argument("--ik", default="fp8")
+    ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--random-lengths", action="store_true")
+    a = ap.parse_args()
+    a.concurrency = [int(x) for x in a.concurrency.split(",")]
+    rep = Report()
+    fn = {"exact": sc_exact, "abort-storm": sc_abort_storm, "mass-abort": sc_mass_abort,
+          "kill-prefill": sc_kill_prefill, "kill-decode": sc_kill_decode, "wait-deadline": sc_wait_deadline,
+          "two-by-two": sc_two_by_two}[a.scenario]
+    fn(a, rep)
+    sys.exit(rep.done())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1748 @@
+/* duet-check-ops: every CUDA operation against the CPU reference, and its
+ * speed against ceilings measured in the same run (DESIGN §8; dav1d's
+ * checkasm with CUDA in the place of assembly).
+ *
+ *   duet-check-ops [--op NAME] [--seed N] [--bench] [--device N]
+ *                  [--ceilings-out FILE | --ceilings-in FILE] [--no-header] [--list] [--print-header] [--info]
+ *
+ * For each operation and several shapes (the V4-Flash widths among them) the
+ * inputs are seeded random values (never zeros), the GPU output is poisoned
+ * before the call (so an unwritten element fails), and the result is compared
+ * with the CPU reference: element for element for copies, packing, quantized
+ * cache entries, top-k indices and argmax; by normalized error
+ * ||gpu - cpu|| / ||cpu|| against the tolerance stated per operation for float
+ * math (docs/CUDA.md says why each).  Large shapes are checked on sampled rows.
+ * A failing case prints its parameters and the first differing elements.
+ *
+ * --bench also times each case on the device: 3 warm-up calls, then the
+ * median of 21 calls each timed with events after a read of twice the L2 size
+ * (so every call starts with a cold L2, as a decode step reads weights from
+ * memory), and prints time, achieved GB/s and TFLOP/s, and the ratio of the
+ * roofline time max(bytes / copy bandwidth, FLOPs / matrix or fp32 rate) to
+ * the measured time.  The ceilings (one large device copy, cuBLASLt bf16 and
+ * block-scaled fp8 GEMMs, an fp32 FMA loop, pinned host copies) are measured
+ * first, or read from --ceilings-in so that one process per operation
+ * (scripts/device-check.sh) shares them.
+ *
+ * Exit status: 0 all cases passed, 1 a case failed, 2 the device or a call failed. */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache_layout.h"
+#include "cpu/kernels_cpu.h"
+#include "dtype.h"
+#include "duet_cuda.h"
+#include "kernels.h"
+#include "model_config.h"
+#include "sampling.h"
+
+#define N_TIMED 21
+#define N_WARM 3
+
+/* ---- run state ---- */
+
+typedef struct {
+    double copy_gbps, h2d_gbps, d2h_gbps;
+    double bf16_tflops, fp8_tflops, fp32_tflops;
+} ceilings_t;
+
+typedef struct {
+    duet_cuda_t *c;
+    uint64_t seed;
+    int bench;
+    const char *op;
+    int threads;
+    int n_pass, n_fail;
+    ceilings_t ceil;
+} ck_t;
+
+typedef enum { BOUND_MEM = 0, BOUND_BF16, BOUND_FP8, BOUND_FP32 } bound_t;
+
+typedef struct {
+    const char *op;
+    char shape[64];
+    int exact;   /* 1: err counts differing elements; 0: normalized error */
+    double err, tol;
+    int pass;
+    char note[256];
+    /* bench */
+    double us, bytes, flops;
+    bound_t bound;
+} row_t;
+
+static void die(ck_t *ck, const char *what)
+{
+    fprintf(stderr, "duet-check-ops: %s failed: %s\n", what,
+            ck->c ? duet_err_text(duet_cuda_error(ck->c)) : "no context");
+    fflush(stdout);
+    exit(2);
+}
+
+#define CK(expr)                                                                                                   \
+    do {                                                                                                           \
+        if ((expr) != DUET_OK)                                                                                     \
+            die(ck, #expr);                                                                                        \
+    } while (0)
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "duet-check-ops: out of host memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+static void *dmalloc(ck_t *ck, size_t n)
+{
+    void *p = NULL;
+    CK(duet_cuda_malloc(ck->c, &p, n));
+    return p;
+}
+
+static void *dupload(ck_t *ck, const void *h, size_t n)
+{
+    void *p = dmalloc(ck, n);
+    CK(duet_cuda_upload(ck->c, p, h, n));
+    return p;
+}
+
+static void dpoison(ck_t *ck, void *p, size_t n) { CK(duet_cuda_memset(ck->c, p, 0xff, n)); }
+
+static void ddownload(ck_t *ck, void *h, const void *d, size_t n)
+{
+    CK(duet_cuda_sync(ck->c));
+    CK(duet_cuda_download(ck->c, h, d, n));
+}
+
+/* ---- random inputs (xoshiro256**, seeded per case) ---- */
+
+typedef struct {
+    uint64_t s[4];
+} rng_t;
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_init(rng_t *r, uint64_t seed, const char *tag)
+{
+    uint64_t x = seed;
+    for (const char *p = tag; *p; p++)
+        x = x * 131 + (unsigned char)*p;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix(&x);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_u64(rng_t *r)
+{
+    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return res;
+}
+
+static double rng_unit(rng_t *r) { return (double)(rng_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+static float rng_normal(rng_t *r)
+{
+    double u1 = rng_unit(r), u2 = rng_unit(r);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static float *rand_f32(rng_t *r, size_t n, float sd)
+{
+    float *p = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = rng_normal(r) * sd;
+    return p;
+}
+
+static uint8_t *rand_bytes(rng_t *r, size_t n)
+{
+    uint8_t *p = xmalloc(n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)rng_u64(r);
+    return p;
+}
+
+/* ---- comparisons ---- */
+
+static double nerr(const float *a, const float *ref, size_t n, size_t *worst)
+{
+    double num = 0.0, den = 0.0, wmax = -1.0;
+    *worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)ref[i];
+        if (isnan(a[i]) != isnan(ref[i]) || (isinf(a[i]) && a[i] != ref[i]))
+            return INFINITY;
+        if (isnan(ref[i]) || isinf(ref[i]))
+            continue;
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        if (fabs(d) > wmax) {
+            wmax = fabs(d);
+            *worst = i;
+        }
+    }
+    if (den == 0.0)
+        return num == 0.0 ? 0.0 : INFINITY;
+    return sqrt(num / den);
+}
+
+static void row_float(row_t *row, const float *gpu, const float *ref, size_t n, double tol)
+{
+    size_t w;
+    row->exact = 0;
+    row->tol = tol;
+    row->err = nerr(gpu, ref, n, &w);
+    row->pass = row->err <= tol;
+    if (!row->pass && !row->note[0])
+        snprintf(row->note, sizeof row->note, "worst [%zu]: gpu %.9g cpu %.9g", w, gpu[w], ref[w]);
+}
+
+static void row_bytes(row_t *row, const void *gpu, const void *ref, size_t n)
+{
+    const uint8_t *a = gpu, *b = ref;
+    size_t diff = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            if (first == (size_t)-1)
+                first = i;
+            diff++;
+        }
+    row->exact = 1;
+    row->tol = 0;
+    row->err = (double)diff;
+    row->pass = diff == 0;
+    if (diff && !row->note[0])
+        snprintf(row->note, sizeof row->note, "first byte %zu: gpu 0x%02x cpu 0x%02x", first, a[first], b[first]);
+}
+
+static void row_i32(row_t *row, const int32_t *gpu, const int32_t *ref, size_t n)
+{
+    size_t diff = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++)
+        if (gpu[i] != ref[i]) {
+            if (first == (size_t)-1)
+                first = i;
+            diff++;
+        }
+    row->exact = 1;
+    row->tol = 0;
+    row->err = (double)diff;
+    row->pass = diff == 0;
+    if (diff && !row->note[0])
+        snprintf(row->note, sizeof row->note, "first [%zu]: gpu %d cpu %d", first, gpu[first], ref[first]);
+}
+
+/* ---- output ---- */
+
+static void print_header(const ck_t *ck)
+{
+    printf("%-13s %-30s %-5s %9s %8s %-4s", "op", "shape", "check", "error", "tol", "res");
+    if (ck->bench)
+        printf(" | %9s %8s %6s %8s %6s %-5s", "time_us", "GB/s", "copy%", "TFLOP/s", "roof%", "bound");
+    printf("\n");
+    fflush(stdout);
+}
+
+static double bound_rate(const ck_t *ck, bound_t b)
+{
+    switch (b) {
+    case BOUND_BF16: return ck->ceil.bf16_tflops;
+    case BOUND_FP8: return ck->ceil.fp8_tflops > 0 ? ck->ceil.fp8_tflops : ck->ceil.bf16_tflops;
+    case BOUND_FP32: return ck->ceil.fp32_tflops;
+    default: return 0.0;
+    }
+}
+
+static void print_row(ck_t *ck, row_t *row)
+{
+    char err[32];
+    if (row->exact)
+        snprintf(err, sizeof err, "%.0f", row->err);
+    else
+        snprintf(err, sizeof err, "%.2e", row->err);
+    printf("%-13s %-30.30s %-5s %9s %8.0e %-4s", row->op, row->shape, row->exact ? "exact" : "nerr", err,
+           row->exact ? 0.0 : row->tol, row->pass ? "ok" : "FAIL");
+    if (ck->bench) {
+        if (row->us > 0) {
+            double gbps = row->bytes / (row->us * 1e3), tf = row->flops / (row->us * 1e6);
+            double t_mem = ck->ceil.copy_gbps > 0 ? row->bytes / (ck->ceil.copy_gbps * 1e3) : 0.0; /* us */
+            double rate = bound_rate(ck, row->bound);
+            double t_cmp = rate > 0 ? row->flops / (rate * 1e6) : 0.0;
+            double floor_us = t_mem > t_cmp ? t_mem : t_cmp;
+            const char *bn = t_cmp > t_mem ? (row->bound == BOUND_BF16   ? "bf16"
+                                              : row->bound == BOUND_FP8 ? "fp8"
+                                                                        : "fp32")
+                                           : "copy";
+            double copy_pct = ck->ceil.copy_gbps > 0 ? 100.0 * gbps / ck->ceil.copy_gbps : 0.0;
+            printf(" | %9.2f %8.1f %5.0f%% %8.2f %5.0f%% %-5s", row->us, gbps, copy_pct, tf,
+                   100.0 * floor_us / row->us, bn);
+        } else {
+            printf(" | %9s %8s %6s %8s %6s %-5s", "-", "-", "-", "-", "-", "-");
+        }
+    }
+    if (row->note[0])
+        printf("  %s", row->note);
+    printf("\n");
+    fflush(stdout);
+    if (row->pass)
+        ck->n_pass++;
+    else
+        ck->n_fail++;
+}
+
+static row_t row_new(const char *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static row_t row_new(const char *op, const char *fmt, ...)
+{
+    row_t r;
+    memset(&r, 0, sizeof r);
+    r.op = op;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r.shape, sizeof r.shape, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* ---- timing ---- */
+
+typedef duet_status_t (*op_fn)(ck_t *ck, void *arg);
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median microseconds of N_TIMED event-timed calls, each after an L2 flush. */
+static double time_op(ck_t *ck, op_fn fn, void *arg)
+{
+    for (int i = 0; i < N_WARM; i++)
+        CK(fn(ck, arg));
+    float t[N_TIMED];
+    for (int i = 0; i < N_TIMED; i++) {
+        CK(duet_cuda_flush_l2(ck->c));
+        CK(duet_cuda_timer_start(ck->c));
+        CK(fn(ck, arg));
+        CK(duet_cuda_timer_stop(ck->c, &t[i]));
+    }
+    CK(duet_cuda_sync(ck->c));
+    qsort(t, N_TIMED, sizeof(float), cmp_f);
+    return t[N_TIMED / 2] * 1e3;
+}
+
+static void bench_row(ck_t *ck, row_t *row, op_fn fn, void *arg, double bytes, double flops, bound_t bound)
+{
+    if (!ck->bench)
+        return;
+    row->bytes = bytes;
+    row->flops = flops;
+    row->bound = bound;
+    row->us = time_op(ck, fn, arg);
+}
+
+/* ---- CPU reference in threads (matmul dominates the check's time) ---- */
+
+typedef struct {
+    const duet_weight_t *w;
+    int rb, re;
+    const float *x;
+    int n;
+    float *y;
+} mm_job_t;
+
+static void *mm_thread(void *p)
+{
+    mm_job_t *j = p;
+    duet_cpu_matmul(j->w, j->rb, j->re, j->x, j->n, j->y);
+    return NULL;
+}
+
+/* duet_cpu_matmul split over row ranges (each row's result is independent of the split). */
+static void ref_matmul(ck_t *ck, const duet_weight_t *w, int rb, int re, const float *x, int n, float *y)
+{
+    int nt = ck->threads, m = re - rb;
+    if (nt > m)
+        nt = m > 0 ? m : 1;
+    pthread_t th[64];
+    mm_job_t jobs[64];
+    float *parts[64];
+    int chunk = (m + nt - 1) / nt;
+    chunk = (chunk + 127) / 128 * 128;
+    int used = 0;
+    for (int r0 = rb; r0 < re; r0 += chunk, used++) {
+        int r1 = r0 + chunk < re ? r0 + chunk : re;
+        parts[used] = xmalloc(sizeof(float) * (size_t)n * (size_t)(r1 - r0));
+        jobs[used] = (mm_job_t){w, r0, r1, x, n, parts[used]};
+        pthread_create(&th[used], NULL, mm_thread, &jobs[used]);
+    }
+    for (int i = 0; i < used; i++) {
+        pthread_join(th[i], NULL);
+        int r0 = jobs[i].rb, mm = jobs[i].re - jobs[i].rb;
+        for (int t = 0; t < n; t++)
+            memcpy(y + (size_t)t * m + (r0 - rb), parts[i] + (size_t)t * mm, sizeof(float) * (size_t)mm);
+        free(parts[i]);
+    }
+}
+
+/* ---- matmul ---- */
+
+typedef struct {
+    duet_weight_t hw, dw; /* host / device */
+    void *d_data, *d_scale;
+    size_t data_bytes, scale_bytes;
+    uint8_t *h_data, *h_scale;
+} weight_t;
+
+static void weight_make(ck_t *ck, rng_t *r, weight_t *W, duet_dtype_t dt, int rows, int cols, duet_dtype_t sdt)
+{
+    memset(W, 0, sizeof *W);
+    duet_weight_t *w = &W->hw;
+    w->dtype = dt;
+    w->rows = rows;
+    w->cols = cols;
+    size_t n = (size_t)rows * cols;
+    if (dt == DUET_DT_BF16) {
+        uint16_t *p = xmalloc(2 * n);
+        for (size_t i = 0; i < n; i++)
+            p[i] = duet_f32_to_bf16(rng_normal(r) * 0.05f);
+        W->h_data = (uint8_t *)p;
+        W->data_bytes = 2 * n;
+    } else if (dt == DUET_DT_F32) {
+        W->h_data = (uint8_t *)rand_f32(r, n, 0.05f);
+        W->data_bytes = 4 * n;
+    } else if (dt == DUET_DT_F8_E4M3) {
+        W->h_data = rand_bytes(r, n);
+        for (size_t i = 0; i < n; i++)
+            if ((W->h_data[i] & 0x7f) == 0x7f)
+                W->h_data[i] ^= 1; /* no NaN codes (the GPU decode does not special-case them) */
+        W->data_bytes = n;
+        w->scale_cols = (cols + 127) / 128;
+        size_t ns = (size_t)((rows + 127) / 128) * w->scale_cols;
+        w->scale_dtype = sdt;
+        if (sdt == DUET_DT_F32) {
+            float *s = xmalloc(4 * ns);
+            for (size_t i = 0; i < ns; i++)
+                s[i] = (float)(1e-3 * (1.0 + rng_unit(r)));
+            W->h_scale = (uint8_t *)s;
+            W->scale_bytes = 4 * ns;
+        } else {
+            W->h_scale = xmalloc(ns);
+            for (size_t i = 0; i < ns; i++)
+                W->h_scale[i] = (uint8_t)(116 + rng_u64(r) % 6); /* 2^-11 .. 2^-6 */
+            W->scale_bytes = ns;
+        }
+    } else { /* fp4 */
+        W->h_data = rand_bytes(r, n / 2);
+        W->data_bytes = n / 2;
+        w->scale_cols = cols / 32;
+        size_t ns = (size_t)rows * w->scale_cols;
+        w->scale_dtype = DUET_DT_F8_E8M0;
+        W->h_scale = xmalloc(ns);
+        for (size_t i = 0; i < ns; i++)
+            W->h_scale[i] = (uint8_t)(120 + rng_u64(r) % 4);
+        W->scale_bytes = ns;
+    }
+    w->data = W->h_data;
+    w->scale = W->h_scale;
+    W->dw = *w;
+    W->d_data = dupload(ck, W->h_data, W->data_bytes);
+    W->dw.data = W->d_data;
+    if (W->h_scale) {
+        W->d_scale = dupload(ck, W->h_scale, W->scale_bytes);
+        W->dw.scale = W->d_scale;
+    }
+}
+
+static void weight_free(ck_t *ck, weight_t *W)
+{
+    duet_cuda_free(ck->c, W->d_data);
+    duet_cuda_free(ck->c, W->d_scale);
+    free(W->h_data);
+    free(W->h_scale);
+}
+
+typedef enum { MM_AUTO = 0, MM_GEMV, MM_LT, MM_FP8ACT } mm_kind_t;
+
+typedef struct {
+    weight_t *W;
+    int rb, re, n;
+    float *dx, *dy;
+    mm_kind_t kind;
+} mm_arg_t;
+
+static duet_status_t mm_call(ck_t *ck, void *p)
+{
+    mm_arg_t *a = p;
+    switch (a->kind) {
+    case MM_GEMV: return duet_cuda_matmul_gemv(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
+    case MM_LT: return duet_cuda_matmul_lt(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
+    case MM_FP8ACT: return duet_cuda_matmul_fp8_act(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
+    default: return duet_cuda_matmul(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
+    }
+}
+
+/* The activations the fp8 GEMM sees: per row and 128 columns, scale amax/448 (1 if all zero), e4m3 codes. */
+static void quantize_act(const float *x, int cols, float *out)
+{
+    for (int b = 0; b < cols; b += 128) {
+        float amax = 0.0f;
+        for (int i = b; i < b + 128; i++)
+            amax = fmaxf(amax, fabsf(x[i]));
+        float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+        for (int i = b; i < b + 128; i++)
+            out[i] = duet_e4m3_to_f32(duet_f32_to_e4m3(x[i] / s)) * s;
+    }
+}
+
+static const char *dt_short(duet_dtype_t dt, duet_dtype_t sdt)
+{
+    switch (dt) {
+    case DUET_DT_BF16: return "bf16";
+    case DUET_DT_F32: return "f32";
+    case DUET_DT_F8_E4M3: return sdt == DUET_DT_F32 ? "fp8/f32s" : "fp8";
+    default: return "fp4";
+    }
+}
+
+static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t dt, duet_dtype_t sdt, int rows,
+                        int cols, int rb, int re, int n, int n_check, double tol)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "%s/%d/%d/%d/%d/%d/%d", op, (int)dt, rows, cols, rb, re, n);
+    rng_init(&r, ck->seed, tag);
+    char range[32] = "";
+    if (rb != 0 || re != rows)
+        snprintf(range, sizeof range, " r%d:%d", rb, re);
+    row_t row = row_new(op, "%s %dx%d%s n=%d", dt_short(dt, sdt), rows, cols, range, n);
+    weight_t W;
+    weight_make(ck, &r, &W, dt, rows, cols, sdt);
+    int m = re - rb;
+    float *x = rand_f32(&r, (size_t)n * cols, 1.0f);
+    float *dx = dupload(ck, x, sizeof(float) * (size_t)n * cols);
+    float *dy = dmalloc(ck, sizeof(float) * (size_t)n * m);
+    dpoison(ck, dy, sizeof(float) * (size_t)n * m);
+    mm_arg_t a = {&W, rb, re, n, dx, dy, kind};
+    duet_status_t st = mm_call(ck, &a);
+    if (st == DUET_ERR_UNSUPPORTED) {
+        row.pass = 0;
+        snprintf(row.note, sizeof row.note, "unsupported: %s", duet_err_text(duet_cuda_error(ck->c)));
+        print_row(ck, &row);
+        goto out;
+    }
+    if (st != DUET_OK)
+        die(ck, op);
+    /* sampled tokens: n_check of them, spread over n */
+    int ns = n < n_check ? n : n_check;
+    float *y = xmalloc(sizeof(float) * (size_t)n * m);
+    ddownload(ck, y, dy, sizeof(float) * (size_t)n * m);
+    float *xs = xmalloc(sizeof(float) * (size_t)ns * cols), *ys = xmalloc(sizeof(float) * (size_t)ns * m);
+    float *gs = xmalloc(sizeof(float) * (size_t)ns * m);
+    for (int i = 0; i < ns; i++) {
+        int t = ns == n ? i : (int)((int64_t)i * (n - 1) / (ns - 1 > 0 ? ns - 1 : 1));
+        if (kind == MM_FP8ACT)
+            quantize_act(x + (size_t)t * cols, cols, xs + (size_t)i * cols);
+        else
+            memcpy(xs + (size_t)i * cols, x + (size_t)t * cols, sizeof(float) * cols);
+        memcpy(gs + (size_t)i * m, y + (size_t)t * m, sizeof(float) * m);
+    }
+    ref_matmul(ck, &W.hw, rb, re, xs, ns, ys);
+    row_float(&row, gs, ys, (size_t)ns * m, tol);
+    if (kind == MM_FP8ACT) {
+        /* how far the quantized activations move the result from the fp32-activation contract */
+        for (int i = 0; i < ns; i++) {
+            int t = ns == n ? i : (int)((int64_t)i * (n - 1) / (ns - 1 > 0 ? ns - 1 : 1));
+            memcpy(xs + (size_t)i * cols, x + (size_t)t * cols, sizeof(float) * cols);
+        }
+        ref_matmul(ck, &W.hw, rb, re, xs, ns, ys);
+        size_t w;
+        double e = nerr(gs, ys, (size_t)ns * m, &w);
+        int out = duet_cuda_fp8_act_output(ck->c);
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note),
+                 "%svs fp32-x contract %.1e; D %s", row.note[0] ? "; " : "", e,
+                 out == 2 ? "bf16" : out == 1 ? "fp32" : "?");
+    }
+    if (kind == MM_FP8ACT && !row.pass) {
+        /* which scale layout cuBLASLt wanted instead (diagnostic) */
+        for (int v = 1; v < 4; v++) {
+            duet_cuda_fp8_act_scale_layout(ck->c, v);
+            dpoison(ck, dy, sizeof(float) * (size_t)n * m);
+            if (mm_call(ck, &a) != DUET_OK)
+                break;
+            ddownload(ck, y, dy, sizeof(float) * (size_t)n * m);
+            for (int i = 0; i < ns; i++) {
+                int t = ns == n ? i : (int)((int64_t)i * (n - 1) / (ns - 1 > 0 ? ns - 1 : 1));
+                memcpy(gs + (size_t)i * m, y + (size_t)t * m, sizeof(float) * m);
+                quantize_act(x + (size_t)t * cols, cols, xs + (size_t)i * cols);
+            }
+            ref_matmul(ck, &W.hw, rb, re, xs, ns, ys);
+            size_t w;
+            double e = nerr(gs, ys, (size_t)ns * m, &w);
+            snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "; layout %d: %.1e", v, e);
+        }
+        duet_cuda_fp8_act_scale_layout(ck->c, 0);
+    }
+    if (ns < n && !row.note[0])
+        snprintf(row.note, sizeof row.note, "checked %d sampled rows", ns);
+    {
+        double wbytes = (double)W.data_bytes * m / rows + (double)W.scale_bytes * m / rows;
+        double bytes = wbytes + 4.0 * n * cols + 4.0 * n * m;
+        bound_t b = kind == MM_FP8ACT ? BOUND_FP8
+                    : (kind == MM_LT || (kind == MM_AUTO && n > DUET_CUDA_GEMV_MAX_N)) ? BOUND_BF16
+                                                                                       : BOUND_FP32;
+        if (dt == DUET_DT_F32 && kind != MM_GEMV)
+            b = BOUND_FP32;
+        bench_row(ck, &row, mm_call, &a, bytes, 2.0 * n * (double)m * cols, b);
+    }
+    print_row(ck, &row);
+    free(y);
+    free(xs);
+    free(ys);
+    free(gs);
+out:
+    free(x);
+    duet_cuda_free(ck->c, dx);
+    duet_cuda_free(ck->c, dy);
+    weight_free(ck, &W);
+}
+
+static void group_matmul(ck_t *ck)
+{
+    const duet_dtype_t E8 = DUET_DT_F8_E8M0, F32 = DUET_DT_F32;
+    /* decode kernel: the tolerance of fp32 accumulation in another order */
+    const double tg = 1e-5;
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 1, 8, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 8, 8, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 1024, 4096, 0, 1024, 1, 8, tg);     /* wq_a */
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 1024, 4096, 0, 1024, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 32768, 1024, 0, 32768, 1, 8, tg);   /* wq_b */
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 32768, 1024, 0, 32768, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 1, 8, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, F32, 4096, 4096, 0, 4096, 8, 8, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 8192, 4096, 1024, 2048, 5, 5, tg);  /* wo_a group */
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 1, 8, tg);   /* expert w1 */
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 8, 8, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 4096, 2048, 0, 4096, 1, 8, tg);   /* expert w2 */
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 4096, 2048, 0, 4096, 3, 3, tg);
+    case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F32, E8, 64, 4096, 0, 64, 4, 4, tg);             /* idx weights */
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_BF16, E8, 100, 70, 3, 97, 3, 3, tg);             /* unaligned */
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F8_E4M3, E8, 300, 200, 0, 300, 2, 2, tg);
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_BF16, E8, 1024, 512, 0, 1024, 100, 100, tg);     /* gemv at n>32 */
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F8_E4M3, E8, 512, 1024, 126, 500, 3, 3, tg);     /* rows astride blocks */
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F4_E2M1X2, E8, 1000, 1024, 0, 1000, 7, 7, tg);   /* partial warps */
+}
+
+static void group_matmul_lt(ck_t *ck)
+{
+    const duet_dtype_t E8 = DUET_DT_F8_E8M0, F32 = DUET_DT_F32;
+    /* bf16 operands: x rounded to bf16 (relative 2^-9) -> ~1e-3 normalized */
+    const double tl = 4e-3;
+    case_matmul(ck, "matmul_lt", MM_AUTO, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 4096, 8, tl);
+    case_matmul(ck, "matmul_lt", MM_AUTO, DUET_DT_BF16, E8, 8192, 8192, 0, 8192, 8192, 4, tl);
+    case_matmul(ck, "matmul_lt", MM_AUTO, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 4096, 8, tl);
+    case_matmul(ck, "matmul_lt", MM_AUTO, DUET_DT_F8_E4M3, F32, 1024, 4096, 0, 1024, 512, 8, tl);
+    case_matmul(ck, "matmul_lt", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 512, 8, tl);
+    case_matmul(ck, "matmul_lt", MM_AUTO, DUET_DT_F32, E8, 64, 4096, 0, 64, 64, 8, 1e-5);
+    case_matmul(ck, "matmul_lt", MM_LT, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 32, 32, tl);
+}
+
+static void group_fp8_act(ck_t *ck)
+{
+    const duet_dtype_t E8 = DUET_DT_F8_E8M0;
+    /* against the CPU fed the same quantized activations: only accumulation differs */
+    const double tq = 1e-3;
+    case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 4096, 8, tq);
+    case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, E8, 8192, 8192, 0, 8192, 8192, 4, tq);
+    case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, E8, 32768, 1024, 0, 32768, 4096, 4, tq);
+    case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, DUET_DT_F32, 4096, 4096, 0, 4096, 130, 8, tq);
+}
+
+/* ---- rmsnorm / rope / swiglu ---- */
+
+typedef struct {
+    float *dx, *dw, *dy, *dgate, *dup;
+    int64_t *dpos;
+    int n, dim, n_heads, head_dim, sign;
+    float eps, limit;
+    duet_rope_t rope;
+} ew_arg_t;
+
+static duet_status_t rms_call(ck_t *ck, void *p)
+{
+    ew_arg_t *a = p;
+    return duet_cuda_rmsnorm(ck->c, a->dx, a->dw, a->n, a->dim, a->eps, a->dy);
+}
+
+static void case_rmsnorm(ck_t *ck, int n, int dim, int weighted)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "rms/%d/%d/%d", n, dim, weighted);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("rmsnorm", "n=%d dim=%d%s", n, dim, weighted ? " weighted" : "");
+    size_t nx = (size_t)n * dim;
+    float *x = rand_f32(&r, nx, 3.0f), *w = rand_f32(&r, dim, 1.0f), *y = xmalloc(4 * nx), *ref = xmalloc(4 * nx);
+    ew_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.dx = dupload(ck, x, 4 * nx);
+    a.dw = weighted ? dupload(ck, w, 4 * (size_t)dim) : NULL;
+    a.dy = dmalloc(ck, 4 * nx);
+    a.n = n;
+    a.dim = dim;
+    a.eps = 1e-6f;
+    dpoison(ck, a.dy, 4 * nx);
+    CK(rms_call(ck, &a));
+    ddownload(ck, y, a.dy, 4 * nx);
+    duet_cpu_rmsnorm(x, weighted ? w : NULL, n, dim, a.eps, ref);
+    row_float(&row, y, ref, nx, 1e-5);
+    bench_row(ck, &row, rms_call, &a, 8.0 * nx + (weighted ? 4.0 * dim : 0), 3.0 * nx, BOUND_FP32);
+    print_row(ck, &row);
+    free(x); free(w); free(y); free(ref);
+    duet_cuda_free(ck->c, a.dx); duet_cuda_free(ck->c, a.dw); duet_cuda_free(ck->c, a.dy);
+}
+
+static void group_rmsnorm(ck_t *ck)
+{
+    case_rmsnorm(ck, 32, 4096, 1);
+    case_rmsnorm(ck, 4096, 4096, 1);
+    case_rmsnorm(ck, 32 * 64, 512, 0);   /* per-head q norm */
+    case_rmsnorm(ck, 32, 1024, 1);       /* q_norm */
+    case_rmsnorm(ck, 7, 16384, 0);
+    case_rmsnorm(ck, 3, 100, 1);
+}
+
+static duet_status_t rope_call(ck_t *ck, void *p)
+{
+    ew_arg_t *a = p;
+    return duet_cuda_rope(ck->c, a->dx, a->n, a->n_heads, a->head_dim, a->dpos, &a->rope, a->sign);
+}
+
+static void case_rope(ck_t *ck, int n, int n_heads, int head_dim, int rope_dim, int yarn, int sign)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "rope/%d/%d/%d/%d/%d/%d", n, n_heads, head_dim, rope_dim, yarn, sign);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("rope", "n=%d %dx%d r=%d%s %s", n, n_heads, head_dim, rope_dim, yarn ? " yarn" : "",
+                        sign > 0 ? "fwd" : "inv");
+    ew_arg_t a;
+    memset(&a, 0, sizeof a);
+    duet_yarn_t y = {1, 16.0, 32.0, 1.0, 1.0, 1.0, 65536};
+    duet_rope_init(&a.rope, rope_dim, yarn ? 160000.0 : 10000.0, yarn ? &y : NULL);
+    size_t nx = (size_t)n * n_heads * head_dim;
+    float *x = rand_f32(&r, nx, 1.0f), *ref = xmalloc(4 * nx), *out = xmalloc(4 * nx);
+    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        pos[i] = (int64_t)(rng_u64(&r) % (i % 2 ? 1048576 : 4096));
+    memcpy(ref, x, 4 * nx);
+    a.dx = dupload(ck, x, 4 * nx);
+    a.dpos = dupload(ck, pos, sizeof(int64_t) * (size_t)n);
+    a.n = n;
+    a.n_heads = n_heads;
+    a.head_dim = head_dim;
+    a.sign = sign;
+    CK(rope_call(ck, &a));
+    ddownload(ck, out, a.dx, 4 * nx);
+    duet_cpu_rope(ref, n, n_heads, head_dim, pos, &a.rope, sign);
+    row_float(&row, out, ref, nx, 1e-5);
+    /* in place: bench on the rotated data (rotating again is the same work) */
+    double rb = 8.0 * n * n_heads * rope_dim;
+    bench_row(ck, &row, rope_call, &a, rb, 6.0 * n * n_heads * rope_dim / 2, BOUND_FP32);
+    print_row(ck, &row);
+    free(x); free(ref); free(out); free(pos);
+    duet_cuda_free(ck->c, a.dx); duet_cuda_free(ck->c, a.dpos);
+}
+
+static void group_rope(ck_t *ck)
+{
+    case_rope(ck, 32, 64, 512, 64, 0, 1);
+    case_rope(ck, 32, 64, 512, 64, 1, -1);
+    case_rope(ck, 4096, 1, 512, 64, 1, 1);
+    case_rope(ck, 32, 64, 128, 64, 1, 1); /* indexer q */
+    case_rope(ck, 5, 3, 20, 8, 0, 1);
+}
+
+static duet_status_t swiglu_call(ck_t *ck, void *p)
+{
+    ew_arg_t *a = p;
+    return duet_cuda_swiglu(ck->c, a->dgate, a->dup, a->n, a->dim, a->limit, a->dy);
+}
+
+static void case_swiglu(ck_t *ck, int n, int inter, float limit)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "swiglu/%d/%d/%g", n, inter, limit);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("swiglu", "n=%d inter=%d limit=%g", n, inter, limit);
+    size_t nx = (size_t)n * inter;
+    float *g = rand_f32(&r, nx, 6.0f), *u = rand_f32(&r, nx, 6.0f), *y = xmalloc(4 * nx), *ref = xmalloc(4 * nx);
+    ew_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.dgate = dupload(ck, g, 4 * nx);
+    a.dup = dupload(ck, u, 4 * nx);
+    a.dy = dmalloc(ck, 4 * nx);
+    a.n = n;
+    a.dim = inter;
+    a.limit = limit;
+    dpoison(ck, a.dy, 4 * nx);
+    CK(swiglu_call(ck, &a));
+    ddownload(ck, y, a.dy, 4 * nx);
+    duet_cpu_swiglu(g, u, n, inter, limit, ref);
+    row_float(&row, y, ref, nx, 1e-6);
+    bench_row(ck, &row, swiglu_call, &a, 12.0 * nx, 5.0 * nx, BOUND_FP32);
+    print_row(ck, &row);
+    free(g); free(u); free(y); free(ref);
+    duet_cuda_free(ck->c, a.dgate); duet_cuda_free(ck->c, a.dup); duet_cuda_free(ck->c, a.dy);
+}
+
+static void group_swiglu(ck_t *ck)
+{
+    case_swiglu(ck, 32, 2048, 10.0f);
+    case_swiglu(ck, 4096, 2048, 10.0f);
+    case_swiglu(ck, 6, 1001, 0.0f);
+}
+
+/* ---- cache entries ---- */
+
+static void flash_config(duet_model_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->hidden_size = 4096;
+    cfg->num_hidden_layers = 4;
+    cfg->head_dim = 512;
+    cfg->qk_rope_head_dim = 64;
+    cfg->index_head_dim = 128;
+    cfg->sliding_window = 128;
+    cfg->compress_ratios[0] = 0;
+    cfg->compress_ratios[1] = 4;
+    cfg->compress_ratios[2] = 128;
+    cfg->compress_ratios[3] = 4;
+    cfg->n_compress_ratios = 4;
+}
+
+typedef struct {
+    const duet_cache_layout_t *l;
+    uint8_t *dpool;
+    uint32_t *dunit, *didx;
+    float *dvec;
+    uint32_t n;
+    int load;
+} ce_arg_t;
+
+static duet_status_t ce_call(ck_t *ck, void *p)
+{
+    ce_arg_t *a = p;
+    if (a->load)
+        return duet_cuda_cache_load(ck->c, a->l, a->dpool, a->dunit, a->didx, a->dvec, a->n);
+    return duet_cuda_cache_store(ck->c, a->l, a->dpool, a->dunit, a->didx, a->dvec, a->n);
+}
+
+static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, uint32_t n_entries)
+{
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    duet_cache_opts_t opts = {256, dt, dt};
+    duet_cache_layout_t l;
+    duet_err_t err;
+    if (duet_cache_layout_compute(&cfg, &opts, kind, &l, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
+        exit(2);
+    }
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "cache/%d/%d/%u", (int)kind, (int)dt, n_entries);
+    rng_init(&r, ck->seed, tag);
+    uint32_t epp = l.entries_per_page;
+    uint32_t units = (n_entries + epp - 1) / epp + 3;
+    size_t pool_bytes = (size_t)units * l.page_bytes;
+    /* distinct (unit, idx) slots in random order */
+    uint32_t total = units * epp;
+    uint32_t *perm = xmalloc(sizeof(uint32_t) * total);
+    for (uint32_t i = 0; i < total; i++)
+        perm[i] = i;
+    for (uint32_t i = total - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(rng_u64(&r) % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    uint32_t *unit = xmalloc(4 * (size_t)n_entries), *idx = xmalloc(4 * (size_t)n_entries);
+    for (uint32_t i = 0; i < n_entries; i++) {
+        unit[i] = perm[i] / epp;
+        idx[i] = perm[i] % epp;
+    }
+    size_t nv = (size_t)n_entries * l.vec_dim;
+    float *vec = rand_f32(&r, nv, 2.0f);
+    /* a few all-zero nope blocks and extreme values exercise the scale corner cases */
+    for (uint32_t i = 0; i < n_entries; i += 97)
+        for (uint32_t c = 0; c < 64 && c < l.vec_dim; c++)
+            vec[(size_t)i * l.vec_dim + c] = 0.0f;
+    for (uint32_t i = 5; i < n_entries; i += 101)
+        vec[(size_t)i * l.vec_dim + 3] = i % 2 ? 1e30f : -3e-30f;
+    uint8_t *pool = rand_bytes(&r, pool_bytes), *gpool = xmalloc(pool_bytes);
+    ce_arg_t a = {&l, dupload(ck, pool, pool_bytes), dupload(ck, unit, 4 * (size_t)n_entries),
+                  dupload(ck, idx, 4 * (size_t)n_entries), dupload(ck, vec, 4 * nv), n_entries, 0};
+    const char *dn = duet_cache_dtype_name(dt), *pn = duet_pool_kind_name(kind);
+    /* store: the whole pool must equal the CPU's (written entries and untouched bytes) */
+    row_t row = row_new("cache_store", "%s %s %u x %uB", pn, dn, n_entries, l.entry_bytes);
+    CK(ce_call(ck, &a));
+    ddownload(ck, gpool, a.dpool, pool_bytes);
+    for (uint32_t i = 0; i < n_entries; i++)
+        duet_cache_entry_store(&l, pool + (size_t)unit[i] * l.page_bytes, idx[i], vec + (size_t)i * l.vec_dim);
+    row_bytes(&row, gpool, pool, pool_bytes);
+    double io = 4.0 * nv + (double)n_entries * l.entry_bytes;
+    bench_row(ck, &row, ce_call, &a, io, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    /* load: from the stored pool, bit for bit */
+    row = row_new("cache_load", "%s %s %u x %uB", pn, dn, n_entries, l.entry_bytes);
+    CK(duet_cuda_upload(ck->c, a.dpool, pool, pool_bytes));
+    float *gv = xmalloc(4 * nv), *cv = xmalloc(4 * nv);
+    dpoison(ck, a.dvec, 4 * nv);
+    a.load = 1;
+    CK(ce_call(ck, &a));
+    ddownload(ck, gv, a.dvec, 4 * nv);
+    for (uint32_t i = 0; i < n_entries; i++)
+        duet_cache_entry_load(&l, pool + (size_t)unit[i] * l.page_bytes, idx[i], cv + (size_t)i * l.vec_dim);
+    row_bytes(&row, gv, cv, 4 * nv);
+    bench_row(ck, &row, ce_call, &a, io, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    free(perm); free(unit); free(idx); free(vec); free(pool); free(gpool); free(gv); free(cv);
+    duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
+    duet_cuda_free(ck->c, a.dvec);
+}
+
+static void group_cache(ck_t *ck)
+{
+    case_cache(ck, DUET_POOL_C4_KV, DUET_CACHE_FP8, 4096);
+    case_cache(ck, DUET_POOL_C4_KV, DUET_CACHE_BF16, 4096);
+    case_cache(ck, DUET_POOL_SWA_KV, DUET_CACHE_FP8, 1000);
+    case_cache(ck, DUET_POOL_C128_KV, DUET_CACHE_FP8, 37);
+    case_cache(ck, DUET_POOL_C4_INDEX_K, DUET_CACHE_FP8, 8192);
+    case_cache(ck, DUET_POOL_C4_INDEX_K, DUET_CACHE_BF16, 8192);
+}
+
+/* ---- compress_pool ---- */
+
+typedef struct {
+    float *dkv, *dgate, *dout;
+    int n_slots, dim, stride, n_entries;
+    size_t entry_stride;
+} cp_arg_t;
+
+static duet_status_t cp_call(ck_t *ck, void *p)
+{
+    cp_arg_t *a = p;
+    return duet_cuda_compress_pool(ck->c, a->dkv, a->dgate, a->n_slots, a->dim, a->stride, a->n_entries,
+                                   a->entry_stride, a->dout);
+}
+
+static void case_compress(ck_t *ck, int n_slots, int dim, int stride, int n_entries)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "cp/%d/%d/%d/%d", n_slots, dim, stride, n_entries);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("compress_pool", "%d slots dim=%d/%d x%d", n_slots, dim, stride, n_entries);
+    size_t es = (size_t)n_slots * stride, nx = es * n_entries, no = (size_t)n_entries * dim;
+    float *kv = rand_f32(&r, nx, 1.0f), *g = rand_f32(&r, nx, 2.0f);
+    /* masked slots (-inf gates), and one fully masked column per entry */
+    for (int e = 0; e < n_entries; e++) {
+        for (int s = 0; s < n_slots; s += 3)
+            g[e * es + (size_t)s * stride + (size_t)((e * 7 + s) % dim)] = -INFINITY;
+        for (int s = 0; s < n_slots; s++)
+            g[e * es + (size_t)s * stride + (size_t)(e % dim)] = -INFINITY;
+    }
+    float *out = xmalloc(4 * no), *ref = xmalloc(4 * no);
+    cp_arg_t a = {dupload(ck, kv, 4 * nx), dupload(ck, g, 4 * nx), dmalloc(ck, 4 * no), n_slots, dim, stride,
+                  n_entries, es};
+    dpoison(ck, a.dout, 4 * no);
+    CK(cp_call(ck, &a));
+    ddownload(ck, out, a.dout, 4 * no);
+    for (int e = 0; e < n_entries; e++)
+        duet_cpu_compress_pool(kv + e * es, g + e * es, n_slots, dim, stride, ref + (size_t)e * dim);
+    row_float(&row, out, ref, no, 1e-5);
+    bench_row(ck, &row, cp_call, &a, 8.0 * n_slots * (double)dim * n_entries + 4.0 * no,
+              5.0 * n_slots * (double)dim * n_entries, BOUND_FP32);
+    print_row(ck, &row);
+    free(kv); free(g); free(out); free(ref);
+    duet_cuda_free(ck->c, a.dkv); duet_cuda_free(ck->c, a.dgate); duet_cuda_free(ck->c, a.dout);
+}
+
+static void group_compress(ck_t *ck)
+{
+    case_compress(ck, 8, 512, 512, 1024);    /* C4 KV: 2x4 overlapping slots */
+    case_compress(ck, 8, 128, 128, 1024);    /* C4 indexer */
+    case_compress(ck, 128, 512, 512, 64);    /* C128 */
+    case_compress(ck, 5, 33, 40, 7);
+}
+
+/* ---- index_score + topk ---- */
+
+typedef struct {
+    float *dq, *dw, *dkeys, *dscore, *dv;
+    int32_t *doff, *dn, *didx;
+    int rows, heads, dim, max_keys, k;
+    float scale;
+} is_arg_t;
+
+static duet_status_t is_call(ck_t *ck, void *p)
+{
+    is_arg_t *a = p;
+    return duet_cuda_index_score(ck->c, a->dq, a->dw, a->rows, a->heads, a->dim, a->dkeys, a->doff, a->dn,
+                                 a->max_keys, a->scale, a->dscore);
+}
+
+static duet_status_t topk_call(ck_t *ck, void *p)
+{
+    is_arg_t *a = p;
+    return duet_cuda_topk(ck->c, a->dv, a->doff, a->dn, a->rows, a->k, a->didx);
+}
+
+/* Row b has nk[b] keys (row 0 the most, the others fewer) packed one after another. */
+static int32_t *key_counts(int rows, int max_keys, int32_t *off, size_t *total)
+{
+    int32_t *nk = xmalloc(sizeof(int32_t) * (size_t)rows);
+    size_t t = 0;
+    for (int b = 0; b < rows; b++) {
+        nk[b] = b == 0 ? max_keys : max_keys - (int)((int64_t)b * max_keys / (rows + 3));
+        off[b] = (int32_t)t;
+        t += (size_t)nk[b];
+    }
+    *total = t;
+    return nk;
+}
+
+static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int k, int check_rows)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "is/%d/%d/%d/%d", rows, heads, dim, max_keys);
+    rng_init(&r, ck->seed, tag);
+    int32_t *off = xmalloc(sizeof(int32_t) * (size_t)rows);
+    size_t total;
+    int32_t *nk = key_counts(rows, max_keys, off, &total);
+    size_t nq = (size_t)rows * heads * dim;
+    float *q = rand_f32(&r, nq, 1.0f), *w = rand_f32(&r, (size_t)rows * heads, 0.125f);
+    float *keys = rand_f32(&r, total * dim, 1.0f);
+    float *score = xmalloc(4 * total), *ref = xmalloc(4 * total);
+    is_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.dq = dupload(ck, q, 4 * nq);
+    a.dw = dupload(ck, w, 4 * (size_t)rows * heads);
+    a.dkeys = dupload(ck, keys, 4 * total * dim);
+    a.dscore = dmalloc(ck, 4 * total);
+    a.doff = dupload(ck, off, 4 * (size_t)rows);
+    a.dn = dupload(ck, nk, 4 * (size_t)rows);
+    a.didx = dmalloc(ck, 4 * (size_t)rows * k);
+    a.rows = rows;
+    a.heads = heads;
+    a.dim = dim;
+    a.max_keys = max_keys;
+    a.k = k;
+    a.scale = 1.0f / sqrtf((float)dim);
+    a.dv = a.dscore;
+    dpoison(ck, a.dscore, 4 * total);
+    CK(is_call(ck, &a));
+    ddownload(ck, score, a.dscore, 4 * total);
+    /* sampled rows: the first, the last, and evenly between */
+    int nr = rows < check_rows ? rows : check_rows;
+    size_t ncmp = 0;
+    float *gs = xmalloc(4 * total), *rs = xmalloc(4 * total);
+    for (int i = 0; i < nr; i++) {
+        int b = nr == rows ? i : (int)((int64_t)i * (rows - 1) / (nr - 1 > 0 ? nr - 1 : 1));
+        duet_cpu_index_score(q + (size_t)b * heads * dim, w + (size_t)b * heads, heads, dim,
+                             keys + (size_t)off[b] * dim, nk[b], a.scale, ref + off[b]);
+        memcpy(gs + ncmp, score + off[b], 4 * (size_t)nk[b]);
+        memcpy(rs + ncmp, ref + off[b], 4 * (size_t)nk[b]);
+        ncmp += (size_t)nk[b];
+    }
+    row_t row = row_new("index_score", "rows=%d %dx%d keys<=%d", rows, heads, dim, max_keys);
+    row_float(&row, gs, rs, ncmp, 1e-5);
+    if (nr < rows && !row.note[0])
+        snprintf(row.note, sizeof row.note, "checked %d sampled rows", nr);
+    bench_row(ck, &row, is_call, &a, 4.0 * (total * dim + nq + total), 2.0 * heads * (double)dim * total,
+              BOUND_FP32);
+    print_row(ck, &row);
+
+    /* top-k of the GPU's scores, every row: bit-exact with the CPU on the same values */
+    row = row_new("topk", "rows=%d n<=%d k=%d scores", rows, max_keys, k);
+    int32_t *gi = xmalloc(4 * (size_t)rows * k), *ci = xmalloc(4 * (size_t)rows * k);
+    dpoison(ck, a.didx, 4 * (size_t)rows * k);
+    CK(topk_call(ck, &a));
+    ddownload(ck, gi, a.didx, 4 * (size_t)rows * k);
+    for (int b = 0; b < rows; b++) {
+        int kk = nk[b] < k ? nk[b] : k;
+        for (int j = 0; j < k; j++)
+            ci[(size_t)b * k + j] = -1;
+        duet_cpu_topk(score + off[b], nk[b], kk, ci + (size_t)b * k);
+    }
+    row_i32(&row, gi, ci, (size_t)rows * k);
+    bench_row(ck, &row, topk_call, &a, 4.0 * total + 4.0 * rows * k, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+
+    free(off); free(nk); free(q); free(w); free(keys); free(score); free(ref); free(gs); free(rs);
+    free(gi); free(ci);
+    duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dw); duet_cuda_free(ck->c, a.dkeys);
+    duet_cuda_free(ck->c, a.dscore); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
+    duet_cuda_free(ck->c, a.didx);
+}
+
+static void group_index(ck_t *ck)
+{
+    case_index(ck, 32, 64, 128, 8192, 512, 4);  /* 32k context, V4-Flash indexer */
+    case_index(ck, 1, 64, 128, 32768, 512, 1);  /* 128k context, batch 1 */
+    case_index(ck, 5, 4, 64, 40, 8, 5);         /* tiny fixture widths, partial tiles */
+    case_index(ck, 3, 70, 48, 100, 16, 3);      /* heads beyond one tile */
+}
+
+/* top-k alone on hard inputs: ties, NaN, -0/+0, k >= n. */
+static void case_topk(ck_t *ck, const char *what, int rows, int n_max, int k, int mode)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "topk/%s/%d/%d/%d", what, rows, n_max, k);
+    rng_init(&r, ck->seed, tag);
+    int32_t *off = xmalloc(sizeof(int32_t) * (size_t)rows);
+    size_t total;
+    int32_t *nk = key_counts(rows, n_max, off, &total);
+    float *v = xmalloc(4 * total);
+    for (size_t i = 0; i < total; i++) {
+        float x = rng_normal(&r);
+        if (mode == 1) /* few distinct values: many ties at the k-th */
+            x = (float)(int)(x * 2.0f);
+        if (mode == 2) { /* specials */
+            uint64_t u = rng_u64(&r) % 16;
+            x = u == 0 ? NAN : u == 1 ? -0.0f : u == 2 ? 0.0f : u == 3 ? -INFINITY : u == 4 ? INFINITY : x;
+        }
+        v[i] = x;
+    }
+    is_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.dv = dupload(ck, v, 4 * total);
+    a.doff = dupload(ck, off, 4 * (size_t)rows);
+    a.dn = dupload(ck, nk, 4 * (size_t)rows);
+    a.didx = dmalloc(ck, 4 * (size_t)rows * k);
+    a.rows = rows;
+    a.k = k;
+    row_t row = row_new("topk", "rows=%d n<=%d k=%d %s", rows, n_max, k, what);
+    int32_t *gi = xmalloc(4 * (size_t)rows * k), *ci = xmalloc(4 * (size_t)rows * k);
+    dpoison(ck, a.didx, 4 * (size_t)rows * k);
+    CK(topk_call(ck, &a));
+    ddownload(ck, gi, a.didx, 4 * (size_t)rows * k);
+    for (int b = 0; b < rows; b++) {
+        int kk = nk[b] < k ? nk[b] : k;
+        for (int j = 0; j < k; j++)
+            ci[(size_t)b * k + j] = -1;
+        duet_cpu_topk(v + off[b], nk[b], kk, ci + (size_t)b * k);
+    }
+    row_i32(&row, gi, ci, (size_t)rows * k);
+    bench_row(ck, &row, topk_call, &a, 4.0 * total + 4.0 * rows * k, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    free(off); free(nk); free(v); free(gi); free(ci);
+    duet_cuda_free(ck->c, a.dv); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
+    duet_cuda_free(ck->c, a.didx);
+}
+
+static void group_topk(ck_t *ck)
+{
+    case_topk(ck, "normal", 32, 8192, 512, 0);
+    case_topk(ck, "ties", 32, 8192, 512, 1);
+    case_topk(ck, "nan/inf/-0", 16, 3000, 512, 2);
+    case_topk(ck, "k>=n", 4, 300, 512, 0);
+    case_topk(ck, "moe", 128, 256, 6, 0);
+    case_topk(ck, "ties-moe", 128, 256, 8, 1);
+    case_topk(ck, "long", 2, 262144, 2048, 0);
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    float *dq, *dkeys, *dsinks, *dout;
+    int32_t *doff, *dn;
+    int rows, heads, dim, max_keys;
+    float scale;
+} at_arg_t;
+
+static duet_status_t at_call(ck_t *ck, void *p)
+{
+    at_arg_t *a = p;
+    return duet_cuda_attn_rows(ck->c, a->dq, a->rows, a->heads, a->dim, a->dkeys, a->doff, a->dn, a->max_keys,
+                               a->dsinks, a->scale, a->dout);
+}
+
+static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int check_rows, int empty_row)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "attn/%d/%d/%d/%d/%d", rows, heads, dim, max_keys, empty_row);
+    rng_init(&r, ck->seed, tag);
+    int32_t *off = xmalloc(sizeof(int32_t) * (size_t)rows);
+    size_t total;
+    int32_t *nk = key_counts(rows, max_keys, off, &total);
+    if (empty_row && rows > 1) { /* a row with no keys: only the sink */
+        total -= (size_t)nk[rows - 1];
+        nk[rows - 1] = 0;
+    }
+    size_t nq = (size_t)rows * heads * dim;
+    float *q = rand_f32(&r, nq, 1.0f), *keys = rand_f32(&r, total * dim, 1.0f), *sinks = rand_f32(&r, heads, 1.0f);
+    float *out = xmalloc(4 * nq), *ref = xmalloc(4 * nq);
+    at_arg_t a = {dupload(ck, q, 4 * nq), dupload(ck, keys, 4 * total * dim), dupload(ck, sinks, 4 * (size_t)heads),
+                  dmalloc(ck, 4 * nq), dupload(ck, off, 4 * (size_t)rows), dupload(ck, nk, 4 * (size_t)rows), rows,
+                  heads, dim, max_keys, 1.0f / sqrtf((float)dim)};
+    dpoison(ck, a.dout, 4 * nq);
+    CK(at_call(ck, &a));
+    ddownload(ck, out, a.dout, 4 * nq);
+    int nr = rows < check_rows ? rows : check_rows;
+    float *go = xmalloc(4 * nq), *ro = xmalloc(4 * nq);
+    size_t ncmp = 0, per = (size_t)heads * dim;
+    for (int i = 0; i < nr; i++) {
+        int b = nr == rows ? i : (int)((int64_t)i * (rows - 1) / (nr - 1 > 0 ? nr - 1 : 1));
+        duet_cpu_attn_row(q + b * per, heads, dim, keys + (size_t)off[b] * dim, nk[b], sinks, a.scale, ro + ncmp);
+        memcpy(go + ncmp, out + b * per, 4 * per);
+        ncmp += per;
+    }
+    row_t row = row_new("attn_rows", "rows=%d %dx%d keys<=%d%s", rows, heads, dim, max_keys,
+                        empty_row ? " +empty" : "");
+    row_float(&row, go, ro, ncmp, 2e-5);
+    if (nr < rows && !row.note[0])
+        snprintf(row.note, sizeof row.note, "checked %d sampled rows", nr);
+    bench_row(ck, &row, at_call, &a, 4.0 * (total * dim + 2 * nq), 4.0 * heads * (double)dim * total, BOUND_FP32);
+    print_row(ck, &row);
+    free(off); free(nk); free(q); free(keys); free(sinks); free(out); free(ref); free(go); free(ro);
+    duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dkeys); duet_cuda_free(ck->c, a.dsinks);
+    duet_cuda_free(ck->c, a.dout); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
+}
+
+static void group_attn(ck_t *ck)
+{
+    case_attn(ck, 32, 64, 512, 640, 8, 0);  /* decode batch 32: window 128 + top-512 */
+    case_attn(ck, 1, 64, 512, 640, 1, 0);
+    case_attn(ck, 128, 64, 512, 640, 4, 0);
+    case_attn(ck, 8, 64, 512, 4224, 2, 0);  /* C128 layer at 512k: window + 4096 entries */
+    case_attn(ck, 4, 4, 128, 40, 4, 1);     /* tiny fixture widths, a row without keys */
+    case_attn(ck, 3, 12, 36, 300, 3, 0);
+}
+
+/* ---- hyper-connections ---- */
+
+typedef struct {
+    float *dx, *dfn, *dbase, *dscale, *dpost, *dcomb, *dout, *df;
+    int n, hc, dim, iters;
+    float scale_head;
+} hc_arg_t;
+
+static duet_status_t hcpre_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_pre(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->dscale, a->iters, 1e-6f, 1e-6f,
+                            a->dpost, a->dcomb, a->dout);
+}
+
+static duet_status_t hchead_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_head(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->scale_head, 1e-6f, 1e-6f,
+                             a->dout);
+}
+
+static duet_status_t hcpost_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_post(ck->c, a->dx, a->n, a->hc, a->dim, a->df, a->dpost, a->dcomb);
+}
+
+static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "hc/%d/%d/%d/%d", n, hc, dim, iters);
+    rng_init(&r, ck->seed, tag);
+    int mix = (2 + hc) * hc;
+    size_t nx = (size_t)n * hc * dim, nfn = (size_t)mix * hc * dim;
+    float *x = rand_f32(&r, nx, 1.0f), *fn = rand_f32(&r, nfn, 0.02f), *base = rand_f32(&r, mix, 0.5f);
+    float scale[3] = {0.8f, 1.1f, 0.9f};
+    float *post = xmalloc(4 * (size_t)n * hc), *comb = xmalloc(4 * (size_t)n * hc * hc);
+    float *col = xmalloc(4 * (size_t)n * dim);
+    float *gpost = xmalloc(4 * (size_t)n * hc), *gcomb = xmalloc(4 * (size_t)n * hc * hc);
+    float *gcol = xmalloc(4 * (size_t)n * dim);
+    hc_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.dx = dupload(ck, x, 4 * nx);
+    a.dfn = dupload(ck, fn, 4 * nfn);
+    a.dbase = dupload(ck, base, 4 * (size_t)mix);
+    a.dscale = dupload(ck, scale, sizeof scale);
+    a.dpost = dmalloc(ck, 4 * (size_t)n * hc);
+    a.dcomb = dmalloc(ck, 4 * (size_t)n * hc * hc);
+    a.dout = dmalloc(ck, 4 * (size_t)n * dim);
+    a.n = n;
+    a.hc = hc;
+    a.dim = dim;
+    a.iters = iters;
+    a.scale_head = 0.7f;
+    /* hc_pre */
+    dpoison(ck, a.dpost, 4 * (size_t)n * hc);
+    dpoison(ck, a.dcomb, 4 * (size_t)n * hc * hc);
+    dpoison(ck, a.dout, 4 * (size_t)n * dim);
+    CK(hcpre_call(ck, &a));
+    ddownload(ck, gpost, a.dpost, 4 * (size_t)n * hc);
+    ddownload(ck, gcomb, a.dcomb, 4 * (size_t)n * hc * hc);
+    ddownload(ck, gcol, a.dout, 4 * (size_t)n * dim);
+    duet_cpu_hc_pre(x, n, hc, dim, fn, base, scale, iters, 1e-6f, 1e-6f, post, comb, col);
+    row_t row = row_new("hc_pre", "n=%d hc=%d dim=%d iters=%d", n, hc, dim, iters);
+    size_t w;
+    double ep = nerr(gpost, post, (size_t)n * hc, &w), ec = nerr(gcomb, comb, (size_t)n * hc * hc, &w);
+    row_float(&row, gcol, col, (size_t)n * dim, 1e-5);
+    if (ep > row.err)
+        row.err = ep;
+    if (ec > row.err)
+        row.err = ec;
+    row.pass = row.err <= row.tol;
+    snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "%spost %.1e comb %.1e",
+             row.note[0] ? "; " : "", ep, ec);
+    bench_row(ck, &row, hcpre_call, &a, 4.0 * (nx + nfn + (size_t)n * (dim + hc + hc * hc)),
+              2.0 * (double)mix * hc * dim * n + 2.0 * nx, BOUND_FP32);
+    print_row(ck, &row);
+    /* hc_post on the CPU's post/comb (so it is checked on its own), in place: bit-exact */
+    float *f = rand_f32(&r, (size_t)n * dim, 1.0f), *xg = xmalloc(4 * nx);
+    a.df = dupload(ck, f, 4 * (size_t)n * dim);
+    CK(duet_cuda_upload(ck->c, a.dpost, post, 4 * (size_t)n * hc));
+    CK(duet_cuda_upload(ck->c, a.dcomb, comb, 4 * (size_t)n * hc * hc));
+    CK(hcpost_call(ck, &a));
+    ddownload(ck, xg, a.dx, 4 * nx);
+    float *xc = xmalloc(4 * nx);
+    memcpy(xc, x, 4 * nx);
+    duet_cpu_hc_post(xc, n, hc, dim, f, post, comb);
+    row = row_new("hc_post", "n=%d hc=%d dim=%d", n, hc, dim);
+    row_bytes(&row, xg, xc, 4 * nx);
+    bench_row(ck, &row, hcpost_call, &a, 4.0 * (2 * nx + (size_t)n * dim), 2.0 * hc * (double)nx, BOUND_FP32);
+    print_row(ck, &row);
+    /* hc_head */
+    CK(duet_cuda_upload(ck->c, a.dx, x, 4 * nx));
+    dpoison(ck, a.dout, 4 * (size_t)n * dim);
+    CK(hchead_call(ck, &a));
+    ddownload(ck, gcol, a.dout, 4 * (size_t)n * dim);
+    duet_cpu_hc_head(x, n, hc, dim, fn, base, a.scale_head, 1e-6f, 1e-6f, col);
+    row = row_new("hc_head", "n=%d hc=%d dim=%d", n, hc, dim);
+    row_float(&row, gcol, col, (size_t)n * dim, 1e-5);
+    bench_row(ck, &row, hchead_call, &a, 4.0 * (nx + (size_t)hc * hc * dim + (size_t)n * dim),
+              2.0 * (double)hc * hc * dim * n + 2.0 * nx, BOUND_FP32);
+    print_row(ck, &row);
+    free(x); free(fn); free(base); free(post); free(comb); free(col); free(gpost); free(gcomb); free(gcol);
+    free(f); free(xg); free(xc);
+    duet_cuda_free(ck->c, a.dx); duet_cuda_free(ck->c, a.dfn); duet_cuda_free(ck->c, a.dbase);
+    duet_cuda_free(ck->c, a.dscale); duet_cuda_free(ck->c, a.dpost); duet_cuda_free(ck->c, a.dcomb);
+    duet_cuda_free(ck->c, a.dout); duet_cuda_free(ck->c, a.df);
+}
+
+static void group_hc(ck_t *ck)
+{
+    case_hc(ck, 32, 4, 4096, 20);
+    case_hc(ck, 1, 4, 4096, 20);
+    case_hc(ck, 512, 4, 4096, 20);
+    case_hc(ck, 3, 3, 100, 5);
+}
+
+/* ---- greedy sampling ---- */
+
+typedef struct {
+    float *dl;
+    int32_t *dout;
+    int rows, vocab;
+} am_arg_t;
+
+static duet_status_t am_call(ck_t *ck, void *p)
+{
+    am_arg_t *a = p;
+    return duet_cuda_argmax(ck->c, a->dl, a->rows, a->vocab, a->dout);
+}
+
+static void case_argmax(ck_t *ck, const char *what, int rows, int vocab, int mode)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "am/%s/%d/%d", what, rows, vocab);
+    rng_init(&r, ck->seed, tag);
+    size_t nl = (size_t)rows * vocab;
+    float *l = rand_f32(&r, nl, 3.0f);
+    if (mode == 1) /* ties: few distinct values, the maximum repeated */
+        for (size_t i = 0; i < nl; i++)
+            l[i] = (float)(int)(l[i]);
+    if (mode == 2) /* NaN sprinkled, row 1 starts with NaN, row 2 all -inf but a -0/+0 tie, row 3 all NaN */
+        for (int b = 0; b < rows; b++)
+            for (int i = 0; i < vocab; i++) {
+                float *v = &l[(size_t)b * vocab + i];
+                if (rng_u64(&r) % 7 == 0)
+                    *v = NAN;
+                if (b == 1 && i == 0)
+                    *v = NAN;
+                if (b == 2)
+                    *v = i == 10 ? -0.0f : i == 11 ? 0.0f : -INFINITY;
+                if (b == 3)
+                    *v = NAN;
+            }
+    am_arg_t a = {dupload(ck, l, 4 * nl), dmalloc(ck, 4 * (size_t)rows), rows, vocab};
+    dpoison(ck, a.dout, 4 * (size_t)rows);
+    CK(am_call(ck, &a));
+    int32_t *g = xmalloc(4 * (size_t)rows), *c = xmalloc(4 * (size_t)rows);
+    ddownload(ck, g, a.dout, 4 * (size_t)rows);
+    duet_sampling_t s;
+    duet_sampling_default(&s);
+    for (int b = 0; b < rows; b++)
+        c[b] = duet_sample(l + (size_t)b * vocab, vocab, &s, 0);
+    row_t row = row_new("argmax", "rows=%d vocab=%d %s", rows, vocab, what);
+    row_i32(&row, g, c, (size_t)rows);
+    bench_row(ck, &row, am_call, &a, 4.0 * nl, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    free(l); free(g); free(c);
+    duet_cuda_free(ck->c, a.dl); duet_cuda_free(ck->c, a.dout);
+}
+
+static void group_argmax(ck_t *ck)
+{
+    case_argmax(ck, "normal", 32, 129280, 0);
+    case_argmax(ck, "ties", 32, 129280, 1);
+    case_argmax(ck, "nan/-0", 8, 129280, 2);
+    case_argmax(ck, "batch128", 128, 129280, 0);
+    case_argmax(ck, "small", 3, 7, 0);
+}
+
+/* ---- page copies ---- */
+
+typedef struct {
+    uint8_t *dst, *src;
+    uint32_t *ids_h, *ids2_h, *ids_d;
+    uint32_t n;
+    uint64_t page_bytes;
+    int mode; /* 0 gather (host ids), 1 scatter, 2 pool->pool, 3 gather with device ids, 4 memcpy per page */
+} pc_arg_t;
+
+static duet_status_t pc_call(ck_t *ck, void *p)
+{
+    pc_arg_t *a = p;
+    switch (a->mode) {
+    case 0: return duet_cuda_pages_gather(ck->c, a->dst, a->src, a->ids_h, a->n, a->page_bytes);
+    case 1: return duet_cuda_pages_scatter(ck->c, a->dst, a->ids_h, a->src, a->n, a->page_bytes);
+    case 2: return duet_cuda_pages_copy(ck->c, a->dst, a->ids2_h, a->src, a->ids_h, a->n, a->page_bytes);
+    case 3: return duet_cuda_pages_copy_dev(ck->c, a->dst, NULL, a->src, a->ids_d, a->n, a->page_bytes);
+    default:
+        for (uint32_t j = 0; j < a->n; j++) {
+            duet_status_t st = duet_cuda_memcpy(ck->c, a->dst + (size_t)j * a->page_bytes,
+                                                a->src + (size_t)a->ids_h[j] * a->page_bytes, a->page_bytes);
+            if (st != DUET_OK)
+                return st;
+        }
+        return DUET_OK;
+    }
+}
+
+static void case_pages(ck_t *ck, const char *what, uint64_t page_bytes, uint32_t pool_pages, uint32_t n, int mode,
+                       int host_staging)
+{
+    rng_t r;
+    char tag[80];
+    snprintf(tag, sizeof tag, "pages/%s/%llu/%u/%u/%d", what, (unsigned long long)page_bytes, pool_pages, n, mode);
+    rng_init(&r, ck->seed, tag);
+    size_t pool_bytes = (size_t)pool_pages * page_bytes, stage_bytes = (size_t)n * page_bytes;
+    uint32_t *perm = xmalloc(4 * (size_t)pool_pages), *perm2 = xmalloc(4 * (size_t)pool_pages);
+    for (uint32_t i = 0; i < pool_pages; i++)
+        perm[i] = perm2[i] = i;
+    for (uint32_t i = pool_pages - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(rng_u64(&r) % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+        j = (uint32_t)(rng_u64(&r) % (i + 1));
+        t = perm2[i];
+        perm2[i] = perm2[j];
+        perm2[j] = t;
+    }
+    uint8_t *pool = rand_bytes(&r, pool_bytes), *pool2 = rand_bytes(&r, pool_bytes);
+    uint8_t *stage = rand_bytes(&r, stage_bytes);
+    pc_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.ids_h = perm;
+    a.ids2_h = perm2;
+    a.n = n;
+    a.page_bytes = page_bytes;
+    a.mode = mode;
+    uint8_t *dpool = dupload(ck, pool, pool_bytes), *dpool2 = NULL, *dstage = NULL, *hstage = NULL;
+    if (host_staging) {
+        CK(duet_cuda_host_alloc(ck->c, (void **)&hstage, stage_bytes));
+        memcpy(hstage, stage, stage_bytes);
+        dstage = hstage;
+    } else {
+        dstage = dupload(ck, stage, stage_bytes);
+    }
+    size_t out_bytes;
+    uint8_t *expect, *got;
+    if (mode == 0 || mode == 3 || mode == 4) { /* gather: staging[j] = pool[perm[j]] */
+        a.dst = dstage;
+        a.src = dpool;
+        a.ids_d = dupload(ck, perm, 4 * (size_t)n);
+        expect = stage;
+        for (uint32_t j = 0; j < n; j++)
+            memcpy(expect + (size_t)j * page_bytes, pool + (size_t)perm[j] * page_bytes, page_bytes);
+        out_bytes = stage_bytes;
+    } else if (mode == 1) { /* scatter: pool[perm[j]] = staging[j] */
+        a.dst = dpool;
+        a.src = dstage;
+        expect = pool;
+        for (uint32_t j = 0; j < n; j++)
+            memcpy(expect + (size_t)perm[j] * page_bytes, stage + (size_t)j * page_bytes, page_bytes);
+        out_bytes = pool_bytes;
+    } else { /* pool -> pool */
+        dpool2 = dupload(ck, pool2, pool_bytes);
+        a.dst = dpool2;
+        a.src = dpool;
+        expect = pool2;
+        for (uint32_t j = 0; j < n; j++)
+            memcpy(expect + (size_t)perm2[j] * page_bytes, pool + (size_t)perm[j] * page_bytes, page_bytes);
+        out_bytes = pool_bytes;
+    }
+    CK(pc_call(ck, &a));
+    got = xmalloc(out_bytes);
+    CK(duet_cuda_sync(ck->c));
+    if (host_staging && a.dst == hstage)
+        memcpy(got, hstage, out_bytes);
+    else
+        ddownload(ck, got, a.dst, out_bytes);
+    static const char *const mn[] = {"gather", "scatter", "pool>pool", "gather-dev", "memcpy/pg"};
+    row_t row = row_new("pages", "%s %s %ux%llu%s", mn[mode], what, n, (unsigned long long)page_bytes,
+                        host_staging ? " >host" : "");
+    row_bytes(&row, got, expect, out_bytes);
+    bench_row(ck, &row, pc_call, &a, host_staging ? (double)stage_bytes : 2.0 * stage_bytes, 0.0, BOUND_MEM);
+    if (host_staging && ck->bench && row.us > 0) {
+        double gbps = (double)stage_bytes / (row.us * 1e3);
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note),
+                 "%sone-way %.1f GB/s = %.0f%% of pinned D2H copy", row.note[0] ? "; " : "", gbps,
+                 ck->ceil.d2h_gbps > 0 ? 100.0 * gbps / ck->ceil.d2h_gbps : 0.0);
+        row.bytes = 0; /* not comparable with the device copy ceiling */
+    }
+    print_row(ck, &row);
+    free(perm); free(perm2); free(pool); free(pool2); free(stage); free(got);
+    duet_cuda_free(ck->c, dpool); duet_cuda_free(ck->c, dpool2); duet_cuda_free(ck->c, a.ids_d);
+    if (host_staging)
+        duet_cuda_host_free(ck->c, hstage);
+    else
+        duet_cuda_free(ck->c, dstage);
+}
+
+static void group_pages(ck_t *ck)
+{
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    duet_cache_opts_t opts = {256, DUET_CACHE_FP8, DUET_CACHE_FP8};
+    duet_cache_layout_t kv, ik, swa;
+    duet_err_t err;
+    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_KV, &kv, &err) != DUET_OK ||
+        duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_INDEX_K, &ik, &err) != DUET_OK ||
+        duet_cache_layout_compute(&cfg, &opts, DUET_POOL_SWA_KV, &swa, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
+        exit(2);
+    }
+    case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 0, 0);
+    case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 1, 0);
+    case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 2, 0);
+    case_pages(ck, "c4idx", ik.page_bytes, 8192, 2048, 0, 0);
+    case_pages(ck, "swa", swa.page_bytes, 1024, 256, 0, 0);
+    case_pages(ck, "64KiB", 65536, 8192, 2048, 0, 0);
+    case_pages(ck, "64KiB", 65536, 8192, 2048, 3, 0);
+    case_pages(ck, "64KiB", 65536, 8192, 2048, 4, 0);
+    case_pages(ck, "64KiB", 65536, 4096, 1024, 0, 1);
+    case_pages(ck, "odd", 1000, 300, 77, 2, 0);
+}
+
+/* ---- ceilings ---- */
+
+static void measure_ceilings(ck_t *ck)
+{
+    ceilings_t *c = &ck->ceil;
+    CK(duet_cuda_measure_copy(ck->c, (size_t)2 << 30, 15, &c->copy_gbps));
+    CK(duet_cuda_measure_host_copy(ck->c, (size_t)1 << 30, 1, 5, &c->h2d_gbps));
+    CK(duet_cuda_measure_host_copy(ck->c, (size_t)1 << 30, 0, 5, &c->d2h_gbps));
+    CK(duet_cuda_measure_gemm_bf16(ck->c, 8192, 8192, 8192, 15, &c->bf16_tflops));
+    duet_status_t st = duet_cuda_measure_gemm_fp8(ck->c, 8192, 8192, 8192, 15, &c->fp8_tflops);
+    if (st == DUET_ERR_UNSUPPORTED)
+        c->fp8_tflops = 0.0;
+    else if (st != DUET_OK)
+        die(ck, "duet_cuda_measure_gemm_fp8");
+    CK(duet_cuda_measure_fma(ck->c, 15, &c->fp32_tflops));
+}
+
+static void print_ceilings(const ck_t *ck)
+{
+    const ceilings_t *c = &ck->ceil;
+    printf("ceilings: copy %.0f GB/s (2 GiB device copy, read+write) | bf16 GEMM %.0f TFLOP/s (cuBLASLt 8192^3) | "
+           "fp8 GEMM %.0f TFLOP/s (cuBLASLt 1x128/128x128 block scales, 8192^3%s) | fp32 FMA %.1f TFLOP/s | "
+           "pinned H2D %.1f GB/s, D2H %.1f GB/s\n",
+           c->copy_gbps, c->bf16_tflops, c->fp8_tflops, c->fp8_tflops > 0 ? "" : ": unsupported", c->fp32_tflops,
+           c->h2d_gbps, c->d2h_gbps);
+}
+
+/* ---- main ---- */
+
+typedef struct {
+    const char *name;
+    void (*run)(ck_t *ck);
+} group_t;
+
+static const group_t GROUPS[] = {
+    {"matmul", group_matmul},   {"matmul_lt", group_matmul_lt}, {"fp8_act", group_fp8_act},
+    {"rmsnorm", group_rmsnorm}, {"rope", group_rope},           {"swiglu", group_swiglu},
+    {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
+    {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
+    {"argmax", group_argmax},   {"pages", group_pages},
+};
+#define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: duet-check-ops [--op NAME] [--seed N] [--bench] [--device N]\n"
+                    "                      [--ceilings-out FILE | --ceilings-in FILE] [--no-header] [--list]\n"
+                    "                      [--print-header] [--info]\n"
+                    "operations:");
+    for (size_t i = 0; i < N_GROUPS; i++)
+        fprintf(stderr, " %s", GROUPS[i].name);
+    fprintf(stderr, "\n");
+}
+
+int main(int argc, char **argv)
+{
+    ck_t ck;
+    memset(&ck, 0, sizeof ck);
+    ck.seed = 20260101;
+    int device = 0, header = 1, list = 0;
+    const char *ceil_in = NULL, *ceil_out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--bench"))
+            ck.bench = 1;
+        else if (!strcmp(a, "--no-header"))
+            header = 0;
+        else if (!strcmp(a, "--list"))
+            list = 1;
+        else if (!strcmp(a, "--print-header"))
+            list = 2;
+        else if (!strcmp(a, "--info"))
+            list = 3;
+        else if (!strcmp(a, "--op") && has)
+            ck.op = argv[++i];
+        else if (!strcmp(a, "--seed") && has)
+            ck.seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(a, "--device") && has)
+            device = atoi(argv[++i]);
+        else if (!strcmp(a, "--ceilings-in") && has)
+            ceil_in = argv[++i];
+        else if (!strcmp(a, "--ceilings-out") && has)
+            ceil_out = argv[++i];
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (list == 1) {
+        for (size_t i = 0; i < N_GROUPS; i++)
+            printf("%s\n", GROUPS[i].name);
+        return 0;
+    }
+    if (list == 2) { /* the table's header (scripts that run one process per operation) */
+        print_header(&ck);
+        return 0;
+    }
+    int found = !ck.op;
+    for (size_t i = 0; i < N_GROUPS && !found; i++)
+        found = !strcmp(GROUPS[i].name, ck.op);
+    if (!found) {
+        usage();
+        return 2;
+    }
+    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    ck.threads = nproc < 1 ? 1 : nproc > 64 ? 64 : (int)nproc;
+
+    duet_err_t err;
+    if (duet_cuda_create(device, &ck.c, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: no CUDA device: %s\n", duet_err_text(&err));
+        return 2;
+    }
+    duet_cuda_info_t info;
+    duet_cuda_info(ck.c, &info);
+    if (header)
+        printf("device: %s (sm_%d%d, %d SMs, %zu MiB L2, %zu GiB), driver %d, runtime %d, cuBLASLt %d; seed %" PRIu64
+               "\n",
+               info.name, info.cc_major, info.cc_minor, info.sm_count, info.l2_bytes >> 20, info.mem_bytes >> 30,
+               info.driver_version, info.runtime_version, info.cublas_version, ck.seed);
+    if (list == 3) {
+        duet_cuda_destroy(&ck.c);
+        return 0;
+    }
+    if (ck.bench || ceil_out) {
+        FILE *f = ceil_in ? fopen(ceil_in, "r") : NULL;
+        ceilings_t *c = &ck.ceil;
+        if (f) {
+            if (fscanf(f, "%lf %lf %lf %lf %lf %lf", &c->copy_gbps, &c->h2d_gbps, &c->d2h_gbps, &c->bf16_tflops,
+                       &c->fp8_tflops, &c->fp32_tflops) != 6) {
+                fprintf(stderr, "duet-check-ops: %s: malformed ceilings\n", ceil_in);
+                return 2;
+            }
+            fclose(f);
+        } else {
+            if (ceil_in) {
+                fprintf(stderr, "duet-check-ops: cannot read %s\n", ceil_in);
+                return 2;
+            }
+            measure_ceilings(&ck);
+        }
+        if (header)
+            print_ceilings(&ck);
+        if (ceil_out) {
+            FILE *o = fopen(ceil_out, "w");
+            if (!o) {
+                fprintf(stderr, "duet-check-ops: cannot write %s\n", ceil_out);
+                return 2;
+            }
+            fprintf(o, "%.6g %.6g %.6g %.6g %.6g %.6g\n", c->copy_gbps, c->h2d_gbps, c->d2h_gbps, c->bf16_tflops,
+                    c->fp8_tflops, c->fp32_tflops);
+            fclose(o);
+            if (!ck.op && !ck.bench) {
+                duet_cuda_destroy(&ck.c);
+                return 0;
+            }
+        }
+    }
+    if (header)
+        print_header(&ck);
+    for (size_t i = 0; i < N_GROUPS; i++)
+        if (!ck.op || !strcmp(ck.op, GROUPS[i].name))
+            GROUPS[i].run(&ck);
+    if (duet_cuda_sync(ck.c) != DUET_OK)
+        die(&ck, "duet_cuda_sync");
+    duet_cuda_destroy(&ck.c);
+    if (header || ck.n_fail)
+        printf("%d passed, %d failed\n", ck.n_pass, ck.n_fail);
+    return ck.n_fail ? 1 : 0;
+}
