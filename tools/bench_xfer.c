@@ -8,11 +8,12 @@
  *
  * Part 1 (page-run sizes): a synthetic pool of 4 KiB pages; a run of k
  * consecutive pages on both sides is one coalesced put of k * 4 KiB; runs are
- * separated by a gap so they cannot merge.  Each measurement moves about
- * --mib MiB (puts of the same runs repeated) from send_begin to the
- * TransferDone completion, window and flush included.  ucx_perftest runs
- * `-t ucp_put_bw -s SIZE -n N` for the same N * SIZE bytes, with -e (peer
- * error handling, as duet's endpoints) and without it.  Best of --reps.
+ * separated by a gap so they cannot merge.  Each measurement moves
+ * N * SIZE bytes, N = max(--mib MiB / SIZE, 500) (puts of the same runs
+ * repeated), timed from send_begin to the TransferDone completion, window
+ * and flush included.  ucx_perftest runs `-t ucp_put_bw -s SIZE -n N
+ * -w N/10` with -e (peer error handling, as duet's endpoints) and without it.
+ * duet and ucx_perftest alternate; best of --reps for each.
  *
  * Part 2 (pool layouts): a DeepSeek-V4-Flash-shaped cache (43 layers, real
  * layouts from duet_cache_layout_compute, fp8 and bf16), one request of 64
@@ -517,7 +518,12 @@ int main(int argc, char **argv)
         }
         uint32_t n = raw_pages(k, ids);
         uint64_t region = (uint64_t)n * RAW_PAGE;
-        uint64_t want = o.mib << 20;
+        /* at least 500 operations of this size: ucx_perftest's first
+         * operations include connection set-up and are far slower */
+        uint64_t iters = (o.mib << 20) / size;
+        if (iters < 500)
+            iters = 500;
+        uint64_t want = iters * size;
         uint32_t rounds = (uint32_t)((want + region - 1) / region);
         /* duet and ucx_perftest alternate, so that load from elsewhere on the
          * machine falls on both; the best of --reps is kept for each */
@@ -532,7 +538,6 @@ int main(int argc, char **argv)
                 best = gbs;
             moved = bytes;
             if (o.run_perftest) {
-                uint64_t iters = moved / size;
                 double v = perftest(&o, size, iters, 1);
                 if (v > pe)
                     pe = v;

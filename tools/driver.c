@@ -6,6 +6,7 @@
  *                   [--abort-rate F --abort-seed S] [--timeout-ms T] [--wait-ms W]
  *   duet-driver state URL [--requests]     print a worker's state dump as JSON
  *   duet-driver abort URL RID               send Abort{rid} and print the AbortAck
+ *   duet-driver bad-input PREFILL_URL DECODE_URL   malformed commands, each must get a typed error
  *
  * run: each request line is {"rid"?, "tokens": [...], "max_tokens": N,
  * "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos"}.  For each:
@@ -496,6 +497,142 @@ static int cmd_abort(const char *url, const char *rid)
     return rc;
 }
 
+/* ---- bad input: each malformed command gets a typed error and changes nothing ---- */
+
+static int bi_pass, bi_fail;
+
+static void bi_check(int cond, const char *what)
+{
+    printf("%s %s\n", cond ? "ok  " : "FAIL", what);
+    cond ? bi_pass++ : bi_fail++;
+}
+
+/* Send raw bytes; return the reply's error code (0 when not an Error), -1 when no reply. */
+static int bi_raw(duet_ctl_client_t *c, const void *buf, size_t len)
+{
+    duet_envelope_t *reply = NULL;
+    duet_err_t err = {0};
+    if (duet_ctl_client_call_raw(c, buf, len, duet_deadline_after_ms(CALL_MS), &reply, &err) != DUET_OK)
+        return -1;
+    int code = duet_msg_kind(reply) == DUET__V1__ENVELOPE__BODY_ERROR ? (int)reply->error->code : 0;
+    duet_envelope_free(&reply);
+    return code;
+}
+
+static int bi_call(duet_ctl_client_t *c, duet_envelope_t *req, duet_envelope_t **reply)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    duet_err_t err = {0};
+    /* encode without validation so deliberately bad fields reach the worker */
+    size_t n = protobuf_c_message_get_packed_size(&req->base);
+    buf = malloc(n ? n : 1);
+    len = protobuf_c_message_pack(&req->base, buf);
+    duet_envelope_free(&req);
+    duet_status_t st = duet_ctl_client_call_raw(c, buf, len, duet_deadline_after_ms(CALL_MS), reply, &err);
+    free(buf);
+    if (st != DUET_OK) {
+        fprintf(stderr, "duet-driver: no reply: %s\n", duet_err_text(&err));
+        return -1;
+    }
+    return duet_msg_kind(*reply) == DUET__V1__ENVELOPE__BODY_ERROR ? (int)(*reply)->error->code : 0;
+}
+
+static int cmd_bad_input(const char *purl, const char *durl)
+{
+    duet_ctl_client_t *p = NULL, *d = NULL;
+    duet_ctl_opts_t po = {.url = purl}, dopt = {.url = durl};
+    duet_err_t err = {0};
+    if (duet_ctl_client_create(&po, &p, &err) != DUET_OK || duet_ctl_client_create(&dopt, &d, &err) != DUET_OK)
+        return 1;
+    static const uint8_t garbage[] = {0xff, 0x13, 0x37, 0x00, 0x42, 0x99, 0x01};
+    int code0;
+    bi_check(bi_raw(d, garbage, sizeof garbage) == DUET__V1__ERROR_CODE__ERROR_CODE_PARSE, "decode: garbage -> PARSE");
+    bi_check(bi_raw(p, garbage, sizeof garbage) == DUET__V1__ERROR_CODE__ERROR_CODE_PARSE, "prefill: garbage -> PARSE");
+    duet_msg_origin_t ot = {.sender_id = "driver", .rid = "bad-trunc"};
+    duet_msg_origin_t o = {.sender_id = "driver", .rid = "bad-1"};
+    duet_envelope_t *req = NULL, *reply = NULL;
+    duet_msg_new_reserve(&ot, 40, 4, 5000, &req);
+    uint8_t *buf;
+    size_t len;
+    duet_msg_encode(req, NULL, &buf, &len, &err);
+    int trunc_ok = 1;
+    for (size_t cut = 1; cut < len; cut += 3) {
+        int code = bi_raw(d, buf, cut);
+        /* a prefix may still decode to a valid (smaller) message; it must never go unanswered */
+        trunc_ok &= code != -1;
+    }
+    bi_check(trunc_ok, "decode: every truncation of a Reserve is answered");
+    free(buf);
+    /* a prefix that still decodes may have reserved "bad-trunc": release it */
+    duet_envelope_t *ab = NULL;
+    duet_msg_new_abort(&ot, DUET__V1__ABORT_REASON__ABORT_REASON_ADMIN, 1, NULL, &ab);
+    if (bi_call(d, ab, &reply) >= 0)
+        duet_envelope_free(&reply);
+    req->header->version = 7;
+    bi_check(bi_call(d, req, &reply) == DUET__V1__ERROR_CODE__ERROR_CODE_VERSION, "decode: wrong version -> VERSION");
+    duet_envelope_free(&reply);
+    duet_msg_new_reserve(&o, 40, 4, 5000, &req);
+    code0 = bi_call(p, req, &reply);
+    bi_check(code0 == DUET__V1__ERROR_CODE__ERROR_CODE_PROTOCOL, "prefill: Reserve -> PROTOCOL");
+    if (code0 != DUET__V1__ERROR_CODE__ERROR_CODE_PROTOCOL)
+        fprintf(stderr, "  got %d (%s)\n", code0, reply ? duet_msg_kind_name(duet_msg_kind(reply)) : "no reply");
+    duet_envelope_free(&reply);
+    /* a real reservation, then Prefills with doctored descriptors */
+    duet_msg_new_reserve(&o, 40, 4, 5000, &req);
+    if (bi_call(d, req, &reply) != 0 || duet_msg_kind(reply) != DUET__V1__ENVELOPE__BODY_RESERVED) {
+        bi_check(0, "decode: Reserve -> Reserved");
+        return 1;
+    }
+    Duet__V1__TransferDescriptor *td = reply->reserved->descriptor;
+    o.epoch = reply->header->epoch;
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++)
+        toks[i] = 1000 + i;
+    /* out-of-range page id */
+    duet_envelope_t *pf = NULL, *r2 = NULL;
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    pf->prefill->descriptor->page_ids[0] = 0x7fffffff;
+    int code = bi_call(p, pf, &r2);
+    bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_RANGE, "prefill: page id out of range -> RANGE");
+    duet_envelope_free(&r2);
+    /* another layout */
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    pf->prefill->descriptor->pools[0]->fingerprint ^= 1;
+    code = bi_call(p, pf, &r2);
+    bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_LAYOUT_MISMATCH, "prefill: other fingerprint -> LAYOUT_MISMATCH");
+    duet_envelope_free(&r2);
+    /* token outside the vocabulary */
+    toks[3] = 1 << 30;
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    code = bi_call(p, pf, &r2);
+    bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_RANGE, "prefill: token outside the vocabulary -> RANGE");
+    duet_envelope_free(&r2);
+    /* too many pages for the prompt */
+    toks[3] = 5;
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    uint32_t extra[2] = {td->page_ids[0], td->page_ids[0]};
+    duet_msg_set_u32s(&pf->prefill->descriptor->page_ids, &pf->prefill->descriptor->n_page_ids, extra, 2);
+    code = bi_call(p, pf, &r2);
+    bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_RANGE, "prefill: page count differs from the prompt's -> RANGE");
+    duet_envelope_free(&r2);
+    duet_envelope_free(&reply);
+    /* nothing reached the pages: the router may free them at once */
+    duet_msg_new_abort(&o, DUET__V1__ABORT_REASON__ABORT_REASON_ADMIN, 1, "bad input test", &req);
+    bi_check(bi_call(d, req, &reply) == 0 && duet_msg_kind(reply) == DUET__V1__ENVELOPE__BODY_ABORT_ACK &&
+                 reply->abort_ack->known, "decode: abort of the reservation acknowledged");
+    duet_envelope_free(&reply);
+    /* an unknown rid is acknowledged as unknown */
+    duet_msg_origin_t o2 = {.sender_id = "driver", .rid = "never-seen"};
+    duet_msg_new_abort(&o2, DUET__V1__ABORT_REASON__ABORT_REASON_ADMIN, 0, NULL, &req);
+    bi_check(bi_call(d, req, &reply) == 0 && !reply->abort_ack->known, "decode: abort of an unknown rid -> known=false");
+    duet_envelope_free(&reply);
+    duet_ctl_client_destroy(&p);
+    duet_ctl_client_destroy(&d);
+    printf("%d passed, %d failed\n", bi_pass, bi_fail);
+    return bi_fail ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     duet_log_init_from_env();
@@ -504,6 +641,8 @@ int main(int argc, char **argv)
         return cmd_run(argc, argv);
     if (argc >= 3 && !strcmp(argv[1], "state"))
         return cmd_state(argv[2], argc >= 4 && !strcmp(argv[3], "--requests"));
+    if (argc >= 4 && !strcmp(argv[1], "bad-input"))
+        return cmd_bad_input(argv[2], argv[3]);
     if (argc >= 4 && !strcmp(argv[1], "abort"))
         return cmd_abort(argv[2], argv[3]);
     fprintf(stderr, "usage: duet-driver run ... | state URL [--requests] | abort URL RID\n");

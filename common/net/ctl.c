@@ -1,6 +1,9 @@
 /* Control plane over NNG (ctl.h). */
 #include "ctl.h"
 
+/* client_exchange(): accept a reply about any rid (raw calls) */
+static const char ctl_any_rid[] = "";
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -479,7 +482,7 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         goto err_ctx;
     }
     const char *rrid = duet_msg_rid(rep);
-    if (rrid && (!rid || strcmp(rid, rrid) != 0)) {
+    if (rrid && rid != ctl_any_rid && (!rid || strcmp(rid, rrid) != 0)) {
         st = duet_err_set(err, DUET_ERR_PROTOCOL, "%s: reply is about rid %s, the request about %s", c->c.url, rrid,
                           rid ? rid : "none");
         duet_envelope_free(&rep);
@@ -513,8 +516,8 @@ duet_status_t duet_ctl_client_call_raw(duet_ctl_client_t *c, const void *buf, si
         return nng_fail(err, rv, c->c.url, "cannot allocate a message");
     if (len)
         memcpy(nng_msg_body(m), buf, len);
-    /* the reply to garbage carries no rid; a reply that does must match nothing */
-    return client_exchange(c, m, NULL, deadline_ns, reply, err);
+    /* raw bytes are not decoded here, so the reply's rid cannot be checked against them */
+    return client_exchange(c, m, ctl_any_rid, deadline_ns, reply, err);
 }
 
 void duet_ctl_client_destroy(duet_ctl_client_t **cp)

@@ -1,9 +1,16 @@
-/* Greedy sampling on the GPU (contract in argmax.cuh): one block per row;
- * each thread scans its stride keeping the best (value, index), then a
- * shuffle and shared-memory reduction with the same rule. */
+/* Greedy sampling on the GPU (contract in argmax.cuh).
+ *
+ * Two kernels, so that a decode batch of a few rows still spreads over the
+ * GPU: blocks (slice, row) each scan a contiguous slice of a row (four
+ * independent loads in flight per thread) and reduce to their best
+ * (value, index); one warp per row then reduces the slices.  Every step uses
+ * the same rule (larger value, then lower index; NaN never wins), so the
+ * result does not depend on the split. */
 #include "common.cuh"
 
-#define ARGMAX_THREADS 1024
+#define AM_THREADS 256
+#define AM_UNROLL 4
+#define AM_MAX_SPLIT 256
 
 /* a better than b: larger value, or equal value and lower index; NaN is never better, anything beats NaN. */
 __device__ __forceinline__ bool am_better(float av, int ai, float bv, int bi)
@@ -15,20 +22,8 @@ __device__ __forceinline__ bool am_better(float av, int ai, float bv, int bi)
     return av > bv || (av == bv && ai < bi);
 }
 
-__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *logits, int vocab, int32_t *out)
+__device__ __forceinline__ void am_warp(float &bv, int &bi)
 {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float *x = logits + (size_t)blockIdx.x * vocab;
-    float bv = __uint_as_float(0x7fc00000u);
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = x[i];
-        if (am_better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -38,36 +33,84 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *log
             bi = oi;
         }
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+}
+
+__global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *logits, int vocab, int slice,
+                                                                 float *pv, int *pi)
+{
+    __shared__ float sv[AM_THREADS / 32];
+    __shared__ int si[AM_THREADS / 32];
+    int s = blockIdx.x, S = gridDim.x, row = blockIdx.y;
+    const float *x = logits + (size_t)row * vocab;
+    int c0 = s * slice, c1 = min(vocab, c0 + slice);
+    float bv = __uint_as_float(0x7fc00000u);
+    int bi = 0x7fffffff;
+    for (int base = c0 + threadIdx.x; base < c1; base += AM_THREADS * AM_UNROLL) {
+        float v[AM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < AM_UNROLL; u++) {
+            int i = base + u * AM_THREADS;
+            v[u] = i < c1 ? x[i] : __uint_as_float(0x7fc00000u);
+        }
+#pragma unroll
+        for (int u = 0; u < AM_UNROLL; u++)
+            if (am_better(v[u], base + u * AM_THREADS, bv, bi)) {
+                bv = v[u];
+                bi = base + u * AM_THREADS;
+            }
+    }
+    am_warp(bv, bi);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
         si[warp] = bi;
     }
     __syncthreads();
     if (warp == 0) {
-        bv = lane < nw ? sv[lane] : __uint_as_float(0x7fc00000u);
-        bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (am_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
+        bv = lane < AM_THREADS / 32 ? sv[lane] : __uint_as_float(0x7fc00000u);
+        bi = lane < AM_THREADS / 32 ? si[lane] : 0x7fffffff;
+        am_warp(bv, bi);
+        if (lane == 0) {
+            pv[(size_t)row * S + s] = bv;
+            pi[(size_t)row * S + s] = bi;
         }
-        if (lane == 0)
-            out[blockIdx.x] = bv != bv ? 0 : bi; /* all NaN: 0 */
     }
+}
+
+__global__ void argmax_final_kernel(int S, const float *pv, const int *pi, int32_t *out)
+{
+    int row = blockIdx.x, lane = threadIdx.x;
+    float bv = __uint_as_float(0x7fc00000u);
+    int bi = 0x7fffffff;
+    for (int s = lane; s < S; s += 32)
+        if (am_better(pv[(size_t)row * S + s], pi[(size_t)row * S + s], bv, bi)) {
+            bv = pv[(size_t)row * S + s];
+            bi = pi[(size_t)row * S + s];
+        }
+    am_warp(bv, bi);
+    if (lane == 0)
+        out[row] = bv != bv ? 0 : bi; /* all NaN: 0 */
 }
 
 extern "C" duet_status_t duet_cuda_argmax(duet_cuda_t *c, const float *logits, int n_rows, int vocab, int32_t *out)
 {
     if (n_rows <= 0)
         return DUET_OK;
-    if (vocab <= 0)
-        return duet_cuda_failf(c, DUET_ERR_INVALID, "argmax: vocab %d", vocab);
-    argmax_kernel<<<n_rows, ARGMAX_THREADS, 0, c->stream>>>(logits, vocab, out);
+    if (vocab <= 0 || n_rows > 65535)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "argmax: %d rows of vocab %d", n_rows, vocab);
+    int S = (4 * c->info.sm_count + n_rows - 1) / n_rows;
+    int max_s = (vocab + 1023) / 1024; /* at least 1024 values a slice */
+    S = S > max_s ? max_s : S;
+    S = S < 1 ? 1 : S > AM_MAX_SPLIT ? AM_MAX_SPLIT : S;
+    int slice = (vocab + S - 1) / S;
+    S = (vocab + slice - 1) / slice;
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, (size_t)n_rows * S * 8, &scr));
+    float *pv = (float *)scr;
+    int *pi = (int *)(pv + (size_t)n_rows * S);
+    argmax_part_kernel<<<dim3(S, n_rows), AM_THREADS, 0, c->stream>>>(logits, vocab, slice, pv, pi);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    argmax_final_kernel<<<n_rows, 32, 0, c->stream>>>(S, pv, pi, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -1,102 +1,175 @@
 /* Hyper-connection mixing on the GPU (contract in hc.cuh).
  *
- * hc_pre / hc_head: one block per row.  The sum of squares of the row's
- * hc*dim stream gives the RMSNorm factor; each warp takes mix rows of fn and
- * reduces flat·fn[m] (flat = x*inv recomputed from L1); one thread then runs
- * the CPU's sigmoid / softmax / Sinkhorn code on the few mix values; all
- * threads form collapsed = Σ_k pre_k x_k.  fn (mix × hc*dim floats) is read
- * once per row, from L2 after the first row.
+ * hc_pre / hc_head: two kernels.  The first splits each row's hc*dim stream
+ * into slices (enough blocks to fill the GPU at decode batch sizes) and
+ * writes per slice Σ x² and Σ x·fn[m] for every mix row m.  The second sums
+ * the slices in order (mixes = inv · Σ x·fn, where the CPU sums (x·inv)·fn),
+ * runs the sigmoids and the Sinkhorn normalisation of comb (one warp, one
+ * lane per entry, sums in the CPU's index order over shared memory), and
+ * forms collapsed = Σ_k pre_k x_k.  fn (mix × hc*dim floats) is read once per
+ * row, from L2 after the first.
  * hc_post: one thread per (row, column), the CPU's loops. */
 #include "common.cuh"
 
-#define HC_THREADS 512
+#define HC_THREADS 256
 #define HC_MAX 16
+#define HC_MAX_SPLIT 32
 
 __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 
-/* Flat RMSNorm factor and mixes[m] = Σ_c (x_c*inv) fn[m][c] for m < mix, into shared `mixes`. */
-__device__ void hc_mixes(const float *xi, int flat_dim, const float *fn, int mix, float norm_eps, float *mixes,
-                         float *red)
+/* Partial sums over one slice of a row's hc*dim stream: part[0] = Σ x², part[1+m] = Σ x·fn[m].
+ * grid (slices, rows). */
+__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int flat_dim, const float *fn,
+                                                                int mix, int slice, float *part)
 {
+    __shared__ float red[33];
+    int s = blockIdx.x, S = gridDim.x, i = blockIdx.y;
+    const float *xi = x + (size_t)i * flat_dim;
+    int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
+    float *out = part + ((size_t)i * S + s) * (1 + mix);
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < flat_dim; c += blockDim.x)
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
         ss = fmaf(xi[c], xi[c], ss);
     ss = duet_block_sum(ss, red);
-    float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)flat_dim), norm_eps)));
+    if (threadIdx.x == 0)
+        out[0] = ss;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int m = warp; m < mix; m += nw) {
         const float *f = fn + (size_t)m * flat_dim;
         float acc = 0.0f;
-        for (int c = lane * 4; c < flat_dim; c += 128) {
+        for (int c = c0 + lane * 4; c < c1; c += 128) {
             float4 xv = *(const float4 *)(xi + c), fv = __ldg((const float4 *)(f + c));
-            acc = fmaf(__fmul_rn(xv.x, inv), fv.x, acc);
-            acc = fmaf(__fmul_rn(xv.y, inv), fv.y, acc);
-            acc = fmaf(__fmul_rn(xv.z, inv), fv.z, acc);
-            acc = fmaf(__fmul_rn(xv.w, inv), fv.w, acc);
+            acc = fmaf(xv.x, fv.x, acc);
+            acc = fmaf(xv.y, fv.y, acc);
+            acc = fmaf(xv.z, fv.z, acc);
+            acc = fmaf(xv.w, fv.w, acc);
         }
         acc = duet_warp_sum(acc);
         if (lane == 0)
-            mixes[m] = acc;
+            out[1 + m] = acc;
     }
-    __syncthreads();
 }
 
-__global__ void __launch_bounds__(HC_THREADS) hc_pre_kernel(const float *x, int hc, int dim, const float *fn,
-                                                            const float *base, const float *scale,
-                                                            int sinkhorn_iters, float hc_eps, float norm_eps,
-                                                            float *post, float *comb, float *collapsed)
+/* Sums the slices in order into vals[0..mix] and returns the RMSNorm factor; mixes = vals[1..] * inv. */
+__device__ float hc_gather(const float *part, int S, int mix, int flat_dim, float norm_eps, float *vals)
 {
-    __shared__ float red[33];
-    __shared__ float mixes[(2 + HC_MAX) * HC_MAX];
-    __shared__ float pre[HC_MAX];
-    int flat_dim = hc * dim, mix = (2 + hc) * hc, i = blockIdx.x;
-    const float *xi = x + (size_t)i * flat_dim;
-    hc_mixes(xi, flat_dim, fn, mix, norm_eps, mixes, red);
-    if (threadIdx.x == 0) {
-        float *po = post + (size_t)i * hc, *cbo = comb + (size_t)i * hc * hc;
-        float cb[HC_MAX * HC_MAX];
-        for (int k = 0; k < hc; k++) {
-            pre[k] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(mixes[k], scale[0]), base[k])), hc_eps);
-            po[k] = __fmul_rn(2.0f, sigm(__fadd_rn(__fmul_rn(mixes[hc + k], scale[1]), base[hc + k])));
-        }
-        for (int j = 0; j < hc; j++) {
-            float mx = -INFINITY;
-            for (int k = 0; k < hc; k++) {
-                float v = __fadd_rn(__fmul_rn(mixes[2 * hc + j * hc + k], scale[2]), base[2 * hc + j * hc + k]);
-                cb[j * hc + k] = v;
-                if (v > mx)
-                    mx = v;
-            }
-            float s = 0.0f;
-            for (int k = 0; k < hc; k++) {
-                cb[j * hc + k] = expf(__fsub_rn(cb[j * hc + k], mx));
-                s = __fadd_rn(s, cb[j * hc + k]);
-            }
-            for (int k = 0; k < hc; k++)
-                cb[j * hc + k] = __fadd_rn(__fdiv_rn(cb[j * hc + k], s), hc_eps);
-        }
-        for (int it = 0; it < sinkhorn_iters; it++) {
-            if (it > 0)
-                for (int j = 0; j < hc; j++) {
-                    float s = 0.0f;
-                    for (int k = 0; k < hc; k++)
-                        s = __fadd_rn(s, cb[j * hc + k]);
-                    for (int k = 0; k < hc; k++)
-                        cb[j * hc + k] = __fdiv_rn(cb[j * hc + k], __fadd_rn(s, hc_eps));
-                }
-            for (int k = 0; k < hc; k++) {
-                float s = 0.0f;
-                for (int j = 0; j < hc; j++)
-                    s = __fadd_rn(s, cb[j * hc + k]);
-                for (int j = 0; j < hc; j++)
-                    cb[j * hc + k] = __fdiv_rn(cb[j * hc + k], __fadd_rn(s, hc_eps));
-            }
-        }
-        for (int j = 0; j < hc * hc; j++)
-            cbo[j] = cb[j];
+    const float *p = part + (size_t)blockIdx.x * S * (1 + mix);
+    for (int v = threadIdx.x; v < 1 + mix; v += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < S; s++)
+            a += p[(size_t)s * (1 + mix) + v];
+        vals[v] = a;
     }
     __syncthreads();
-    float *y = collapsed + (size_t)i * dim;
+    float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(vals[0], (float)flat_dim), norm_eps)));
+    for (int v = threadIdx.x; v < mix; v += blockDim.x)
+        vals[1 + v] = __fmul_rn(vals[1 + v], inv);
+    __syncthreads();
+    return inv;
+}
+
+/* comb's row softmax and Sinkhorn normalisation in the CPU's operation order; one warp,
+ * lane l < hc*hc holds entry (l / hc, l % hc); sums run over shared memory in index order. */
+__device__ void sinkhorn_warp(const float *mixes, int hc, const float *base, float scale2, int iters, float hc_eps,
+                              float *cb_s, float *cbo)
+{
+    int lane = threadIdx.x & 31, n2 = hc * hc;
+    int j = lane / hc, k = lane % hc;
+    bool on = lane < n2;
+    float v = on ? __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale2), base[2 * hc + lane]) : 0.0f;
+    if (on)
+        cb_s[lane] = v;
+    __syncwarp();
+    float mx = -INFINITY;
+    if (on)
+        for (int q = 0; q < hc; q++)
+            mx = fmaxf(mx, cb_s[j * hc + q]);
+    __syncwarp();
+    float e = on ? expf(__fsub_rn(v, mx)) : 0.0f;
+    if (on)
+        cb_s[lane] = e;
+    __syncwarp();
+    float s = 0.0f;
+    if (on)
+        for (int q = 0; q < hc; q++)
+            s = __fadd_rn(s, cb_s[j * hc + q]);
+    __syncwarp();
+    v = on ? __fadd_rn(__fdiv_rn(e, s), hc_eps) : 0.0f;
+    if (on)
+        cb_s[lane] = v;
+    __syncwarp();
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            s = 0.0f;
+            if (on)
+                for (int q = 0; q < hc; q++)
+                    s = __fadd_rn(s, cb_s[j * hc + q]);
+            __syncwarp();
+            if (on) {
+                v = __fdiv_rn(v, __fadd_rn(s, hc_eps));
+                cb_s[lane] = v;
+            }
+            __syncwarp();
+        }
+        s = 0.0f;
+        if (on)
+            for (int q = 0; q < hc; q++)
+                s = __fadd_rn(s, cb_s[q * hc + k]);
+        __syncwarp();
+        if (on) {
+            v = __fdiv_rn(v, __fadd_rn(s, hc_eps));
+            cb_s[lane] = v;
+        }
+        __syncwarp();
+    }
+    if (on)
+        cbo[lane] = v;
+}
+
+/* The same for any hc, in one thread (hc*hc > 32). */
+__device__ void sinkhorn_serial(const float *mixes, int hc, const float *base, float scale2, int iters,
+                                float hc_eps, float *cb, float *cbo)
+{
+    for (int j = 0; j < hc; j++) {
+        float mx = -INFINITY;
+        for (int k = 0; k < hc; k++) {
+            float v = __fadd_rn(__fmul_rn(mixes[2 * hc + j * hc + k], scale2), base[2 * hc + j * hc + k]);
+            cb[j * hc + k] = v;
+            if (v > mx)
+                mx = v;
+        }
+        float s = 0.0f;
+        for (int k = 0; k < hc; k++) {
+            cb[j * hc + k] = expf(__fsub_rn(cb[j * hc + k], mx));
+            s = __fadd_rn(s, cb[j * hc + k]);
+        }
+        for (int k = 0; k < hc; k++)
+            cb[j * hc + k] = __fadd_rn(__fdiv_rn(cb[j * hc + k], s), hc_eps);
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < hc; j++) {
+                float s = 0.0f;
+                for (int k = 0; k < hc; k++)
+                    s = __fadd_rn(s, cb[j * hc + k]);
+                for (int k = 0; k < hc; k++)
+                    cb[j * hc + k] = __fdiv_rn(cb[j * hc + k], __fadd_rn(s, hc_eps));
+            }
+        for (int k = 0; k < hc; k++) {
+            float s = 0.0f;
+            for (int j = 0; j < hc; j++)
+                s = __fadd_rn(s, cb[j * hc + k]);
+            for (int j = 0; j < hc; j++)
+                cb[j * hc + k] = __fdiv_rn(cb[j * hc + k], __fadd_rn(s, hc_eps));
+        }
+    }
+    for (int j = 0; j < hc * hc; j++)
+        cbo[j] = cb[j];
+}
+
+/* collapsed(dim) = Σ_k pre_k x_k in the CPU's order */
+__device__ __forceinline__ void hc_collapse(const float *xi, const float *pre, int hc, int dim, float *y)
+{
     for (int c = threadIdx.x; c < dim; c += blockDim.x) {
         float acc = 0.0f;
         for (int k = 0; k < hc; k++)
@@ -105,26 +178,57 @@ __global__ void __launch_bounds__(HC_THREADS) hc_pre_kernel(const float *x, int 
     }
 }
 
-__global__ void __launch_bounds__(HC_THREADS) hc_head_kernel(const float *x, int hc, int dim, const float *fn,
-                                                             const float *base, float scale, float hc_eps,
-                                                             float norm_eps, float *y)
+__global__ void __launch_bounds__(HC_THREADS) hc_pre_finish_kernel(const float *x, int hc, int dim, int S,
+                                                                   const float *part, const float *base,
+                                                                   const float *scale, int sinkhorn_iters,
+                                                                   float hc_eps, float norm_eps, float *post,
+                                                                   float *comb, float *collapsed)
 {
-    __shared__ float red[33];
-    __shared__ float mixes[HC_MAX];
+    __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
+    __shared__ float cb_s[HC_MAX * HC_MAX];
     __shared__ float pre[HC_MAX];
-    int flat_dim = hc * dim, i = blockIdx.x;
-    const float *xi = x + (size_t)i * flat_dim;
-    hc_mixes(xi, flat_dim, fn, hc, norm_eps, mixes, red);
-    if (threadIdx.x < hc)
-        pre[threadIdx.x] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(mixes[threadIdx.x], scale), base[threadIdx.x])), hc_eps);
-    __syncthreads();
-    float *yi = y + (size_t)i * dim;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < hc; k++)
-            acc = __fadd_rn(acc, __fmul_rn(pre[k], xi[(size_t)k * dim + c]));
-        yi[c] = acc;
+    int i = blockIdx.x, flat_dim = hc * dim, mix = (2 + hc) * hc;
+    hc_gather(part, S, mix, flat_dim, norm_eps, vals);
+    const float *mixes = vals + 1;
+    if (threadIdx.x < hc) {
+        int k = threadIdx.x;
+        pre[k] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(mixes[k], scale[0]), base[k])), hc_eps);
+        post[(size_t)i * hc + k] = __fmul_rn(2.0f, sigm(__fadd_rn(__fmul_rn(mixes[hc + k], scale[1]), base[hc + k])));
     }
+    if (threadIdx.x < 32) {
+        if (hc * hc <= 32)
+            sinkhorn_warp(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
+        else if (threadIdx.x == 0)
+            sinkhorn_serial(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
+    }
+    __syncthreads();
+    hc_collapse(x + (size_t)i * flat_dim, pre, hc, dim, collapsed + (size_t)i * dim);
+}
+
+__global__ void __launch_bounds__(HC_THREADS) hc_head_finish_kernel(const float *x, int hc, int dim, int S,
+                                                                    const float *part, const float *base,
+                                                                    float scale, float hc_eps, float norm_eps,
+                                                                    float *y)
+{
+    __shared__ float vals[1 + HC_MAX];
+    __shared__ float pre[HC_MAX];
+    int i = blockIdx.x, flat_dim = hc * dim;
+    hc_gather(part, S, hc, flat_dim, norm_eps, vals);
+    if (threadIdx.x < hc)
+        pre[threadIdx.x] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(vals[1 + threadIdx.x], scale), base[threadIdx.x])), hc_eps);
+    __syncthreads();
+    hc_collapse(x + (size_t)i * flat_dim, pre, hc, dim, y + (size_t)i * dim);
+}
+
+/* Slices per row so that the partial kernel fills the GPU; each a multiple of 4 floats. */
+static void hc_split(const duet_cuda_t *c, int n, int flat_dim, int *S, int *slice)
+{
+    int s = (2 * c->info.sm_count + n - 1) / n;
+    s = s < 1 ? 1 : s > HC_MAX_SPLIT ? HC_MAX_SPLIT : s;
+    int sl = (flat_dim + s - 1) / s;
+    sl = (sl + 127) / 128 * 128;
+    *slice = sl;
+    *S = (flat_dim + sl - 1) / sl;
 }
 
 /* HCT > 0: hc known at compile time (registers); HCT == 0: any hc up to HC_MAX. */
@@ -180,8 +284,16 @@ extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n,
     DUET_TRY(hc_check(c, "hc_pre", hc, dim, x));
     if (n <= 0)
         return DUET_OK;
-    hc_pre_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps,
-                                                   post, comb, collapsed);
+    if (n > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_pre: %d rows (at most 65535)", n);
+    int flat_dim = hc * dim, mix = (2 + hc) * hc, S, slice;
+    hc_split(c, n, flat_dim, &S, &slice);
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
+    hc_partial_kernel<<<dim3(S, n), HC_THREADS, 0, c->stream>>>(x, flat_dim, fn, mix, slice, (float *)scr);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    hc_pre_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale,
+                                                          sinkhorn_iters, hc_eps, norm_eps, post, comb, collapsed);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -208,7 +320,16 @@ extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n
     DUET_TRY(hc_check(c, "hc_head", hc, dim, x));
     if (n <= 0)
         return DUET_OK;
-    hc_head_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, fn, base, scale, hc_eps, norm_eps, y);
+    if (n > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_head: %d rows (at most 65535)", n);
+    int flat_dim = hc * dim, S, slice;
+    hc_split(c, n, flat_dim, &S, &slice);
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + hc), &scr));
+    hc_partial_kernel<<<dim3(S, n), HC_THREADS, 0, c->stream>>>(x, flat_dim, fn, hc, slice, (float *)scr);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    hc_head_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale, hc_eps,
+                                                           norm_eps, y);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -1,10 +1,11 @@
 /* matmul on the GPU (contract in matmul.cuh).
  *
- * Decode kernel (n <= 32): a warp owns 4 consecutive output rows; each lane
- * streams 16-byte chunks of those rows (8 bf16, 16 e4m3, 32 e2m1 or 4 f32
- * values), decodes them in registers, multiplies by the block/group scale,
- * and accumulates against up to 8 token rows of x (read through L1, shared
- * by the 4 rows).  Blocks along y take further groups of 8 tokens.  Bytes:
+ * Decode kernel (n <= 32): a block owns 4 consecutive output rows and its
+ * warps split the columns; each lane streams 16-byte chunks of the 4 rows
+ * (8 bf16, 16 e4m3, 32 e2m1 or 4 f32 values), decodes them in registers,
+ * multiplies by the block/group scale, and accumulates against up to 8 token
+ * rows of x (read through L1, shared by the 4 rows); lanes then warps are
+ * summed in a fixed order.  Blocks along y take further groups of 8 tokens.  Bytes:
  * the weights once from memory; FLOPs: 2*n*rows*cols on the fp32 units.
  *
  * Prefill (n > 32): cuBLASLt, bf16 operands, fp32 accumulation and output;
@@ -19,7 +20,7 @@ enum { WT_BF16 = 0, WT_F8, WT_F4, WT_F32 };
 enum { LT_BF16 = 1, LT_F32, LT_FP8_BLK, LT_FP8_BLK_D16 };
 
 #define GEMV_ROWS_PER_WARP 4
-#define GEMV_WARPS 4
+#define GEMV_MAX_SPLIT 8
 #define GEMV_TOKENS 8
 
 struct gemv_args {
@@ -99,13 +100,12 @@ __device__ __forceinline__ void decode_piece(const uint4 &v, int p, float s, flo
 }
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a)
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 {
     constexpr int R = GEMV_ROWS_PER_WARP, V = wt_traits<WT>::V, P = V < 8 ? V : 8;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = a.row_begin + (blockIdx.x * GEMV_WARPS + warp) * R;
-    if (r0 >= a.row_end)
-        return;
+    __shared__ float red[GEMV_MAX_SPLIT][R * NT];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ksplit = blockDim.x >> 5;
+    int r0 = a.row_begin + blockIdx.x * R;
     int t0 = blockIdx.y * GEMV_TOKENS;
 
     const uint8_t *wr[R];
@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a)
             acc[r][t] = 0.0f;
 
     int nchunks = (int)(a.row_bytes / 16);
-    for (int ch = lane; ch < nchunks; ch += 32) {
+#pragma unroll 2
+    for (int ch = warp * 32 + lane; ch < nchunks; ch += ksplit * 32) {
         uint4 wv[R];
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -170,15 +171,25 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args a)
             }
         }
     }
-    int m = a.row_end - a.row_begin;
+    /* lanes, then the block's warps (in warp order) */
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float v = duet_warp_sum(acc[r][t]);
-            if (lane == 0 && r0 + r < a.row_end && t0 + t < a.n)
-                a.y[(size_t)(t0 + t) * m + (r0 + r - a.row_begin)] = v;
+            if (lane == 0)
+                red[warp][r * NT + t] = v;
         }
+    __syncthreads();
+    int m = a.row_end - a.row_begin;
+    if (threadIdx.x < R * NT) {
+        int r = threadIdx.x / NT, t = threadIdx.x % NT;
+        float v = 0.0f;
+        for (int w = 0; w < ksplit; w++)
+            v += red[w][threadIdx.x];
+        if (r0 + r < a.row_end && t0 + t < a.n)
+            a.y[(size_t)(t0 + t) * m + (r0 + r - a.row_begin)] = v;
+    }
 }
 
 /* Any shape and alignment: one thread per (token, row), scalar decode. */
@@ -257,20 +268,25 @@ static duet_status_t check_args(duet_cuda_t *c, const duet_weight_t *w, int row_
     return DUET_OK;
 }
 
+/* A block owns 4 rows; its warps split the columns (each lane at least two 16-byte chunks of a
+ * row), so that even a short matrix puts thousands of loads in flight. */
 template <int WT>
 static void gemv_launch(const gemv_args &a, cudaStream_t s)
 {
     int rows = a.row_end - a.row_begin;
-    dim3 grid(duet_cdiv(rows, GEMV_ROWS_PER_WARP * GEMV_WARPS), duet_cdiv(a.n, GEMV_TOKENS));
-    int nt = a.n >= GEMV_TOKENS ? GEMV_TOKENS : a.n;
+    int nchunks = (int)(a.row_bytes / 16);
+    int ksplit = nchunks / 64;
+    ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
+    dim3 grid(duet_cdiv(rows, GEMV_ROWS_PER_WARP), duet_cdiv(a.n, GEMV_TOKENS));
+    int nt = a.n >= GEMV_TOKENS ? GEMV_TOKENS : a.n, threads = ksplit * 32;
     if (nt == 1)
-        gemv_kernel<WT, 1><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+        gemv_kernel<WT, 1><<<grid, threads, 0, s>>>(a);
     else if (nt == 2)
-        gemv_kernel<WT, 2><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+        gemv_kernel<WT, 2><<<grid, threads, 0, s>>>(a);
     else if (nt <= 4)
-        gemv_kernel<WT, 4><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+        gemv_kernel<WT, 4><<<grid, threads, 0, s>>>(a);
     else
-        gemv_kernel<WT, 8><<<grid, GEMV_WARPS * 32, 0, s>>>(a);
+        gemv_kernel<WT, 8><<<grid, threads, 0, s>>>(a);
 }
 
 extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
@@ -534,12 +550,13 @@ __global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     amax = duet_warp_max(amax);
     float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-    uchar4 q;
-    q.x = duet_d_f32_to_e4m3(__fdiv_rn(v.x, s));
-    q.y = duet_d_f32_to_e4m3(__fdiv_rn(v.y, s));
-    q.z = duet_d_f32_to_e4m3(__fdiv_rn(v.z, s));
-    q.w = duet_d_f32_to_e4m3(__fdiv_rn(v.w, s));
-    *(uchar4 *)(xq + (size_t)row * k + b * 128 + lane * 4) = q;
+    /* |x/s| <= 448 here, where the hardware's round-to-nearest-even with saturation gives
+     * duet_f32_to_e4m3's codes */
+    __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)),
+                                                       __NV_SATFINITE, __NV_E4M3);
+    __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)),
+                                                       __NV_SATFINITE, __NV_E4M3);
+    *(uint32_t *)(xq + (size_t)row * k + b * 128 + lane * 4) = (uint32_t)lo | ((uint32_t)hi << 16);
     if (lane == 0)
         sx[row_major ? (size_t)row * kb + b : (size_t)b * n_pad + row] = s;
 }

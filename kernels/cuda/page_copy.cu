@@ -1,10 +1,10 @@
 /* Batched page copies (contract in page_copy.cuh).
  *
- * One launch for the whole list: block (page j, slice) copies up to 16 KiB
- * of page j, each thread moving four 16-byte vectors (all loads issued
- * before the stores), with streaming cache hints since every byte is touched
- * once.  Pages whose size or addresses are not 16-byte aligned take a byte
- * loop instead.  Bytes: each page read once and written once. */
+ * One launch for the whole list, seen as one run of 16-byte vectors: each
+ * thread moves four of them (all loads issued before the stores), with
+ * streaming cache hints since every byte is touched once.  Pages whose size
+ * or addresses are not 16-byte aligned take a byte loop, block (page, slice).
+ * Bytes: each page read once and written once. */
 #include <cstdlib>
 
 #include "common.cuh"
@@ -13,29 +13,31 @@
 #define PC_UNROLL 4
 #define PC_SLICE (PC_THREADS * PC_UNROLL * 16)
 
+/* The batch as one flat run of 16-byte vectors: vector v is vector v % vpp of page v / vpp, so
+ * every block moves the same amount whatever the page size (no partial last slice per page). */
 __global__ void __launch_bounds__(PC_THREADS) pages_vec_kernel(uint8_t *dst, const uint32_t *dst_ids,
                                                                const uint8_t *src, const uint32_t *src_ids,
-                                                               uint64_t page_bytes, uint32_t slices)
+                                                               uint64_t page_bytes, uint32_t vpp, uint32_t total)
 {
-    uint32_t j = blockIdx.x / slices, sl = blockIdx.x % slices;
-    uint64_t so = (uint64_t)(src_ids ? src_ids[j] : j) * page_bytes;
-    uint64_t dof = (uint64_t)(dst_ids ? dst_ids[j] : j) * page_bytes;
-    uint64_t b0 = (uint64_t)sl * PC_SLICE, b1 = min(page_bytes, b0 + PC_SLICE);
-    const uint4 *s = (const uint4 *)(src + so + b0);
-    uint4 *d = (uint4 *)(dst + dof + b0);
-    int nv = (int)((b1 - b0) / 16);
+    uint32_t base = blockIdx.x * (PC_THREADS * PC_UNROLL) + threadIdx.x;
     uint4 r[PC_UNROLL];
 #pragma unroll
     for (int u = 0; u < PC_UNROLL; u++) {
-        int i = threadIdx.x + u * PC_THREADS;
-        if (i < nv)
-            r[u] = __ldcs(s + i);
+        uint32_t v = base + u * PC_THREADS;
+        if (v < total) {
+            uint32_t j = v / vpp, e = v - j * vpp;
+            const uint4 *sp = (const uint4 *)(src + (uint64_t)(src_ids ? src_ids[j] : j) * page_bytes) + e;
+            r[u] = __ldcs(sp);
+        }
     }
 #pragma unroll
     for (int u = 0; u < PC_UNROLL; u++) {
-        int i = threadIdx.x + u * PC_THREADS;
-        if (i < nv)
-            __stcs(d + i, r[u]);
+        uint32_t v = base + u * PC_THREADS;
+        if (v < total) {
+            uint32_t j = v / vpp, e = v - j * vpp;
+            uint4 *dp = (uint4 *)(dst + (uint64_t)(dst_ids ? dst_ids[j] : j) * page_bytes) + e;
+            __stcs(dp, r[u]);
+        }
     }
 }
 
@@ -62,10 +64,11 @@ extern "C" duet_status_t duet_cuda_pages_copy_dev(duet_cuda_t *c, uint8_t *dst, 
     if (blocks > 0x7fffffffu)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "pages_copy: %u pages of %llu bytes in one launch", n,
                                (unsigned long long)page_bytes);
-    int aligned = page_bytes % 16 == 0 && ((uintptr_t)dst | (uintptr_t)src) % 16 == 0;
+    uint64_t total = page_bytes / 16 * n;
+    int aligned = page_bytes % 16 == 0 && ((uintptr_t)dst | (uintptr_t)src) % 16 == 0 && total < 0xffffffffull;
     if (aligned)
-        pages_vec_kernel<<<(unsigned)blocks, PC_THREADS, 0, c->stream>>>(dst, dst_ids_dev, src, src_ids_dev,
-                                                                         page_bytes, (uint32_t)slices);
+        pages_vec_kernel<<<duet_cdiv(total, PC_THREADS * PC_UNROLL), PC_THREADS, 0, c->stream>>>(
+            dst, dst_ids_dev, src, src_ids_dev, page_bytes, (uint32_t)(page_bytes / 16), (uint32_t)total);
     else
         pages_byte_kernel<<<(unsigned)blocks, PC_THREADS, 0, c->stream>>>(dst, dst_ids_dev, src, src_ids_dev,
                                                                           page_bytes, (uint32_t)slices);

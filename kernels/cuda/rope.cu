@@ -1,4 +1,4 @@
-/* RoPE on the GPU (contract in rope.cuh): one thread per (row, pair, head);
+/* RoPE on the GPU (contract in rope.cuh): one thread per (row, head, pair);
  * the angle inv_freq[j] * (float)pos and the rotation are the CPU's float
  * operations in its order, without fused multiply-add. */
 #include "common.cuh"
@@ -14,8 +14,9 @@ __global__ void rope_kernel(float *x, int n, int n_heads, int head_dim, const in
     size_t total = (size_t)n * pairs * n_heads;
     if (i >= total)
         return;
-    int h = (int)(i % n_heads);
-    int j = (int)((i / n_heads) % pairs);
+    /* pair fastest: a warp touches consecutive pairs of one head (coalesced) */
+    int j = (int)(i % pairs);
+    int h = (int)((i / pairs) % n_heads);
     int row = (int)(i / ((size_t)n_heads * pairs));
     float p = (float)pos[row];
     float f = __fmul_rn(t.inv_freq[j], p);

@@ -6,10 +6,12 @@
  * elements equal to T belong in the result (r); a last pass walks the row in
  * index order and keeps every key > T and the first r keys == T, writing
  * indices in ascending order: the CPU's set (value desc, then index asc),
- * in the CPU's output order. */
+ * in the CPU's output order.  Rows up to 12288 values are keyed once into
+ * shared memory, so the five passes read global memory once. */
 #include "common.cuh"
 
 #define TOPK_THREADS 1024
+#define TOPK_SMEM_KEYS 12288 /* rows up to this length are keyed once into shared memory (48 KB) */
 
 __device__ __forceinline__ uint32_t topk_key(float f)
 {
@@ -51,6 +53,7 @@ __device__ __forceinline__ void block_scan01(int flag, uint32_t *excl, uint32_t 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, const int32_t *off, const int32_t *nn,
                                                             int k, int32_t *idx)
 {
+    extern __shared__ uint32_t ks[]; /* [TOPK_SMEM_KEYS] */
     __shared__ uint32_t hist[256];
     __shared__ uint32_t wsum[33];
     __shared__ uint32_t s_prefix, s_remaining;
@@ -71,6 +74,15 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
         return;
     }
 
+    /* keys in shared memory when the row fits: one pass over global memory, with many loads in flight */
+    bool staged = n <= TOPK_SMEM_KEYS;
+    if (staged) {
+        for (int i = tid; i < n; i += bd)
+            ks[i] = topk_key(x[i]);
+        __syncthreads();
+    }
+#define KEY_AT(i) (staged ? ks[i] : topk_key(x[i]))
+
     uint32_t prefix = 0, mask = 0, remaining = (uint32_t)kk;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += bd)
@@ -78,7 +90,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
         __syncthreads();
         for (int start = 0; start < n; start += bd) {
             int i = start + tid;
-            uint32_t key = i < n ? topk_key(x[i]) : 0;
+            uint32_t key = i < n ? KEY_AT(i) : 0;
             int in = i < n && (key & mask) == prefix;
             uint32_t bin = (key >> shift) & 255u;
             /* lanes adding to the same bin add once (values share their top bits) */
@@ -128,7 +140,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
     uint32_t base_eq = 0, base_out = 0;
     for (int start = 0; start < n && base_out < (uint32_t)kk; start += bd) {
         int i = start + tid;
-        uint32_t key = i < n ? topk_key(x[i]) : 0;
+        uint32_t key = i < n ? KEY_AT(i) : 0;
         int gt = i < n && key > prefix, eq = i < n && key == prefix;
         uint32_t eq_excl, eq_tot, sel_excl, sel_tot;
         block_scan01(eq, &eq_excl, &eq_tot, wsum);
@@ -139,6 +151,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
         base_eq += eq_tot;
         base_out += sel_tot;
     }
+#undef KEY_AT
 }
 
 extern "C" duet_status_t duet_cuda_topk(duet_cuda_t *c, const float *v, const int32_t *off, const int32_t *n,
@@ -146,7 +159,7 @@ extern "C" duet_status_t duet_cuda_topk(duet_cuda_t *c, const float *v, const in
 {
     if (n_rows <= 0 || k <= 0)
         return DUET_OK;
-    topk_kernel<<<n_rows, TOPK_THREADS, 0, c->stream>>>(v, off, n, k, idx);
+    topk_kernel<<<n_rows, TOPK_THREADS, TOPK_SMEM_KEYS * sizeof(uint32_t), c->stream>>>(v, off, n, k, idx);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

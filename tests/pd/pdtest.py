@@ -347,6 +347,23 @@ def sc_two_by_two(a, rep):
         c.stop()
 
 
+def sc_bad_input(a, rep):
+    c = Cluster(a.build, a.model, a.kv, a.ik)
+    try:
+        p = subprocess.run([f"{a.build}/tools/duet-driver", "bad-input", c.prefill[0], c.decode[0]],
+                           capture_output=True, text=True, timeout=120, env=c.env)
+        for line in p.stdout.splitlines():
+            if line.startswith(("ok", "FAIL")):
+                rep.check(line.startswith("ok"), line[5:])
+        rep.check(p.returncode == 0 and "passed" in p.stdout, "bad-input run completed")
+        for name in ("p0", "d0"):
+            rep.check(c.procs[name].poll() is None, f"{name} still running after the bad input")
+        ok, st = c.wait_clean(c.decode[0])
+        rep.check(ok, "decode holds nothing afterwards")
+    finally:
+        c.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -363,7 +380,7 @@ def main():
     rep = Report()
     fn = {"exact": sc_exact, "abort-storm": sc_abort_storm, "mass-abort": sc_mass_abort,
           "kill-prefill": sc_kill_prefill, "kill-decode": sc_kill_decode, "wait-deadline": sc_wait_deadline,
-          "two-by-two": sc_two_by_two}[a.scenario]
+          "two-by-two": sc_two_by_two, "bad-input": sc_bad_input}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 
