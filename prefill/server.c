@@ -42,6 +42,8 @@ typedef struct preq {
     duet_seq_t seq;           /* this worker's own pages for the request */
     uint64_t tid;             /* data-plane transfer, once begun */
     int has_tid;
+    int in_step;              /* part of the forward running now: an abort waits for its end */
+    int abort_pending;
     uint64_t deadline_ns;
     uint64_t received_ns;
 } preq_t;
@@ -240,6 +242,11 @@ static duet_status_t on_abort(psrv_t *s, const duet_envelope_t *req, duet_envelo
     if (!r)
         return duet_msg_new_abort_ack(&o, 0, DUET__V1__REQUEST_STATE__REQUEST_STATE_UNSPECIFIED, 0, 0, reply);
     Duet__V1__RequestState was = pr_wire_state(r->state);
+    if (r->in_step) {
+        /* served between two layers of a step that computes it: stop it when the step ends */
+        r->abort_pending = 1;
+        return duet_msg_new_abort_ack(&o, 1, was, r->has_tid, 0, reply);
+    }
     int started = stop_request(s, r);
     return duet_msg_new_abort_ack(&o, 1, was, started, 0, reply);
 }
@@ -329,6 +336,8 @@ static void drain_xfer(psrv_t *s)
 static duet_status_t layer_done(void *arg, int layer)
 {
     psrv_t *s = arg;
+    /* commands are served between layers too, so a long step does not hold the router's calls */
+    duet_ctl_server_poll(s->srv, 0, NULL);
     const duet_model_config_t *c = &s->model->cfg;
     int ratio = c->compress_ratios[layer], ri = duet_cfg_ratio_layer_index(c, layer);
     for (uint32_t i = 0; i < s->n_finals; i++) {
@@ -408,8 +417,12 @@ static void prefill_step(psrv_t *s)
     }
     if (!n)
         return;
+    for (uint32_t i = 0; i < n; i++)
+        owners[i]->in_step = 1;
     duet_err_t err = {0};
     duet_status_t st = duet_forward_hooked(s->model, s->cache, items, (int)n, layer_done, s, &err);
+    for (uint32_t i = 0; i < n; i++)
+        owners[i]->in_step = 0;
     if (st != DUET_OK) {
         duet_error("prefill step failed: %s", duet_err_text(&err));
         for (uint32_t i = 0; i < n; i++) {
@@ -421,6 +434,10 @@ static void prefill_step(psrv_t *s)
     for (uint32_t i = 0; i < n; i++) {
         preq_t *r = owners[i];
         r->done += items[i].n_tokens;
+        if (r->abort_pending) {
+            stop_request(s, r);
+            continue;
+        }
         if (r->done < r->n_tokens)
             continue;
         int32_t first = duet_sample(items[i].logits, s->model->cfg.vocab_size, &r->sp, r->n_tokens);

@@ -28,7 +28,7 @@
 #include "msg.h"
 #include "time_util.h"
 
-#define CALL_MS 5000
+#define CALL_MS 10000
 
 typedef enum { RQ_PENDING = 0, RQ_RUNNING, RQ_DONE } rq_phase_t;
 enum { AB_NONE = 0, AB_BEFORE_RESERVE, AB_WAITING, AB_AFTER_PREFILL, AB_MID_DECODE };
@@ -61,6 +61,7 @@ typedef struct {
     size_t n_rq;
     uint32_t wait_ms;
     int never_prefill;           /* reserve only: a prefill worker that never sends */
+    uint32_t request_timeout_ms; /* one request's whole life */
     uint32_t abort_all_after_ms; /* mass abort: abort every running request at this time */
     const char *abort_prefix;    /* ... whose rid starts with this */
 } drv_t;
@@ -146,7 +147,7 @@ static void start_request(drv_t *D, rq_t *r, size_t i)
     r->phase = RQ_RUNNING;
     r->p_idx = (int)(i % (size_t)D->np);
     r->d_idx = (int)(i % (size_t)D->nd);
-    r->deadline_ns = duet_deadline_after_ms(120000);
+    r->deadline_ns = duet_deadline_after_ms(D->request_timeout_ms);
     if (r->abort_stage == AB_BEFORE_RESERVE) {
         finish(r, "aborted", "abort");
         return;
@@ -315,6 +316,7 @@ static int cmd_run(int argc, char **argv)
     double abort_rate = 0;
     uint32_t timeout_ms = 120000;
     D.wait_ms = 30000;
+    D.request_timeout_ms = 300000;
     for (int i = 2; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--prefill")) purls = v;
@@ -328,6 +330,7 @@ static int cmd_run(int argc, char **argv)
         else if (!strcmp(k, "--timeout-ms")) timeout_ms = (uint32_t)atoi(v);
         else if (!strcmp(k, "--wait-ms")) D.wait_ms = (uint32_t)atoi(v);
         else if (!strcmp(k, "--never-prefill")) D.never_prefill = atoi(v);
+        else if (!strcmp(k, "--request-timeout-ms")) D.request_timeout_ms = (uint32_t)atoi(v);
         else if (!strcmp(k, "--abort-all-after-ms")) D.abort_all_after_ms = (uint32_t)atoi(v);
         else if (!strcmp(k, "--abort-only-prefix")) D.abort_prefix = v;
         else {

@@ -31,6 +31,7 @@ class Cluster:
                  extra_decode=(), extra_prefill=()):
         self.build, self.model = build, model
         self.dir = tempfile.mkdtemp(prefix="duet-pd-")
+        print(f"     cluster logs in {self.dir}", flush=True)
         self.events = f"ipc://{self.dir}/events.sock"
         self.procs = {}
         self.env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp,self"), DUET_LOG_LEVEL="info")
