@@ -20,11 +20,10 @@
 #include "requests.h"
 #include "sampling.h"
 #include "time_util.h"
-#include "worker_opts.h"
+#include "worker_net.h"
 #include "xfer.h"
 
 #define GRACE_MS 60000 /* data-plane record kept this long past the wait deadline */
-#define EVENT_DEADLINE_MS 50
 
 typedef struct {
     duet_sampling_t sp;
@@ -41,12 +40,9 @@ typedef struct {
     duet_model_t *model;
     duet_kv_cache_t *cache;
     duet_dreq_table_t *tab;
-    duet_xfer_t *xfer;
-    duet_ctl_server_t *srv;
-    duet_ctl_pusher_t *push;
+    duet_worker_net_t net;
     float *logits;           /* (max_batch, vocab) */
-    uint64_t last_heartbeat_ns;
-    uint64_t steps, step_ns_total, step_ns_max, tokens_out, events_dropped;
+    uint64_t steps, step_ns_total, step_ns_max, tokens_out;
 } dsrv_t;
 
 static volatile sig_atomic_t g_stop;
@@ -57,21 +53,7 @@ static duet_msg_origin_t origin(dsrv_t *s, const char *rid, uint64_t epoch)
     return (duet_msg_origin_t){.sender_id = s->o.id, .rid = rid, .epoch = epoch};
 }
 
-/* Events never block the loop for long; one that cannot be queued is counted. */
-static void push_event(dsrv_t *s, duet_envelope_t *ev)
-{
-    if (!ev)
-        return;
-    if (s->push) {
-        duet_err_t err = {0};
-        if (duet_ctl_pusher_send(s->push, ev, duet_deadline_after_ms(EVENT_DEADLINE_MS), &err) != DUET_OK) {
-            s->events_dropped++;
-            duet_log_rid(DUET_LOG_WARN, duet_msg_rid(ev), "event %s not sent: %s",
-                         duet_msg_kind_name(duet_msg_kind(ev)), duet_err_text(&err));
-        }
-    }
-    duet_envelope_free(&ev);
-}
+static void push_event(dsrv_t *s, duet_envelope_t *ev) { duet_worker_net_push(&s->net, ev); }
 
 static void free_dd(duet_dreq_t *r)
 {
@@ -170,7 +152,7 @@ static duet_status_t on_reserve(dsrv_t *s, const duet_envelope_t *req, duet_enve
     u->n_prompt_pages = (uint32_t)((rv->prompt_len + pt - 1) / pt);
     duet_xfer_desc_t desc;
     memset(&desc, 0, sizeof desc);
-    st = duet_xfer_recv_expect(s->xfer, rid, r->epoch, r->seq.pages, u->n_prompt_pages, r->seq.slot,
+    st = duet_xfer_recv_expect(s->net.xfer, rid, r->epoch, r->seq.pages, u->n_prompt_pages, r->seq.slot,
                                now + (uint64_t)(wait_ms + GRACE_MS) * 1000000ull, 0, &desc, &err);
     if (st == DUET_OK) {
         o.epoch = r->epoch;
@@ -219,7 +201,7 @@ static duet_status_t on_abort(dsrv_t *s, const duet_envelope_t *req, duet_envelo
             emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, req->abort->reason, DUET_OK);
             free_dd(r);
             duet_dreq_abort(s->tab, r->rid, 0, req->abort->reason);
-            duet_xfer_recv_cancel(s->xfer, r->rid, r->epoch);
+            duet_xfer_recv_cancel(s->net.xfer, r->rid, r->epoch);
         }
         if (req->abort->prefill_quiesced) {
             duet_dreq_router_confirms_undelivered(s->tab, rid, 0);
@@ -396,7 +378,7 @@ static void drain_xfer(dsrv_t *s)
 {
     duet_xfer_event_t ev[32];
     uint32_t n;
-    while ((n = duet_xfer_poll(s->xfer, ev, 32)) > 0)
+    while ((n = duet_xfer_poll(s->net.xfer, ev, 32)) > 0)
         for (uint32_t i = 0; i < n; i++)
             if (ev[i].kind == DUET_XFER_EV_RECV)
                 on_recv_event(s, &ev[i]);
@@ -412,7 +394,7 @@ static void expire_waiting(dsrv_t *s)
             emit_finished(s, out[i], DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
                           DUET__V1__ABORT_REASON__ABORT_REASON_WAIT_DEADLINE, DUET_ERR_TIMEOUT);
             free_dd(out[i]);
-            duet_xfer_recv_cancel(s->xfer, out[i]->rid, out[i]->epoch);
+            duet_xfer_recv_cancel(s->net.xfer, out[i]->rid, out[i]->epoch);
         }
 }
 
@@ -474,10 +456,8 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
 
 static void heartbeat(dsrv_t *s)
 {
-    uint64_t now = duet_time_ns();
-    if (!s->push || now - s->last_heartbeat_ns < (uint64_t)s->o.heartbeat_ms * 1000000ull)
+    if (!duet_worker_net_heartbeat_due(&s->net, &s->o))
         return;
-    s->last_heartbeat_ns = now;
     duet_msg_origin_t o = origin(s, NULL, 0);
     duet_envelope_t *ev = NULL;
     if (duet_msg_new_heartbeat(&o, DUET__V1__ROLE__ROLE_DECODE, &ev) == DUET_OK) {
@@ -525,21 +505,8 @@ int main(int argc, char **argv)
         duet_err_set(&err, DUET_ERR_NOMEM, "out of memory for logits");
         goto fail;
     }
-    duet_xfer_opts_t xo = {.name = S.o.id, .verify_checksums = S.o.verify_checksums};
-    if (S.o.xfer_path)
-        xo.data_path = strcmp(S.o.xfer_path, "rma") == 0 ? DUET_XFER_PATH_RMA
-                       : strcmp(S.o.xfer_path, "am") == 0 ? DUET_XFER_PATH_AM
-                                                          : DUET_XFER_PATH_AUTO;
-    if (duet_xfer_create(&xo, &S.xfer, &err) != DUET_OK || duet_xfer_register_cache(S.xfer, S.cache, &err) != DUET_OK)
+    if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
         goto fail;
-    duet_ctl_opts_t co = {.url = S.o.listen, .sender_id = S.o.id};
-    if (duet_ctl_server_create(&co, handler, &S, &S.srv, &err) != DUET_OK)
-        goto fail;
-    if (S.o.events) {
-        duet_ctl_opts_t po = {.url = S.o.events, .queue_len = 65536};
-        if (duet_ctl_pusher_create(&po, &S.push, &err) != DUET_OK)
-            goto fail;
-    }
     duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s)", S.o.id, S.o.listen, S.o.pages,
               S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype), duet_cache_dtype_name(S.o.cache.index_k_dtype));
     while (!g_stop) {
@@ -548,7 +515,7 @@ int main(int argc, char **argv)
         duet_dreq_stats(S.tab, 0, &ds);
         busy = ds.by_state[DUET_REQ_DECODING] > 0;
         /* idle: sleep in the command socket for up to 2 ms; busy: do not wait */
-        duet_ctl_server_poll(S.srv, busy ? 0 : duet_deadline_after_ms(2), NULL);
+        duet_ctl_server_poll(S.net.srv, busy ? 0 : duet_deadline_after_ms(2), NULL);
         drain_xfer(&S);
         expire_waiting(&S);
         int did = 0;
@@ -564,9 +531,7 @@ int main(int argc, char **argv)
 fail:
     fprintf(stderr, "duet-decode: %s\n", duet_err_text(&err));
 done:
-    duet_ctl_server_destroy(&S.srv);
-    duet_ctl_pusher_destroy(&S.push);
-    duet_xfer_destroy(&S.xfer);
+    duet_worker_net_close(&S.net);
     duet_dreq_table_destroy(&S.tab);
     free(S.logits);
     duet_kv_cache_destroy(&S.cache);

@@ -20,10 +20,9 @@
 #include "msg.h"
 #include "sampling.h"
 #include "time_util.h"
-#include "worker_opts.h"
+#include "worker_net.h"
 #include "xfer.h"
 
-#define EVENT_DEADLINE_MS 50
 #define MAX_ITEMS 256  /* sequences per step */
 #define MAX_FINALS 32  /* sequences whose prefill completes in one step */
 
@@ -52,13 +51,10 @@ typedef struct {
     duet_worker_opts_t o;
     duet_model_t *model;
     duet_kv_cache_t *cache;
-    duet_xfer_t *xfer;
-    duet_ctl_server_t *srv;
-    duet_ctl_pusher_t *push;
+    duet_worker_net_t net;
     preq_t *head, *tail;
     uint32_t n_queued, n_live;
     float *logits;            /* (MAX_FINALS, vocab): last-token logits of the requests finishing this step */
-    uint64_t last_heartbeat_ns;
     /* step scratch for the layer hook */
     preq_t **finals;
     uint32_t n_finals;
@@ -72,18 +68,7 @@ static duet_msg_origin_t origin(psrv_t *s, const char *rid, uint64_t epoch)
     return (duet_msg_origin_t){.sender_id = s->o.id, .rid = rid, .epoch = epoch};
 }
 
-static void push_event(psrv_t *s, duet_envelope_t *ev)
-{
-    if (!ev)
-        return;
-    if (s->push) {
-        duet_err_t err = {0};
-        if (duet_ctl_pusher_send(s->push, ev, duet_deadline_after_ms(EVENT_DEADLINE_MS), &err) != DUET_OK)
-            duet_log_rid(DUET_LOG_WARN, duet_msg_rid(ev), "event %s not sent: %s",
-                         duet_msg_kind_name(duet_msg_kind(ev)), duet_err_text(&err));
-    }
-    duet_envelope_free(&ev);
-}
+static void push_event(psrv_t *s, duet_envelope_t *ev) { duet_worker_net_push(&s->net, ev); }
 
 static void push_error(psrv_t *s, preq_t *r, duet_status_t st, const char *msg)
 {
@@ -227,7 +212,7 @@ static int stop_request(psrv_t *s, preq_t *r)
         unlink_req(s, r);
         return 0;
     }
-    duet_xfer_send_abort(s->xfer, r->tid);
+    duet_xfer_send_abort(s->net.xfer, r->tid);
     if (r->state == PR_QUEUED)
         s->n_queued--;
     r->state = PR_ABORTING;
@@ -310,7 +295,7 @@ static void drain_xfer(psrv_t *s)
 {
     duet_xfer_event_t ev[32];
     uint32_t n;
-    while ((n = duet_xfer_poll(s->xfer, ev, 32)) > 0)
+    while ((n = duet_xfer_poll(s->net.xfer, ev, 32)) > 0)
         for (uint32_t i = 0; i < n; i++) {
             if (ev[i].kind != DUET_XFER_EV_SEND)
                 continue;
@@ -337,19 +322,19 @@ static duet_status_t layer_done(void *arg, int layer)
 {
     psrv_t *s = arg;
     /* commands are served between layers too, so a long step does not hold the router's calls */
-    duet_ctl_server_poll(s->srv, 0, NULL);
+    duet_ctl_server_poll(s->net.srv, 0, NULL);
     const duet_model_config_t *c = &s->model->cfg;
     int ratio = c->compress_ratios[layer], ri = duet_cfg_ratio_layer_index(c, layer);
     for (uint32_t i = 0; i < s->n_finals; i++) {
         preq_t *r = s->finals[i];
-        duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_SWA_KV, (uint32_t)layer);
+        duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_SWA_KV, (uint32_t)layer);
         if (ratio == 4) {
-            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_C4_KV, (uint32_t)ri);
-            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_C4_INDEX_K, (uint32_t)ri);
-            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_STATE_C4, (uint32_t)ri);
+            duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_C4_KV, (uint32_t)ri);
+            duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_C4_INDEX_K, (uint32_t)ri);
+            duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_STATE_C4, (uint32_t)ri);
         } else if (ratio == 128) {
-            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_C128_KV, (uint32_t)ri);
-            duet_xfer_send_put(s->xfer, r->tid, DUET_POOL_STATE_C128, (uint32_t)ri);
+            duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_C128_KV, (uint32_t)ri);
+            duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_STATE_C128, (uint32_t)ri);
         }
     }
     return DUET_OK;
@@ -368,7 +353,7 @@ static int start_request(psrv_t *s, preq_t *r)
         duet_seq_release(s->cache, &r->seq);
         return 0;
     }
-    duet_status_t st = duet_xfer_send_begin(s->xfer, &r->desc, r->seq.pages, r->seq.n_pages, r->seq.slot, 0,
+    duet_status_t st = duet_xfer_send_begin(s->net.xfer, &r->desc, r->seq.pages, r->seq.n_pages, r->seq.slot, 0,
                                             &r->tid, &err);
     if (st != DUET_OK) {
         duet_log_rid(DUET_LOG_WARN, r->rid, "transfer refused: %s", duet_err_text(&err));
@@ -441,7 +426,7 @@ static void prefill_step(psrv_t *s)
         if (r->done < r->n_tokens)
             continue;
         int32_t first = duet_sample(items[i].logits, s->model->cfg.vocab_size, &r->sp, r->n_tokens);
-        duet_xfer_send_finish(s->xfer, r->tid, first);
+        duet_xfer_send_finish(s->net.xfer, r->tid, first);
         r->state = PR_TRANSFERRING;
         duet_msg_origin_t o = origin(s, r->rid, r->epoch);
         duet_envelope_t *ev = NULL;
@@ -452,10 +437,8 @@ static void prefill_step(psrv_t *s)
 
 static void heartbeat(psrv_t *s)
 {
-    uint64_t now = duet_time_ns();
-    if (!s->push || now - s->last_heartbeat_ns < (uint64_t)s->o.heartbeat_ms * 1000000ull)
+    if (!duet_worker_net_heartbeat_due(&s->net, &s->o))
         return;
-    s->last_heartbeat_ns = now;
     duet_msg_origin_t o = origin(s, NULL, 0);
     duet_envelope_t *ev = NULL;
     if (duet_msg_new_heartbeat(&o, DUET__V1__ROLE__ROLE_PREFILL, &ev) == DUET_OK) {
@@ -492,21 +475,8 @@ int main(int argc, char **argv)
         duet_err_set(&err, DUET_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    duet_xfer_opts_t xo = {.name = S.o.id};
-    if (S.o.xfer_path)
-        xo.data_path = strcmp(S.o.xfer_path, "rma") == 0 ? DUET_XFER_PATH_RMA
-                       : strcmp(S.o.xfer_path, "am") == 0 ? DUET_XFER_PATH_AM
-                                                          : DUET_XFER_PATH_AUTO;
-    if (duet_xfer_create(&xo, &S.xfer, &err) != DUET_OK || duet_xfer_register_cache(S.xfer, S.cache, &err) != DUET_OK)
+    if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
         goto fail;
-    duet_ctl_opts_t co = {.url = S.o.listen, .sender_id = S.o.id};
-    if (duet_ctl_server_create(&co, handler, &S, &S.srv, &err) != DUET_OK)
-        goto fail;
-    if (S.o.events) {
-        duet_ctl_opts_t po = {.url = S.o.events, .queue_len = 65536};
-        if (duet_ctl_pusher_create(&po, &S.push, &err) != DUET_OK)
-            goto fail;
-    }
     duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, budget %u tokens/step)", S.o.id,
               S.o.listen, S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
               duet_cache_dtype_name(S.o.cache.index_k_dtype), S.o.token_budget);
@@ -514,7 +484,7 @@ int main(int argc, char **argv)
         int busy = 0;
         for (preq_t *r = S.head; r; r = r->next)
             busy |= r->state == PR_QUEUED || r->state == PR_PREFILLING;
-        duet_ctl_server_poll(S.srv, busy ? 0 : duet_deadline_after_ms(2), NULL);
+        duet_ctl_server_poll(S.net.srv, busy ? 0 : duet_deadline_after_ms(2), NULL);
         drain_xfer(&S);
         prefill_step(&S);
         heartbeat(&S);
@@ -528,7 +498,7 @@ int main(int argc, char **argv)
     uint64_t until = duet_deadline_after_ms(5000);
     while (S.head && duet_time_ns() < until) {
         duet_xfer_event_t ev;
-        if (duet_xfer_wait(S.xfer, &ev, 100) == DUET_OK)
+        if (duet_xfer_wait(S.net.xfer, &ev, 100) == DUET_OK)
             for (preq_t *r = S.head; r; r = r->next)
                 if (r->has_tid && r->tid == ev.tid) {
                     unlink_req(&S, r);
@@ -540,9 +510,7 @@ int main(int argc, char **argv)
 fail:
     fprintf(stderr, "duet-prefill: %s\n", duet_err_text(&err));
 done:
-    duet_ctl_server_destroy(&S.srv);
-    duet_ctl_pusher_destroy(&S.push);
-    duet_xfer_destroy(&S.xfer); /* pages stay registered until here */
+    duet_worker_net_close(&S.net); /* pages stay registered until here */
     while (S.head)
         unlink_req(&S, S.head);
     free(S.logits);

@@ -70,7 +70,7 @@ class Cluster:
             return None
         return json.loads(r.stdout)
 
-    def run(self, requests, concurrency=1, abort_rate=0.0, abort_seed=1, timeout_ms=300000, wait_ms=30000,
+    def run(self, requests, concurrency=1, abort_rate=0.0, abort_seed=1, timeout_ms=600000, wait_ms=300000,
             prefill=None, decode=None, extra=()):
         req = f"{self.dir}/req-{time.time_ns()}.jsonl"
         out = req.replace("req-", "out-")

@@ -1,0 +1,36 @@
+/* What duet-prefill and duet-decode share around their loops: the data-plane
+ * engine with the cache registered, the polled command server, the event
+ * pusher to the router, and the heartbeat clock. */
+#ifndef DUET_WORKER_NET_H
+#define DUET_WORKER_NET_H
+
+#include <stdint.h>
+
+#include "ctl.h"
+#include "kv_cache.h"
+#include "worker_opts.h"
+#include "xfer.h"
+
+typedef struct {
+    duet_xfer_t *xfer;
+    duet_ctl_server_t *srv;
+    duet_ctl_pusher_t *push;   /* NULL without --events */
+    uint64_t last_heartbeat_ns;
+    uint64_t events_dropped;
+} duet_worker_net_t;
+
+/* Create the engine (data path from --xfer-path, checksums from
+ * --verify-checksums), register every pool of `cache`, listen on --listen
+ * with `handler`, and dial --events when given.  On error everything made
+ * so far is closed. */
+duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_t *o, const duet_kv_cache_t *cache,
+                                   duet_ctl_handler_fn handler, void *arg, duet_err_t *err);
+/* Queue an event for the router (never waits more than 50 ms; a drop is
+ * counted and logged) and free it.  NULL is fine. */
+void duet_worker_net_push(duet_worker_net_t *n, duet_envelope_t *ev);
+/* 1 once per heartbeat interval (and never without a pusher). */
+int duet_worker_net_heartbeat_due(duet_worker_net_t *n, const duet_worker_opts_t *o);
+/* Close the server and pusher, then the engine (pending transfers end). */
+void duet_worker_net_close(duet_worker_net_t *n);
+
+#endif
