@@ -17,7 +17,7 @@
 # $OUT back; elsewhere build-cuda/device-check/); stdout ends with a compact
 # table and the summary.
 #
-# Options: --check-only (no timings), --op NAME (one operation), --prepare.
+# Options: --check-only (no timings), --op NAME (one operation), --seed N (other inputs), --prepare.
 # Exit status: 0 every case passed, 1 otherwise.
 set -uo pipefail
 
@@ -30,6 +30,7 @@ BUDGET="${DUET_CHECK_BUDGET:-420}"  # seconds for the whole run (the device tool
 
 bench=1
 only=""
+seed=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare)
@@ -41,7 +42,8 @@ while [ $# -gt 0 ]; do
       exit 0 ;;
     --check-only) bench=0 ;;
     --op) only="$2"; shift ;;
-    *) echo "usage: scripts/device-check.sh [--prepare] [--check-only] [--op NAME]" >&2; exit 2 ;;
+    --seed) seed=(--seed "$2"); shift ;;
+    *) echo "usage: scripts/device-check.sh [--prepare] [--check-only] [--op NAME] [--seed N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -87,12 +89,12 @@ ops="$("$BIN" --list)"
 mode=()
 if [ "$bench" = 1 ]; then
   say "== ceilings"
-  if ! "$BIN" --ceilings-out "$RES/ceilings.txt" 2>>"$LOG" | tee -a "$LOG" "$TABLE"; then
+  if ! "$BIN" --ceilings-out "$RES/ceilings.txt" "${seed[@]}" 2>>"$LOG" | tee -a "$LOG" "$TABLE"; then
     say "device-check: measuring the ceilings failed"; exit 2
   fi
   mode=(--bench --ceilings-in "$RES/ceilings.txt")
 else
-  "$BIN" --info 2>>"$LOG" | tee -a "$LOG" "$TABLE"
+  "$BIN" --info "${seed[@]}" 2>>"$LOG" | tee -a "$LOG" "$TABLE"
 fi
 "$BIN" --print-header "${mode[@]:0:1}" >>"$TABLE"
 
@@ -102,7 +104,7 @@ for op in $ops; do
     crashed+=("$op(skipped: budget)"); echo "$op  -- SKIPPED: ${BUDGET}s budget spent" >>"$TABLE"; continue
   fi
   start=$SECONDS
-  timeout "$PER_OP_TIMEOUT" "$BIN" --op "$op" "${mode[@]}" --no-header >>"$TABLE" 2>>"$LOG"
+  timeout "$PER_OP_TIMEOUT" "$BIN" --op "$op" "${mode[@]}" "${seed[@]}" --no-header >>"$TABLE" 2>>"$LOG"
   rc=$?
   last="$(tail -1 "$LOG")"
   echo "op $op: exit $rc in $((SECONDS - start)) s" >>"$LOG"

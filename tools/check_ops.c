@@ -484,7 +484,7 @@ static void weight_free(ck_t *ck, weight_t *W)
     free(W->h_scale);
 }
 
-typedef enum { MM_AUTO = 0, MM_GEMV, MM_LT, MM_FP8ACT } mm_kind_t;
+typedef enum { MM_AUTO = 0, MM_GEMV, MM_GEMV_TC, MM_LT, MM_FP8ACT } mm_kind_t;
 
 typedef struct {
     weight_t *W;
@@ -498,6 +498,7 @@ static duet_status_t mm_call(ck_t *ck, void *p)
     mm_arg_t *a = p;
     switch (a->kind) {
     case MM_GEMV: return duet_cuda_matmul_gemv(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
+    case MM_GEMV_TC: return duet_cuda_matmul_gemv_tc(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
     case MM_LT: return duet_cuda_matmul_lt(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
     case MM_FP8ACT: return duet_cuda_matmul_fp8_act(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
     default: return duet_cuda_matmul(ck->c, &a->W->dw, a->rb, a->re, a->dx, a->n, a->dy);
@@ -515,6 +516,11 @@ static void quantize_act(const float *x, int cols, float *out)
         for (int i = b; i < b + 128; i++)
             out[i] = duet_e4m3_to_f32(duet_f32_to_e4m3(x[i] / s)) * s;
     }
+}
+
+static const char *kind_tag(mm_kind_t k)
+{
+    return k == MM_GEMV ? " simt" : k == MM_GEMV_TC ? " tc" : "";
 }
 
 static const char *dt_short(duet_dtype_t dt, duet_dtype_t sdt)
@@ -537,7 +543,7 @@ static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t d
     char range[32] = "";
     if (rb != 0 || re != rows)
         snprintf(range, sizeof range, " r%d:%d", rb, re);
-    row_t row = row_new(op, "%s %dx%d%s n=%d", dt_short(dt, sdt), rows, cols, range, n);
+    row_t row = row_new(op, "%s %dx%d%s n=%d%s", dt_short(dt, sdt), rows, cols, range, n, kind_tag(kind));
     weight_t W;
     weight_make(ck, &r, &W, dt, rows, cols, sdt);
     int m = re - rb;
@@ -610,9 +616,11 @@ static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t d
     {
         double wbytes = (double)W.data_bytes * m / rows + (double)W.scale_bytes * m / rows;
         double bytes = wbytes + 4.0 * n * cols + 4.0 * n * m;
+        int tc_min = dt == DUET_DT_F4_E2M1X2 ? DUET_CUDA_TC_MIN_N_FP4 : DUET_CUDA_TC_MIN_N;
+        int tc = kind == MM_GEMV_TC || (kind == MM_AUTO && n >= tc_min && dt != DUET_DT_F32);
         bound_t b = kind == MM_FP8ACT ? BOUND_FP8
-                    : (kind == MM_LT || (kind == MM_AUTO && n > DUET_CUDA_GEMV_MAX_N)) ? BOUND_BF16
-                                                                                       : BOUND_FP32;
+                    : (kind == MM_LT || tc || (kind == MM_AUTO && n > DUET_CUDA_GEMV_MAX_N)) ? BOUND_BF16
+                                                                                             : BOUND_FP32;
         if (dt == DUET_DT_F32 && kind != MM_GEMV)
             b = BOUND_FP32;
         bench_row(ck, &row, mm_call, &a, bytes, 2.0 * n * (double)m * cols, b);
@@ -655,6 +663,17 @@ static void group_matmul(ck_t *ck)
     case_matmul(ck, "matmul", MM_GEMV, DUET_DT_BF16, E8, 1024, 512, 0, 1024, 100, 100, tg);     /* gemv at n>32 */
     case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F8_E4M3, E8, 512, 1024, 126, 500, 3, 3, tg);     /* rows astride blocks */
     case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F4_E2M1X2, E8, 1000, 1024, 0, 1000, 7, 7, tg);   /* partial warps */
+    /* the two decode kernels side by side */
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 8, 8, tg);
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_GEMV, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 8, 8, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 1, 1, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 1, 1, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 2, 2, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 1000, 1024, 16, 1000, 20, 20, tg); /* partial tiles */
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 512, 1024, 0, 512, 100, 100, tg);     /* n > 32 */
 }
 
 static void group_matmul_lt(ck_t *ck)
@@ -1020,7 +1039,7 @@ static duet_status_t is_call(ck_t *ck, void *p)
 static duet_status_t topk_call(ck_t *ck, void *p)
 {
     is_arg_t *a = p;
-    return duet_cuda_topk(ck->c, a->dv, a->doff, a->dn, a->rows, a->k, a->didx);
+    return duet_cuda_topk(ck->c, a->dv, a->doff, a->dn, a->rows, a->max_keys, a->k, a->didx);
 }
 
 /* Row b has nk[b] keys (row 0 the most, the others fewer) packed one after another. */
@@ -1149,6 +1168,7 @@ static void case_topk(ck_t *ck, const char *what, int rows, int n_max, int k, in
     a.didx = dmalloc(ck, 4 * (size_t)rows * k);
     a.rows = rows;
     a.k = k;
+    a.max_keys = n_max;
     row_t row = row_new("topk", "rows=%d n<=%d k=%d %s", rows, n_max, k, what);
     int32_t *gi = xmalloc(4 * (size_t)rows * k), *ci = xmalloc(4 * (size_t)rows * k);
     dpoison(ck, a.didx, 4 * (size_t)rows * k);
@@ -1177,6 +1197,7 @@ static void group_topk(ck_t *ck)
     case_topk(ck, "moe", 128, 256, 6, 0);
     case_topk(ck, "ties-moe", 128, 256, 8, 1);
     case_topk(ck, "long", 2, 262144, 2048, 0);
+    case_topk(ck, "128k ctx", 32, 32768, 512, 0);
 }
 
 /* ---- attention ---- */
@@ -1567,6 +1588,7 @@ static void group_pages(ck_t *ck)
     case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 0, 0);
     case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 1, 0);
     case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 2, 0);
+    case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 3, 0);
     case_pages(ck, "c4idx", ik.page_bytes, 8192, 2048, 0, 0);
     case_pages(ck, "swa", swa.page_bytes, 1024, 256, 0, 0);
     case_pages(ck, "64KiB", 65536, 8192, 2048, 0, 0);

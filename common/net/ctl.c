@@ -9,10 +9,9 @@ static const char ctl_any_rid[] = "";
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nng/nng.h>
-#include <nng/protocol/pipeline0/pull.h>
-#include <nng/protocol/pipeline0/push.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <nng/supplemental/util/platform.h>
@@ -27,7 +26,7 @@ static const char ctl_any_rid[] = "";
 #define CTL_RECONNECT_MIN_MS 10
 #define CTL_DEFAULT_RECONNECT_MAX_MS 250
 #define CTL_DEFAULT_QUEUE_LEN 1024
-#define CTL_MAX_QUEUE_LEN 8192     /* NNG's bound on NNG_OPT_SENDBUF */
+#define CTL_MAX_QUEUE_LEN (1u << 20)
 #define CTL_URL_MAX 256
 
 duet_status_t duet_ctl_status_from_nng(int rv)
@@ -104,6 +103,7 @@ static nng_duration ms_until(uint64_t deadline_ns)
 typedef struct {
     duet_msg_limits_t lim;
     char url[CTL_URL_MAX];
+    char sender_id[DUET_MSG_MAX_ID_LEN + 1]; /* header.sender_id of the answers we build */
 } common_t;
 
 static duet_status_t common_init(common_t *c, const duet_ctl_opts_t *o, duet_err_t *err)
@@ -112,7 +112,15 @@ static duet_status_t common_init(common_t *c, const duet_ctl_opts_t *o, duet_err
         return duet_err_set(err, DUET_ERR_INVALID, "ctl: no URL");
     if (strlen(o->url) >= sizeof c->url)
         return duet_err_set(err, DUET_ERR_INVALID, "ctl: URL longer than %d bytes", CTL_URL_MAX - 1);
+    if (o->sender_id) {
+        size_t n = strlen(o->sender_id);
+        if (n > DUET_MSG_MAX_ID_LEN || strspn(o->sender_id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789._:-") != n)
+            return duet_err_set(err, DUET_ERR_INVALID, "ctl: sender id \"%s\" is not 1..%d of [A-Za-z0-9._:-]",
+                                o->sender_id, DUET_MSG_MAX_ID_LEN);
+    }
     snprintf(c->url, sizeof c->url, "%s", o->url);
+    snprintf(c->sender_id, sizeof c->sender_id, "%s", o->sender_id && o->sender_id[0] ? o->sender_id : "duet");
     if (o->limits)
         c->lim = *o->limits;
     else
@@ -135,6 +143,84 @@ static int set_reconnect(nng_socket sock, const duet_ctl_opts_t *o)
                                o->reconnect_max_ms ? (nng_duration)o->reconnect_max_ms
                                                    : CTL_DEFAULT_RECONNECT_MAX_MS);
     return rv;
+}
+
+/* nng_close() with a bound.  libnng 1.5.2 can leave a pipe's receive
+ * pending forever when the socket is closed while its peer is sending (a
+ * rep socket under a steady stream of requests reproduces it within
+ * seconds; later NNG releases do not), and nng_close() then never returns.
+ * A process must still be able to shut down, so the close runs on a thread
+ * of its own: 0 when it finished within CTL_CLOSE_TIMEOUT_MS, -1 when it is
+ * still stuck (the socket, and whatever NNG still holds of it, is left
+ * behind; the caller must not free what NNG may still call into). */
+#define CTL_CLOSE_TIMEOUT_MS 1000
+
+typedef struct {
+    nng_socket sock;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, abandoned;
+} closer_t;
+
+static void closer_free(closer_t *c)
+{
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void *closer_main(void *arg)
+{
+    closer_t *c = arg;
+    nng_close(c->sock);
+    pthread_mutex_lock(&c->mu);
+    c->done = 1;
+    int abandoned = c->abandoned;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (abandoned)
+        closer_free(c);
+    return NULL;
+}
+
+static int close_bounded(nng_socket sock, const char *url)
+{
+    pthread_condattr_t ca;
+    pthread_t th;
+    closer_t *c = DUET_NEW(closer_t);
+    if (!c) {
+        nng_close(sock);
+        return 0;
+    }
+    c->sock = sock;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&th, NULL, closer_main, c) != 0) {
+        closer_free(c);
+        nng_close(sock);
+        return 0;
+    }
+    uint64_t deadline = duet_deadline_after_ms(CTL_CLOSE_TIMEOUT_MS);
+    struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+    pthread_mutex_lock(&c->mu);
+    while (!c->done && duet_time_ns() < deadline)
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    int done = c->done;
+    if (!done)
+        c->abandoned = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (!done) {
+        pthread_detach(th);
+        duet_error("ctl %s: NNG did not close the socket within %d ms; leaving it behind", url,
+                   CTL_CLOSE_TIMEOUT_MS);
+        return -1;
+    }
+    pthread_join(th, NULL);
+    closer_free(c);
+    return 0;
 }
 
 /* Validate and encode an envelope into a new NNG message. */
@@ -187,7 +273,6 @@ struct duet_ctl_server {
     nng_aio *send_aio;
     duet_ctl_handler_fn handler;
     void *arg;
-    char sender_id[DUET_MSG_MAX_ID_LEN + 1];
     pthread_t thread;
     int threaded;
     _Atomic uint64_t requests, bad_requests, handler_errors, bad_replies, send_failures;
@@ -198,7 +283,7 @@ static duet_envelope_t *server_error(const duet_ctl_server_t *s, const duet_enve
 {
     duet_envelope_t *e = NULL;
     const char *rid = duet_msg_rid(req);
-    duet_msg_origin_t o = {s->sender_id, rid, rid ? req->header->epoch : 0};
+    duet_msg_origin_t o = {s->c.sender_id, rid, rid ? req->header->epoch : 0};
     if (duet_msg_new_error(&o, code, message, &e) != DUET_OK)
         return NULL;
     return e;
@@ -229,7 +314,7 @@ static void server_serve(duet_ctl_server_t *s, nng_msg *m)
             reply = server_error(s, req, st, sentence);
         } else if (!reply) {
             const char *rid = duet_msg_rid(req);
-            duet_msg_origin_t o = {s->sender_id, rid, req->header->epoch};
+            duet_msg_origin_t o = {s->c.sender_id, rid, req->header->epoch};
             if (duet_msg_new_ack(&o, &reply) != DUET_OK)
                 reply = NULL;
         }
@@ -308,7 +393,6 @@ duet_status_t duet_ctl_server_create(const duet_ctl_opts_t *o, duet_ctl_handler_
         return duet_err_set(err, DUET_ERR_NOMEM, "ctl server: out of memory");
     if ((st = common_init(&s->c, o, err)))
         goto err_free;
-    snprintf(s->sender_id, sizeof s->sender_id, "%s", o->sender_id && o->sender_id[0] ? o->sender_id : "duet");
     s->handler = handler;
     s->arg = arg;
     if ((rv = nng_rep0_open(&s->sock))) {
@@ -390,13 +474,15 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
     duet_ctl_server_t *s = sp ? *sp : NULL;
     if (!s)
         return;
-    nng_close(s->sock); /* completes a pending receive with NNG_ECLOSED: the thread ends */
+    *sp = NULL;
+    /* closing completes a pending receive with NNG_ECLOSED: the thread ends */
+    if (close_bounded(s->sock, s->c.url) != 0)
+        return; /* left behind: NNG may still complete our aios */
     if (s->threaded)
         pthread_join(s->thread, NULL);
     nng_aio_free(s->recv_aio);
     nng_aio_free(s->send_aio);
     free(s);
-    *sp = NULL;
 }
 
 /* ------------------------------------------------------------------ client */
@@ -525,16 +611,38 @@ void duet_ctl_client_destroy(duet_ctl_client_t **cp)
     duet_ctl_client_t *c = cp ? *cp : NULL;
     if (!c)
         return;
-    nng_close(c->sock);
-    free(c);
     *cp = NULL;
+    if (close_bounded(c->sock, c->c.url) == 0)
+        free(c);
 }
 
-/* ------------------------------------------------------------------ events */
+/* ------------------------------------------------------------------ events
+ *
+ * Events ride on req/rep, not on NNG's push/pull: libnng 1.5.2 (Debian's)
+ * push0 can put a pipe that is closing back on its ready list when a send
+ * completes while the puller disconnects, and the next send then follows
+ * freed memory (a worker crashed that way whenever a router or driver went
+ * away while it was sending; tests/net/test_ctl.c test_puller_churn).  req0
+ * and rep0 guard their pipe lists against that race.
+ *
+ * The pusher keeps its own bounded queue (so a send never waits on the
+ * network) and one thread that sends the queued events one at a time, each
+ * answered by the puller with Ack once received: events from one pusher
+ * arrive in order.  An event whose connection breaks while it is in flight
+ * is lost (as with push/pull: at most once); the ones behind it wait for the
+ * next connection. */
 
 struct duet_ctl_pusher {
     common_t c;
     nng_socket sock;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t room; /* signalled when the queue has room (monotonic clock) */
+    pthread_cond_t work; /* signalled when the queue has an event or we stop */
+    nng_msg **q;         /* ring of encoded events */
+    uint32_t cap, head, n;
+    int stopping;
 };
 
 struct duet_ctl_puller {
@@ -542,9 +650,72 @@ struct duet_ctl_puller {
     nng_socket sock;
 };
 
+/* Deliver one event (consumed) and wait for the puller's answer. */
+static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
+{
+    nng_ctx ctx;
+    nng_aio *aio;
+    int rv = nng_aio_alloc(&aio, NULL, NULL);
+    if (rv) {
+        nng_msg_free(m);
+        return rv;
+    }
+    if ((rv = nng_ctx_open(&ctx, p->sock))) {
+        nng_msg_free(m);
+        nng_aio_free(aio);
+        return rv;
+    }
+    /* no timeouts: the send waits for a connection, the receive for the
+     * puller to take the event; destroy's close ends both (NNG_ECLOSED) */
+    nng_aio_set_msg(aio, m);
+    if ((rv = aio_run(aio, NNG_DURATION_INFINITE, start_ctx_send, &ctx))) {
+        nng_msg_free(nng_aio_get_msg(aio));
+    } else if ((rv = aio_run(aio, NNG_DURATION_INFINITE, start_ctx_recv, &ctx)) == 0) {
+        nng_msg *r = nng_aio_get_msg(aio);
+        duet_envelope_t *reply = NULL;
+        duet_err_t err = {0};
+        if (duet_msg_decode(nng_msg_body(r), nng_msg_len(r), &p->c.lim, &reply, &err) != DUET_OK)
+            duet_warn("ctl %s: the puller's answer does not decode: %s", p->c.url, duet_err_text(&err));
+        else if (duet_ctl_reply_status(reply, &err) != DUET_OK)
+            duet_warn("ctl %s: the puller refused an event: %s", p->c.url, duet_err_text(&err));
+        duet_envelope_free(&reply);
+        nng_msg_free(r);
+    }
+    nng_ctx_close(ctx);
+    nng_aio_free(aio);
+    return rv;
+}
+
+static void *pusher_main(void *arg)
+{
+    duet_ctl_pusher_t *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->n && !p->stopping)
+            pthread_cond_wait(&p->work, &p->mu);
+        if (p->stopping) {
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+        nng_msg *m = p->q[p->head];
+        p->head = (p->head + 1) % p->cap;
+        p->n--;
+        pthread_cond_signal(&p->room);
+        pthread_mutex_unlock(&p->mu);
+
+        int rv = pusher_deliver(p, m);
+        if (rv == NNG_ECLOSED)
+            break;
+        if (rv)
+            duet_warn("ctl %s: an event was lost in flight: %s", p->c.url, nng_strerror(rv));
+    }
+    return NULL;
+}
+
 duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t **out, duet_err_t *err)
 {
     duet_status_t st;
+    pthread_condattr_t ca;
     int rv;
 
     duet_ctl_pusher_t *p = DUET_NEW(duet_ctl_pusher_t);
@@ -552,25 +723,47 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
         return duet_err_set(err, DUET_ERR_NOMEM, "ctl pusher: out of memory");
     if ((st = common_init(&p->c, o, err)))
         goto err_free;
-    uint32_t q = o->queue_len ? o->queue_len : CTL_DEFAULT_QUEUE_LEN;
-    if (q > CTL_MAX_QUEUE_LEN)
-        q = CTL_MAX_QUEUE_LEN;
-    if ((rv = nng_push0_open(&p->sock))) {
-        st = nng_fail(err, rv, p->c.url, "cannot open a push socket");
+    p->cap = o->queue_len ? o->queue_len : CTL_DEFAULT_QUEUE_LEN;
+    if (p->cap > CTL_MAX_QUEUE_LEN)
+        p->cap = CTL_MAX_QUEUE_LEN;
+    if (!(p->q = duet_calloc(p->cap, sizeof *p->q))) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "ctl pusher: out of memory");
         goto err_free;
     }
-    if ((rv = nng_socket_set_int(p->sock, NNG_OPT_SENDBUF, (int)q)) || (rv = set_reconnect(p->sock, o))) {
-        st = nng_fail(err, rv, p->c.url, "cannot set up the push socket");
+    if ((rv = nng_req0_open(&p->sock))) {
+        st = nng_fail(err, rv, p->c.url, "cannot open a req socket");
+        goto err_queue;
+    }
+    if ((rv = nng_socket_set_ms(p->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
+        (rv = set_recv_limit(p->sock, &p->c.lim)) || (rv = set_reconnect(p->sock, o))) {
+        st = nng_fail(err, rv, p->c.url, "cannot set up the event socket");
         goto err_close;
     }
     if ((rv = nng_dial(p->sock, p->c.url, NULL, NNG_FLAG_NONBLOCK))) {
         st = nng_fail(err, rv, p->c.url, "cannot dial");
         goto err_close;
     }
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->room, &ca);
+    pthread_cond_init(&p->work, NULL);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&p->thread, NULL, pusher_main, p) != 0) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "ctl %s: cannot start the pusher thread", p->c.url);
+        goto err_sync;
+    }
+    p->thread_started = 1;
     *out = p;
     return DUET_OK;
+err_sync:
+    pthread_cond_destroy(&p->work);
+    pthread_cond_destroy(&p->room);
+    pthread_mutex_destroy(&p->mu);
 err_close:
     nng_close(p->sock);
+err_queue:
+    free(p->q);
 err_free:
     free(p);
     return st;
@@ -580,26 +773,27 @@ duet_status_t duet_ctl_pusher_send(duet_ctl_pusher_t *p, const duet_envelope_t *
                                    duet_err_t *err)
 {
     nng_msg *m = NULL;
-    nng_aio *aio;
     duet_status_t st = msg_encode(ev, &p->c.lim, &m, err);
     if (st)
         return st;
-    int rv = nng_aio_alloc(&aio, NULL, NULL);
-    if (rv) {
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+    pthread_mutex_lock(&p->mu);
+    while (p->n == p->cap && !p->stopping && duet_time_ns() < deadline_ns)
+        pthread_cond_timedwait(&p->room, &p->mu, &ts);
+    if (p->stopping) {
+        st = duet_err_set(err, DUET_ERR_PEER, "%s: the pusher is closed", p->c.url);
+    } else if (p->n == p->cap) {
+        st = duet_err_set(err, DUET_ERR_BUSY, "%s: event queue full (%u events; puller slow or away)", p->c.url,
+                          p->cap);
+    } else {
+        p->q[(p->head + p->n) % p->cap] = m;
+        p->n++;
+        m = NULL;
+        pthread_cond_signal(&p->work);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (m)
         nng_msg_free(m);
-        return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
-    }
-    nng_aio_set_msg(aio, m);
-    rv = aio_run(aio, ms_until(deadline_ns), start_sock_send, &p->sock);
-    if (rv) {
-        nng_msg_free(nng_aio_get_msg(aio));
-        /* for a push, a send that waited out its deadline found the queue full */
-        if (rv == NNG_ETIMEDOUT)
-            st = duet_err_set(err, DUET_ERR_BUSY, "%s: event queue full (puller slow or away)", p->c.url);
-        else
-            st = nng_fail(err, rv, p->c.url, "event not sent");
-    }
-    nng_aio_free(aio);
     return st;
 }
 
@@ -608,9 +802,24 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     duet_ctl_pusher_t *p = pp ? *pp : NULL;
     if (!p)
         return;
-    nng_close(p->sock);
-    free(p);
+    pthread_mutex_lock(&p->mu);
+    p->stopping = 1;
+    pthread_cond_broadcast(&p->work);
+    pthread_cond_broadcast(&p->room);
+    pthread_mutex_unlock(&p->mu);
     *pp = NULL;
+    /* closing ends a delivery in progress with NNG_ECLOSED */
+    if (close_bounded(p->sock, p->c.url) != 0)
+        return; /* left behind: the sending thread may still be inside NNG */
+    if (p->thread_started)
+        pthread_join(p->thread, NULL);
+    for (uint32_t i = 0; i < p->n; i++)
+        nng_msg_free(p->q[(p->head + i) % p->cap]);
+    free(p->q);
+    pthread_cond_destroy(&p->work);
+    pthread_cond_destroy(&p->room);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
 }
 
 duet_status_t duet_ctl_puller_create(const duet_ctl_opts_t *o, duet_ctl_puller_t **out, duet_err_t *err)
@@ -623,12 +832,12 @@ duet_status_t duet_ctl_puller_create(const duet_ctl_opts_t *o, duet_ctl_puller_t
         return duet_err_set(err, DUET_ERR_NOMEM, "ctl puller: out of memory");
     if ((st = common_init(&p->c, o, err)))
         goto err_free;
-    if ((rv = nng_pull0_open(&p->sock))) {
-        st = nng_fail(err, rv, p->c.url, "cannot open a pull socket");
+    if ((rv = nng_rep0_open(&p->sock))) {
+        st = nng_fail(err, rv, p->c.url, "cannot open a rep socket");
         goto err_free;
     }
     if ((rv = set_recv_limit(p->sock, &p->c.lim))) {
-        st = nng_fail(err, rv, p->c.url, "cannot set up the pull socket");
+        st = nng_fail(err, rv, p->c.url, "cannot set up the event socket");
         goto err_close;
     }
     if ((rv = nng_listen(p->sock, p->c.url, NULL, 0))) {
@@ -647,20 +856,48 @@ err_free:
 duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, duet_envelope_t **ev,
                                    duet_err_t *err)
 {
+    nng_ctx ctx;
     nng_aio *aio;
+    duet_envelope_t *e = NULL, *answer = NULL;
     duet_status_t st;
     int rv = nng_aio_alloc(&aio, NULL, NULL);
     if (rv)
         return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
-    if ((rv = aio_run(aio, ms_until(deadline_ns), start_sock_recv, &p->sock))) {
+    if ((rv = nng_ctx_open(&ctx, p->sock))) {
+        nng_aio_free(aio);
+        return nng_fail(err, rv, p->c.url, "cannot open a context");
+    }
+    if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_recv, &ctx))) {
         st = nng_fail(err, rv, p->c.url, "no event");
+        goto out;
+    }
+    nng_msg *m = nng_aio_get_msg(aio);
+    size_t len = nng_msg_len(m);
+    duet_msg_origin_t o = {p->c.sender_id, NULL, 0};
+    st = duet_msg_decode(nng_msg_body(m), len, &p->c.lim, &e, err);
+    if (st) {
+        duet_warn("ctl %s: dropped an event of %zu bytes: %s", p->c.url, len, duet_err_text(err));
+        duet_msg_new_error(&o, st, err->msg, &answer);
     } else {
-        nng_msg *m = nng_aio_get_msg(aio);
-        st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &p->c.lim, ev, err);
-        if (st)
-            duet_warn("ctl %s: dropped an event of %zu bytes: %s", p->c.url, nng_msg_len(m), duet_err_text(err));
+        duet_msg_new_ack(&o, &answer);
+    }
+    /* answer at once (the pusher sends its next event on it); a lost answer
+     * only delays that pusher until its connection is redialled */
+    size_t n;
+    duet_err_t aerr = {0};
+    if (answer && duet_msg_encoded_size(answer, &p->c.lim, &n, &aerr) == DUET_OK && nng_msg_realloc(m, n) == 0) {
+        duet_msg_pack(answer, nng_msg_body(m));
+        nng_aio_set_msg(aio, m);
+        if (aio_run(aio, CTL_REPLY_TIMEOUT_MS, start_ctx_send, &ctx) != 0)
+            nng_msg_free(nng_aio_get_msg(aio));
+    } else {
         nng_msg_free(m);
     }
+    duet_envelope_free(&answer);
+    if (st == DUET_OK)
+        *ev = e;
+out:
+    nng_ctx_close(ctx);
     nng_aio_free(aio);
     return st;
 }
@@ -675,7 +912,7 @@ void duet_ctl_puller_destroy(duet_ctl_puller_t **pp)
     duet_ctl_puller_t *p = pp ? *pp : NULL;
     if (!p)
         return;
-    nng_close(p->sock);
-    free(p);
     *pp = NULL;
+    if (close_bounded(p->sock, p->c.url) == 0)
+        free(p);
 }

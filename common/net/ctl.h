@@ -1,10 +1,16 @@
 /* Control plane over NNG (DESIGN §6, docs/PROTOCOL.md): typed duet.v1
- * envelopes on four kinds of socket.
+ * envelopes on four kinds of endpoint.
  *
  *   server  (rep, listens)  a worker's command socket: one request, one reply
  *   client  (req, dials)    the router's (or a tool's) side of a command socket
- *   pusher  (push, dials)   a worker's events to the router
- *   puller  (pull, listens) the router's event inbox, fed by every worker
+ *   pusher  (dials)         a worker's events to the router
+ *   puller  (listens)       the router's event inbox, fed by every worker
+ *
+ * Pusher and puller behave as a push/pull pair (a queue on the sending side,
+ * order kept per pusher, no answer to the caller) but run over req/rep:
+ * each event is acknowledged by the puller before the next is sent.  NNG
+ * 1.5.2's push protocol crashes the pushing process when a puller
+ * disconnects while a send completes (ctl.c says how); req/rep does not.
  *
  * Every operation that waits takes a deadline: absolute CLOCK_MONOTONIC
  * nanoseconds (common/time_util.h, duet_deadline_after_ms()).  A deadline
@@ -58,7 +64,7 @@ typedef struct {
     const char *url;                 /* required: where to listen (server, puller) or dial (client, pusher) */
     const char *sender_id;           /* server: header.sender_id of the Error replies it builds ("duet") */
     const duet_msg_limits_t *limits; /* NULL: duet_msg_limits_default(); copied */
-    uint32_t queue_len;              /* pusher: events queued while the puller is slow or away (1024) */
+    uint32_t queue_len;              /* pusher: events queued while the puller is slow or away (1024; at most 2^20) */
     uint32_t reconnect_max_ms;       /* client, pusher: longest wait between redial attempts (250) */
 } duet_ctl_opts_t;
 
@@ -130,8 +136,11 @@ duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *er
 
 /* ------------------------------------------------------------------ events */
 
-/* Dial the puller at o->url in the background; events sent before the
- * connection is up wait in the queue (o->queue_len). */
+/* Dial the puller at o->url in the background and start the pusher's
+ * sending thread; events sent before the connection is up wait in the queue
+ * (o->queue_len).  An event in flight when the connection breaks is lost
+ * (logged); the queued ones wait for the next connection.  Destroy drops
+ * what is still queued. */
 duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t **out, duet_err_t *err);
 /* Validate, encode and queue `ev`; wait until `deadline_ns` for room (not at
  * all when passed).  DUET_ERR_BUSY when the queue stayed full (the puller is
@@ -141,7 +150,9 @@ duet_status_t duet_ctl_pusher_send(duet_ctl_pusher_t *p, const duet_envelope_t *
                                    duet_err_t *err);
 void duet_ctl_pusher_destroy(duet_ctl_pusher_t **p);
 
-/* Listen on o->url for events from any number of pushers. */
+/* Listen on o->url for events from any number of pushers.  Each event
+ * received is answered at once: Ack, or Error with the decode status (the
+ * pusher logs it). */
 duet_status_t duet_ctl_puller_create(const duet_ctl_opts_t *o, duet_ctl_puller_t **out, duet_err_t *err);
 /* Wait until `deadline_ns` for the next event: DUET_OK with *ev,
  * DUET_ERR_TIMEOUT, DUET_ERR_PEER once closed, or the decode status of a

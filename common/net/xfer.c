@@ -1225,10 +1225,12 @@ static ucs_status_t am_data_cb(void *arg, const void *header, size_t header_leng
         }
     }
     if (!ok) {
+        /* a sender writing outside the request is broken: nothing is written
+         * and the request fails now rather than at its deadline */
         STAT_ADD(x, bad_messages, 1);
-        duet_log_rid(DUET_LOG_WARN, r->rid,
-                     "xfer %s: page data outside the request refused (pool %u layer %u unit %u+%u)",
-                     x->name, h.pool, h.layer, h.unit, h.count);
+        recv_end(x, r, DUET_ERR_PROTOCOL, -1,
+                 "page data outside the request refused (pool %u layer %u units %u+%u)", h.pool, h.layer,
+                 h.unit, h.count);
         return UCS_OK;
     }
     uint8_t *dst = (uint8_t *)pr->spec.base + ((uint64_t)h.layer * pr->spec.n_units + h.unit) * pb + h.offset;

@@ -23,7 +23,10 @@
  * without progress on its endpoint); an endpoint that misses it is closed
  * and fails with DUET_ERR_TIMEOUT.  Endpoint errors (peer killed, connection
  * reset, keepalive miss) fail every transfer on that endpoint with
- * DUET_ERR_PEER; other peers are not affected. */
+ * DUET_ERR_PEER; other peers are not affected.  A receiver probes the
+ * senders it waits on (every keepalive_ms without traffic; no answer within
+ * timeout_ms: TIMEOUT), so peer death is reported within
+ * keepalive_ms + timeout_ms on any transport. */
 #ifndef DUET_NET_XFER_H
 #define DUET_NET_XFER_H
 
@@ -187,8 +190,10 @@ duet_status_t duet_xfer_register_cache(duet_xfer_t *x, const duet_kv_cache_t *ca
 
 /* Expect a transfer into `pages` (n_pages, token order) and `slot` for
  * (rid, epoch) until `deadline_ns` (monotonic), and fill `desc` (fini it).
- * The pages must be USED by the caller until the RECV event.  INVALID for
- * ids out of range, BUSY for an (rid, epoch) already expected. */
+ * The record is visible to arriving messages before this returns.  The
+ * pages must stay the caller's until the RECV event.  INVALID for ids out of
+ * range; an (rid, epoch) already expected ends the new record at once with a
+ * RECV event of status BUSY. */
 duet_status_t duet_xfer_recv_expect(duet_xfer_t *x, const char *rid, uint64_t epoch,
                                     const uint32_t *pages, uint32_t n_pages, uint32_t slot,
                                     uint64_t deadline_ns, uint64_t user, duet_xfer_desc_t *desc,

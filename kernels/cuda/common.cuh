@@ -64,6 +64,7 @@ struct duet_cuda {
     cudaEvent_t args_done; /* the last copy out of args_host has finished after this */
     cudaEvent_t t0, t1;
     int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
+    int topk_smem_set;    /* topk's shared-memory limit raised */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
     duet_cuda_info_t info;

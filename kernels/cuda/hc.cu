@@ -1,13 +1,14 @@
 /* Hyper-connection mixing on the GPU (contract in hc.cuh).
  *
- * hc_pre / hc_head: two kernels.  The first splits each row's hc*dim stream
+ * hc_pre / hc_head: two kernels.  The first splits the rows' hc*dim streams
  * into slices (enough blocks to fill the GPU at decode batch sizes) and
- * writes per slice Σ x² and Σ x·fn[m] for every mix row m.  The second sums
+ * writes per slice and row Σ x² and Σ x·fn[m] for every mix row m, 4 rows a
+ * block so that each fn value read serves 4 rows.  The second sums
  * the slices in order (mixes = inv · Σ x·fn, where the CPU sums (x·inv)·fn),
  * runs the sigmoids and the Sinkhorn normalisation of comb (one warp, one
  * lane per entry, sums in the CPU's index order over shared memory), and
  * forms collapsed = Σ_k pre_k x_k.  fn (mix × hc*dim floats) is read once per
- * row, from L2 after the first.
+ * 4 rows, from L2 after the first.
  * hc_post: one thread per (row, column), the CPU's loops. */
 #include "common.cuh"
 
@@ -17,36 +18,54 @@
 
 __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 
-/* Partial sums over one slice of a row's hc*dim stream: part[0] = Σ x², part[1+m] = Σ x·fn[m].
- * grid (slices, rows). */
-__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int flat_dim, const float *fn,
+/* Partial sums over one slice of HC_RG rows' hc*dim streams: part[0] = Σ x², part[1+m] = Σ x·fn[m],
+ * per row.  grid (slices, row groups); a warp takes mix rows m and reads each fn value once for
+ * the group's rows. */
+#define HC_RG 4
+
+__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
                                                                 int mix, int slice, float *part)
 {
     __shared__ float red[33];
-    int s = blockIdx.x, S = gridDim.x, i = blockIdx.y;
-    const float *xi = x + (size_t)i * flat_dim;
+    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
     int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
-    float *out = part + ((size_t)i * S + s) * (1 + mix);
-    float ss = 0.0f;
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
-        ss = fmaf(xi[c], xi[c], ss);
-    ss = duet_block_sum(ss, red);
-    if (threadIdx.x == 0)
-        out[0] = ss;
+    const float *xr[HC_RG];
+#pragma unroll
+    for (int r = 0; r < HC_RG; r++)
+        xr[r] = x + (size_t)min(i0 + r, n - 1) * flat_dim;
+#pragma unroll
+    for (int r = 0; r < HC_RG; r++) {
+        float ss = 0.0f;
+        for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+            ss = fmaf(xr[r][c], xr[r][c], ss);
+        ss = duet_block_sum(ss, red);
+        if (threadIdx.x == 0 && i0 + r < n)
+            part[((size_t)(i0 + r) * S + s) * (1 + mix)] = ss;
+    }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int m = warp; m < mix; m += nw) {
         const float *f = fn + (size_t)m * flat_dim;
-        float acc = 0.0f;
+        float acc[HC_RG];
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++)
+            acc[r] = 0.0f;
         for (int c = c0 + lane * 4; c < c1; c += 128) {
-            float4 xv = *(const float4 *)(xi + c), fv = __ldg((const float4 *)(f + c));
-            acc = fmaf(xv.x, fv.x, acc);
-            acc = fmaf(xv.y, fv.y, acc);
-            acc = fmaf(xv.z, fv.z, acc);
-            acc = fmaf(xv.w, fv.w, acc);
+            float4 fv = __ldg((const float4 *)(f + c));
+#pragma unroll
+            for (int r = 0; r < HC_RG; r++) {
+                float4 xv = *(const float4 *)(xr[r] + c);
+                acc[r] = fmaf(xv.x, fv.x, acc[r]);
+                acc[r] = fmaf(xv.y, fv.y, acc[r]);
+                acc[r] = fmaf(xv.z, fv.z, acc[r]);
+                acc[r] = fmaf(xv.w, fv.w, acc[r]);
+            }
         }
-        acc = duet_warp_sum(acc);
-        if (lane == 0)
-            out[1 + m] = acc;
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++) {
+            float v = duet_warp_sum(acc[r]);
+            if (lane == 0 && i0 + r < n)
+                part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
+        }
     }
 }
 
@@ -55,9 +74,15 @@ __device__ float hc_gather(const float *part, int S, int mix, int flat_dim, floa
 {
     const float *p = part + (size_t)blockIdx.x * S * (1 + mix);
     for (int v = threadIdx.x; v < 1 + mix; v += blockDim.x) {
+        float t[HC_MAX_SPLIT]; /* all loads in flight, then the sum in slice order */
+#pragma unroll
+        for (int s = 0; s < HC_MAX_SPLIT; s++)
+            t[s] = s < S ? p[(size_t)s * (1 + mix) + v] : 0.0f;
         float a = 0.0f;
-        for (int s = 0; s < S; s++)
-            a += p[(size_t)s * (1 + mix) + v];
+#pragma unroll
+        for (int s = 0; s < HC_MAX_SPLIT; s++)
+            if (s < S)
+                a += t[s];
         vals[v] = a;
     }
     __syncthreads();
@@ -223,7 +248,8 @@ __global__ void __launch_bounds__(HC_THREADS) hc_head_finish_kernel(const float 
 /* Slices per row so that the partial kernel fills the GPU; each a multiple of 4 floats. */
 static void hc_split(const duet_cuda_t *c, int n, int flat_dim, int *S, int *slice)
 {
-    int s = (2 * c->info.sm_count + n - 1) / n;
+    int groups = (n + HC_RG - 1) / HC_RG;
+    int s = (2 * c->info.sm_count + groups - 1) / groups;
     s = s < 1 ? 1 : s > HC_MAX_SPLIT ? HC_MAX_SPLIT : s;
     int sl = (flat_dim + s - 1) / s;
     sl = (sl + 127) / 128 * 128;
@@ -290,7 +316,8 @@ extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n,
     hc_split(c, n, flat_dim, &S, &slice);
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
-    hc_partial_kernel<<<dim3(S, n), HC_THREADS, 0, c->stream>>>(x, flat_dim, fn, mix, slice, (float *)scr);
+    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
+                                                                                   (float *)scr);
     DUET_CUDA_CHECK_LAUNCH(c);
     hc_pre_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale,
                                                           sinkhorn_iters, hc_eps, norm_eps, post, comb, collapsed);
@@ -326,7 +353,8 @@ extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n
     hc_split(c, n, flat_dim, &S, &slice);
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + hc), &scr));
-    hc_partial_kernel<<<dim3(S, n), HC_THREADS, 0, c->stream>>>(x, flat_dim, fn, hc, slice, (float *)scr);
+    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, hc, slice,
+                                                                                   (float *)scr);
     DUET_CUDA_CHECK_LAUNCH(c);
     hc_head_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale, hc_eps,
                                                            norm_eps, y);

@@ -192,6 +192,217 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
     }
 }
 
+/* ---- decode kernel on the tensor cores ----
+ *
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulate) with x split exactly enough:
+ * x = hi + mid + lo, each part bf16 (residual below 2^-24 |x|), and the weight
+ * values exact in bf16 (bf16 as stored; e4m3 codes; e2m1 times its power-of-two
+ * scale), so the products carry fp32 accuracy.  Rows = M (16 a tile, 2 tiles a
+ * warp), tokens = N (8 a tile, up to 4 tiles), columns = K.  The order of the
+ * columns inside a 64-column step is free (a dot product), so each lane loads 16
+ * contiguous columns of its rows with 16-byte loads and the same columns of x:
+ * in k-step m the lane's k-slots {2t, 2t+1, 2t+8, 2t+9} are its columns
+ * 16t + 4m + {0..3}.  fp8 block scales multiply each 128-column partial; a
+ * block's warps split the columns and are summed in order at the end. */
+#define TC_ROWS 32
+#define TC_MAX_NT 4
+
+__device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* 16 columns of one row -> 8 bf16 pairs (column order), exact. */
+template <int WT>
+__device__ __forceinline__ void tc_row(const uint8_t *rowp, int col, float s4, uint32_t *w)
+{
+    if constexpr (WT == WT_BF16) {
+        uint4 a = ld_stream(rowp + (size_t)col * 2), b = ld_stream(rowp + (size_t)col * 2 + 16);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if constexpr (WT == WT_F8) {
+        uint4 a = ld_stream(rowp + col);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t u = u4_word(a, i);
+            __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+            __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+            float2 fa = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+            float2 fb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+            w[2 * i] = pack_bf16(fa.x, fa.y);
+            w[2 * i + 1] = pack_bf16(fb.x, fb.y);
+        }
+    } else { /* WT_F4: 8 bytes, low nibble first; s4 is the group's power-of-two scale */
+        uint2 a;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(a.x), "=r"(a.y) : "l"(rowp + col / 2));
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t byte = ((i < 4 ? a.x : a.y) >> (8 * (i & 3))) & 0xffu;
+            w[i] = pack_bf16(duet_d_e2m1_to_f32(byte & 0xf) * s4, duet_d_e2m1_to_f32(byte >> 4) * s4);
+        }
+    }
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_kernel(gemv_args a)
+{
+    __shared__ float red[GEMV_MAX_SPLIT][2 * NT * 4][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ksplit = blockDim.x >> 5;
+    int g = lane >> 2, tq = lane & 3;
+    int r0 = a.row_begin + blockIdx.x * TC_ROWS;
+    int t0 = blockIdx.y * (8 * NT);
+    const uint8_t *rp[2][2];
+    int rrow[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            rrow[mt][h] = min(r0 + 16 * mt + g + 8 * h, a.row_end - 1);
+            rp[mt][h] = a.w + (size_t)rrow[mt][h] * a.row_bytes;
+        }
+    const float *xp[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        xp[nt] = a.x + (size_t)min(t0 + 8 * nt + g, a.n - 1) * a.cols;
+
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mt][nt][i] = 0.0f;
+
+    int units = a.cols / 128;
+    for (int u = warp; u < units; u += ksplit) {
+        float part[2][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    part[mt][nt][i] = 0.0f;
+#pragma unroll
+        for (int st = 0; st < 2; st++) {
+            int col = u * 128 + st * 64 + 16 * tq;
+            uint32_t w[2][2][8];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float s4 = 1.0f;
+                    if constexpr (WT == WT_F4)
+                        s4 = scale_load(a.scale, a.scale_f32, (size_t)rrow[mt][h] * a.scale_cols + col / 32);
+                    tc_row<WT>(rp[mt][h], col, s4, w[mt][h]);
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float xv[16];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float4 f = __ldg((const float4 *)(xp[nt] + col) + q);
+                    xv[4 * q] = f.x;
+                    xv[4 * q + 1] = f.y;
+                    xv[4 * q + 2] = f.z;
+                    xv[4 * q + 3] = f.w;
+                }
+                uint32_t b[3][8]; /* hi, mid, lo parts as bf16 pairs */
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float x0 = xv[2 * i], x1 = xv[2 * i + 1];
+                    float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+                    float r0v = x0 - h0, r1v = x1 - h1;
+                    float m0 = __bfloat162float(__float2bfloat16_rn(r0v)), m1 = __bfloat162float(__float2bfloat16_rn(r1v));
+                    b[0][i] = pack_bf16(h0, h1);
+                    b[1][i] = pack_bf16(m0, m1);
+                    b[2][i] = pack_bf16(r0v - m0, r1v - m1);
+                }
+#pragma unroll
+                for (int m = 0; m < 4; m++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int sp = 0; sp < 3; sp++)
+                            mma_bf16(part[mt][nt], w[mt][0][2 * m], w[mt][1][2 * m], w[mt][0][2 * m + 1],
+                                     w[mt][1][2 * m + 1], b[sp][2 * m], b[sp][2 * m + 1]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            float s = 1.0f;
+            if constexpr (WT == WT_F8)
+                s = scale_load(a.scale, a.scale_f32, (size_t)(rrow[mt][0] / 128) * a.scale_cols + u);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[mt][nt][i] = fmaf(part[mt][nt][i], s, acc[mt][nt][i]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                red[warp][(mt * NT + nt) * 4 + i][lane] = acc[mt][nt][i];
+    __syncthreads();
+    int m_out = a.row_end - a.row_begin;
+    for (int idx = threadIdx.x; idx < 2 * NT * 4 * 32; idx += blockDim.x) {
+        int e = idx / 32, ln = idx % 32;
+        int i = e % 4, nt = (e / 4) % NT, mt = e / (4 * NT);
+        float v = 0.0f;
+        for (int wi = 0; wi < ksplit; wi++)
+            v += red[wi][e][ln];
+        int row = r0 + 16 * mt + (ln >> 2) + 8 * (i >> 1);
+        int tok = t0 + 8 * nt + 2 * (ln & 3) + (i & 1);
+        if (row < a.row_end && tok < a.n)
+            a.y[(size_t)tok * m_out + (row - a.row_begin)] = v;
+    }
+}
+
+/* Shapes the tensor-core kernel takes: bf16/fp8/fp4 weights, columns a multiple of 128, rows
+ * starting on a 16-row boundary (an fp8 scale block per row tile), 16-byte aligned rows and x. */
+static int tc_eligible(const gemv_args &a, int wt)
+{
+    if (wt == WT_F32 || a.cols % 128 || a.row_begin % 16)
+        return 0;
+    if (wt == WT_F4 && a.scale_f32) /* the fp4 scale is folded into bf16 weights: exact only for powers of two */
+        return 0;
+    return ((uintptr_t)a.w % 16) == 0 && ((uintptr_t)a.x % 16) == 0 && a.row_bytes % 16 == 0;
+}
+
+template <int WT>
+static void gemv_tc_launch(const gemv_args &a, cudaStream_t s)
+{
+    int rows = a.row_end - a.row_begin, units = a.cols / 128;
+    int ksplit = units / 2;
+    ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
+    int nt = (a.n >= 8 * TC_MAX_NT) ? TC_MAX_NT : (a.n + 7) / 8;
+    dim3 grid(duet_cdiv(rows, TC_ROWS), duet_cdiv(a.n, 8 * nt));
+    int threads = ksplit * 32;
+    if (nt == 1)
+        gemv_tc_kernel<WT, 1><<<grid, threads, 0, s>>>(a);
+    else if (nt == 2)
+        gemv_tc_kernel<WT, 2><<<grid, threads, 0, s>>>(a);
+    else if (nt == 3)
+        gemv_tc_kernel<WT, 3><<<grid, threads, 0, s>>>(a);
+    else
+        gemv_tc_kernel<WT, 4><<<grid, threads, 0, s>>>(a);
+}
+
 /* Any shape and alignment: one thread per (token, row), scalar decode. */
 __global__ void gemv_simple_kernel(gemv_args a, int wt)
 {
@@ -289,6 +500,23 @@ static void gemv_launch(const gemv_args &a, cudaStream_t s)
         gemv_kernel<WT, 8><<<grid, threads, 0, s>>>(a);
 }
 
+static void gemv_args_of(const duet_weight_t *w, int row_begin, int row_end, const float *x, int n, float *y,
+                         gemv_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->w = (const uint8_t *)w->data;
+    a->scale = w->scale;
+    a->scale_f32 = w->scale_dtype == DUET_DT_F32;
+    a->scale_cols = w->scale_cols;
+    a->row_bytes = row_bytes_of(w);
+    a->row_begin = row_begin;
+    a->row_end = row_end;
+    a->cols = w->cols;
+    a->x = x;
+    a->n = n;
+    a->y = y;
+}
+
 extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                                const float *x, int n, float *y)
 {
@@ -296,17 +524,7 @@ extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight
     if (n == 0 || row_end == row_begin)
         return DUET_OK;
     gemv_args a;
-    a.w = (const uint8_t *)w->data;
-    a.scale = w->scale;
-    a.scale_f32 = w->scale_dtype == DUET_DT_F32;
-    a.scale_cols = w->scale_cols;
-    a.row_bytes = row_bytes_of(w);
-    a.row_begin = row_begin;
-    a.row_end = row_end;
-    a.cols = w->cols;
-    a.x = x;
-    a.n = n;
-    a.y = y;
+    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
     int wt = weight_kind(w);
     int aligned = a.row_bytes % 16 == 0 && ((uintptr_t)a.w % 16) == 0 && ((uintptr_t)x % 16) == 0 && a.cols % 4 == 0;
     if (!aligned) {
@@ -321,6 +539,30 @@ extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight
     } else {
         gemv_launch<WT_F32>(a, c->stream);
     }
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
+                                                  int row_end, const float *x, int n, float *y)
+{
+    DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    if (n == 0 || row_end == row_begin)
+        return DUET_OK;
+    gemv_args a;
+    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
+    int wt = weight_kind(w);
+    if (!tc_eligible(a, wt))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "matmul_gemv_tc: %s weight, %d columns, row_begin %d (needs bf16/fp8/fp4, columns "
+                               "a multiple of 128, row_begin a multiple of 16, aligned buffers)",
+                               duet_dtype_name(w->dtype), w->cols, row_begin);
+    if (wt == WT_BF16)
+        gemv_tc_launch<WT_BF16>(a, c->stream);
+    else if (wt == WT_F8)
+        gemv_tc_launch<WT_F8>(a, c->stream);
+    else
+        gemv_tc_launch<WT_F4>(a, c->stream);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -502,15 +744,7 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
     const void *wa = (const uint16_t *)w->data + (size_t)row_begin * k;
     if (wt != WT_BF16) {
         gemv_args a;
-        memset(&a, 0, sizeof a);
-        a.w = (const uint8_t *)w->data;
-        a.scale = w->scale;
-        a.scale_f32 = w->scale_dtype == DUET_DT_F32;
-        a.scale_cols = w->scale_cols;
-        a.row_bytes = row_bytes_of(w);
-        a.row_begin = row_begin;
-        a.row_end = row_end;
-        a.cols = k;
+        gemv_args_of(w, row_begin, row_end, x, n, y, &a);
         __nv_bfloat16 *wb = (__nv_bfloat16 *)((uint8_t *)scr + xb_bytes);
         dequant_bf16_kernel<<<grid_for((size_t)m * k / 8, 256), 256, 0, c->stream>>>(a, wt, wb);
         DUET_CUDA_CHECK_LAUNCH(c);
@@ -527,7 +761,12 @@ extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w
         duet_status_t st = duet_cuda_matmul_lt(c, w, row_begin, row_end, x, n, y);
         if (st != DUET_ERR_UNSUPPORTED)
             return st;
-        /* no cuBLASLt algorithm for this shape: the decode kernel is correct at any n */
+        /* no cuBLASLt algorithm for this shape: the decode kernels are correct at any n */
+    }
+    if (n >= (w->dtype == DUET_DT_F4_E2M1X2 ? DUET_CUDA_TC_MIN_N_FP4 : DUET_CUDA_TC_MIN_N)) {
+        duet_status_t st = duet_cuda_matmul_gemv_tc(c, w, row_begin, row_end, x, n, y);
+        if (st != DUET_ERR_UNSUPPORTED)
+            return st;
     }
     return duet_cuda_matmul_gemv(c, w, row_begin, row_end, x, n, y);
 }

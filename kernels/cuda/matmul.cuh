@@ -2,11 +2,16 @@
  *
  * y(n, row_end-row_begin) = x(n, w->cols) · W[row_begin:row_end]ᵀ, x and y
  * fp32, W in its stored dtype (w->data / w->scale are device pointers; the
- * other fields as in kernels.h).  Two kernels, chosen by n:
- *   n <= DUET_CUDA_GEMV_MAX_N  the decode kernel: fp32 activations, each weight
+ * other fields as in kernels.h).  Kernels, chosen by n:
+ *   n <= DUET_CUDA_GEMV_MAX_N  the decode kernels: fp32 activations, weights
  *        decoded in registers (bf16, e4m3 × its 128×128 block scale, e2m1 × its
- *        1×32 group scale, f32) and accumulated in fp32.  Differs from the CPU
- *        only in summation order (normalized error ~1e-7; checked at 1e-5).
+ *        1×32 group scale, f32), fp32 accumulation.  From DUET_CUDA_TC_MIN_N
+ *        (fp4: DUET_CUDA_TC_MIN_N_FP4)
+ *        tokens on, on the tensor cores with x split into three bf16 parts
+ *        (hi + mid + lo, residual < 2^-24 |x|) against exact bf16 weights;
+ *        below, or where that kernel does not apply, on the fp32 units.  Both
+ *        differ from the CPU only in summation order (normalized error ~1e-7;
+ *        checked at 1e-5).
  *   n >  DUET_CUDA_GEMV_MAX_N  cuBLASLt with bf16 operands and fp32
  *        accumulation: x is rounded to bf16; fp8 and fp4 weights are first
  *        expanded to bf16 (exact for ue8m0 scales) in a scratch buffer.
@@ -20,6 +25,8 @@
 #include "duet_cuda.h"
 
 #define DUET_CUDA_GEMV_MAX_N 32
+#define DUET_CUDA_TC_MIN_N 4     /* bf16 and fp8 weights */
+#define DUET_CUDA_TC_MIN_N_FP4 16 /* fp4: decoding e2m1 to bf16 costs more than the fp32 units lose */
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,12 +35,16 @@ extern "C" {
 duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
                                int n, float *y);
 
-/* Force one kernel (checks and benchmarks): the decode kernel at any n, or
+/* Force one kernel (checks and benchmarks): the fp32-unit decode kernel at any n, or
  * cuBLASLt at any n (DUET_ERR_UNSUPPORTED when cuBLASLt has no algorithm). */
 duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                     const float *x, int n, float *y);
 duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                   const float *x, int n, float *y);
+/* The tensor-core decode kernel at any n (DUET_ERR_UNSUPPORTED for f32 weights, columns not a
+ * multiple of 128, row_begin not a multiple of 16, unaligned buffers). */
+duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                       const float *x, int n, float *y);
 
 /* fp8 weights on the fp8 tensor cores (prefill): each row of x is quantized
  * to e4m3 per 128 columns with an fp32 scale amax/448 (as the model's own

@@ -6,12 +6,12 @@
  * elements equal to T belong in the result (r); a last pass walks the row in
  * index order and keeps every key > T and the first r keys == T, writing
  * indices in ascending order: the CPU's set (value desc, then index asc),
- * in the CPU's output order.  Rows up to 12288 values are keyed once into
- * shared memory, so the five passes read global memory once. */
+ * in the CPU's output order.  Rows up to min(max_n, 32768) values are keyed
+ * once into shared memory, so the five passes read global memory once. */
 #include "common.cuh"
 
 #define TOPK_THREADS 1024
-#define TOPK_SMEM_KEYS 12288 /* rows up to this length are keyed once into shared memory (48 KB) */
+#define TOPK_SMEM_KEYS 32768 /* rows up to this length are keyed once into shared memory (128 KB) */
 
 __device__ __forceinline__ uint32_t topk_key(float f)
 {
@@ -51,9 +51,9 @@ __device__ __forceinline__ void block_scan01(int flag, uint32_t *excl, uint32_t 
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, const int32_t *off, const int32_t *nn,
-                                                            int k, int32_t *idx)
+                                                            int k, int cap, int32_t *idx)
 {
-    extern __shared__ uint32_t ks[]; /* [TOPK_SMEM_KEYS] */
+    extern __shared__ uint32_t ks[]; /* [cap] */
     __shared__ uint32_t hist[256];
     __shared__ uint32_t wsum[33];
     __shared__ uint32_t s_prefix, s_remaining;
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
     }
 
     /* keys in shared memory when the row fits: one pass over global memory, with many loads in flight */
-    bool staged = n <= TOPK_SMEM_KEYS;
+    bool staged = n <= cap;
     if (staged) {
         for (int i = tid; i < n; i += bd)
             ks[i] = topk_key(x[i]);
@@ -155,11 +155,18 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
 }
 
 extern "C" duet_status_t duet_cuda_topk(duet_cuda_t *c, const float *v, const int32_t *off, const int32_t *n,
-                                        int n_rows, int k, int32_t *idx)
+                                        int n_rows, int max_n, int k, int32_t *idx)
 {
     if (n_rows <= 0 || k <= 0)
         return DUET_OK;
-    topk_kernel<<<n_rows, TOPK_THREADS, TOPK_SMEM_KEYS * sizeof(uint32_t), c->stream>>>(v, off, n, k, idx);
+    int cap = max_n < TOPK_SMEM_KEYS ? (max_n > 0 ? max_n : 1) : TOPK_SMEM_KEYS;
+    size_t smem = (size_t)cap * sizeof(uint32_t);
+    if (!c->topk_smem_set) { /* static + dynamic shared memory may pass the default 48 KB */
+        DUET_CUDA_CHECK(c, cudaFuncSetAttribute(topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                TOPK_SMEM_KEYS * (int)sizeof(uint32_t)));
+        c->topk_smem_set = 1;
+    }
+    topk_kernel<<<n_rows, TOPK_THREADS, smem, c->stream>>>(v, off, n, k, cap, idx);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -14,8 +14,9 @@
 extern "C" {
 #endif
 
+/* max_n: an upper bound of n[] (host hint: rows up to min(max_n, 32768) values are staged in shared memory). */
 duet_status_t duet_cuda_topk(duet_cuda_t *c, const float *v, const int32_t *off, const int32_t *n, int n_rows,
-                             int k, int32_t *idx);
+                             int max_n, int k, int32_t *idx);
 
 #ifdef __cplusplus
 }

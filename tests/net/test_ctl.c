@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,7 +22,7 @@
 #include <unistd.h>
 
 #include <nng/nng.h>
-#include <nng/protocol/pipeline0/push.h>
+#include <nng/protocol/reqrep0/req.h>
 
 #include "ctl.h"
 #include "log.h"
@@ -143,6 +144,8 @@ static void test_bad_options(void **state)
     assert_int_equal(duet_ctl_server_create(&bad, NULL, NULL, &s, &err), DUET_ERR_INVALID);
     assert_int_not_equal(duet_ctl_server_create(&bad, worker_handler, NULL, &s, &err), DUET_OK);
     assert_int_not_equal(duet_ctl_client_create(&bad, &c, &err), DUET_OK);
+    duet_ctl_opts_t bad_id = {.url = "ipc:///tmp/x", .sender_id = "bad id"};
+    assert_int_equal(duet_ctl_client_create(&bad_id, &c, &err), DUET_ERR_INVALID);
     assert_null(s);
     assert_null(c);
 
@@ -584,9 +587,15 @@ static void test_push_pull(void **state)
     assert_int_equal(duet_ctl_puller_recv(q, duet_deadline_after_ms(100), &e, &err), DUET_ERR_TIMEOUT);
     assert_true(elapsed_ms(t0) <= 100 + SLACK_MS);
     assert_int_equal(duet_ctl_puller_recv(q, 0, &e, &err), DUET_ERR_TIMEOUT);
+    /* the descriptor wakes a poll(2) loop when an event waits */
     int fd = -1;
     assert_int_equal(duet_ctl_puller_fd(q, &fd), DUET_OK);
     assert_true(fd >= 0);
+    struct pollfd pfd = {fd, POLLIN, 0};
+    assert_int_equal(poll(&pfd, 1, 0), 0);
+    push_chunk(p, 5000, duet_deadline_after_ms(100), DUET_OK);
+    assert_int_equal(poll(&pfd, 1, 2000), 1);
+    pull_chunk(q, 5000);
 
     /* an invalid event is refused by the pusher before it is sent */
     duet_msg_origin_t o = {"decode-0", NULL, 0};
@@ -598,33 +607,69 @@ static void test_push_pull(void **state)
     duet_ctl_puller_destroy(&q);
 }
 
-/* A pusher whose puller is away fills its queue: BUSY, at once or at the deadline. */
+/* A pusher whose puller is away fills its queue: BUSY, at once or at the
+ * deadline.  (One more event waits outside the queue for a connection.) */
 static void test_push_busy(void **state)
 {
     (void)state;
     char url[128];
     url_for(url, sizeof url, "busy");
     duet_ctl_pusher_t *p = new_pusher(url, 4);
-    for (uint32_t i = 0; i < 4; i++)
-        push_chunk(p, i, 0, DUET_OK);
+    duet_msg_origin_t o = {"decode-0", SAMPLE_RID, SAMPLE_EPOCH};
+    uint32_t accepted = 1;
+    duet_status_t st = DUET_OK;
+    push_chunk(p, 0, 0, DUET_OK);
+    usleep(50 * 1000); /* the sending thread takes it out of the queue and waits for a puller */
+    while (accepted < 10) {
+        int32_t tok = (int32_t)accepted * 3;
+        duet_envelope_t *e = NULL;
+        duet_err_t err = {0};
+        assert_int_equal(duet_msg_new_token_chunk(&o, accepted, &tok, 1, &e), DUET_OK);
+        st = duet_ctl_pusher_send(p, e, 0, &err);
+        duet_envelope_free(&e);
+        if (st != DUET_OK)
+            break;
+        accepted++;
+    }
+    assert_int_equal(st, DUET_ERR_BUSY);
+    assert_int_equal(accepted, 5); /* 4 queued, 1 waiting to be sent */
     uint64_t t0 = duet_time_ns();
-    push_chunk(p, 4, 0, DUET_ERR_BUSY);
+    push_chunk(p, accepted, 0, DUET_ERR_BUSY);
     assert_true(elapsed_ms(t0) < 20);
     t0 = duet_time_ns();
-    push_chunk(p, 4, duet_deadline_after_ms(100), DUET_ERR_BUSY);
+    push_chunk(p, accepted, duet_deadline_after_ms(100), DUET_ERR_BUSY);
     assert_true(elapsed_ms(t0) >= 90 && elapsed_ms(t0) <= 100 + SLACK_MS);
 
     /* the puller arrives: the queue drains in order and there is room again */
     duet_ctl_puller_t *q = new_puller(url);
-    for (uint32_t i = 0; i < 4; i++)
+    for (uint32_t i = 0; i < accepted; i++)
         pull_chunk(q, i);
-    push_chunk(p, 4, duet_deadline_after_ms(1000), DUET_OK);
-    pull_chunk(q, 4);
+    push_chunk(p, accepted, duet_deadline_after_ms(1000), DUET_OK);
+    pull_chunk(q, accepted);
     duet_ctl_pusher_destroy(&p);
     duet_ctl_puller_destroy(&q);
 }
 
-/* Garbage arriving at a puller: a typed error for that event, then the next one. */
+/* Garbage arriving at a puller: a typed error for that event (and an Error
+ * answer to its sender), then the next event. */
+static void raw_send(nng_socket raw, const void *buf, size_t len)
+{
+    assert_int_equal(nng_send(raw, (void *)buf, len, 0), 0);
+}
+
+static void raw_expect_answer(nng_socket raw, duet_status_t want)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    duet_envelope_t *e = NULL;
+    duet_err_t err = {0};
+    assert_int_equal(nng_recv(raw, &buf, &len, NNG_FLAG_ALLOC), 0);
+    assert_int_equal(duet_msg_decode(buf, len, NULL, &e, &err), DUET_OK);
+    nng_free(buf, len);
+    assert_int_equal(duet_ctl_reply_status(e, &err), want);
+    duet_envelope_free(&e);
+}
+
 static void test_puller_garbage(void **state)
 {
     (void)state;
@@ -632,31 +677,138 @@ static void test_puller_garbage(void **state)
     url_for(url, sizeof url, "garbage");
     duet_ctl_puller_t *q = new_puller(url);
     nng_socket raw;
-    assert_int_equal(nng_push0_open(&raw), 0);
+    assert_int_equal(nng_req0_open(&raw), 0);
+    assert_int_equal(nng_socket_set_ms(raw, NNG_OPT_RECVTIMEO, 3000), 0);
     assert_int_equal(nng_dial(raw, url, NULL, 0), 0);
+    duet_envelope_t *e = NULL;
+    duet_err_t err = {0};
+
     uint8_t junk[32];
     memset(junk, 0xff, sizeof junk);
-    assert_int_equal(nng_send(raw, junk, sizeof junk, 0), 0);
+    raw_send(raw, junk, sizeof junk);
+    assert_int_equal(duet_ctl_puller_recv(q, duet_deadline_after_ms(2000), &e, &err), DUET_ERR_PARSE);
+    assert_null(e);
+    raw_expect_answer(raw, DUET_ERR_PARSE);
+
     size_t len;
-    duet_envelope_t *e = sample_msg(DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK);
+    e = sample_msg(DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK);
     e->header->version = 3;
     uint8_t *buf = sample_pack_raw(e, &len);
-    assert_int_equal(nng_send(raw, buf, len, 0), 0);
-    free(buf);
-    e->header->version = DUET_PROTOCOL_VERSION;
-    buf = sample_pack_raw(e, &len);
-    assert_int_equal(nng_send(raw, buf, len, 0), 0);
-    free(buf);
     duet_envelope_free(&e);
-
-    duet_err_t err = {0};
-    assert_int_equal(duet_ctl_puller_recv(q, duet_deadline_after_ms(2000), &e, &err), DUET_ERR_PARSE);
+    raw_send(raw, buf, len);
+    free(buf);
     assert_int_equal(duet_ctl_puller_recv(q, duet_deadline_after_ms(2000), &e, &err), DUET_ERR_VERSION);
+    raw_expect_answer(raw, DUET_ERR_VERSION);
+
+    e = sample_msg(DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK);
+    buf = sample_pack_raw(e, &len);
+    duet_envelope_free(&e);
+    raw_send(raw, buf, len);
+    free(buf);
     assert_int_equal(duet_ctl_puller_recv(q, duet_deadline_after_ms(2000), &e, &err), DUET_OK);
     assert_int_equal(e->body_case, DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK);
     duet_envelope_free(&e);
+    raw_expect_answer(raw, DUET_OK);
     nng_close(raw);
     duet_ctl_puller_destroy(&q);
+}
+
+/* Pullers come and go while a pusher sends without pause: each puller is a
+ * child process that takes 20 events, checks their order and is killed
+ * with SIGKILL.  The pushing process keeps running (NNG 1.5.2's push socket
+ * crashed here when its puller went away), and its sends only ever answer
+ * OK or BUSY. */
+typedef struct {
+    duet_ctl_pusher_t *p;
+    int stop;
+    int bad; /* statuses other than OK/BUSY */
+    uint32_t sent;
+} churn_t;
+
+static void *churn_pusher(void *arg)
+{
+    churn_t *c = arg;
+    duet_msg_origin_t o = {"decode-0", SAMPLE_RID, SAMPLE_EPOCH};
+    while (!__atomic_load_n(&c->stop, __ATOMIC_SEQ_CST)) {
+        int32_t tok = 1;
+        duet_envelope_t *e = NULL;
+        duet_err_t err = {0};
+        if (duet_msg_new_token_chunk(&o, c->sent, &tok, 1, &e) != DUET_OK) {
+            c->bad++;
+            break;
+        }
+        duet_status_t st = duet_ctl_pusher_send(c->p, e, duet_deadline_after_ms(2), &err);
+        duet_envelope_free(&e);
+        if (st == DUET_OK)
+            c->sent++;
+        else if (st != DUET_ERR_BUSY)
+            c->bad++;
+    }
+    return NULL;
+}
+
+static void test_puller_churn(void **state)
+{
+    (void)state;
+    char url[128];
+    url_for(url, sizeof url, "churn");
+    churn_t c = {new_pusher(url, 64), 0, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, churn_pusher, &c), 0);
+    for (int round = 0; round < 10; round++) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            dup2(fds[1], 1);
+            execl(g_self, "test_ctl", "--pull", url, (char *)NULL);
+            _exit(127);
+        }
+        close(fds[1]);
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        char verdict = 0;
+        if (poll(&pfd, 1, 10000) != 1 || read(fds[0], &verdict, 1) != 1)
+            verdict = '?';
+        close(fds[0]);
+        kill_child(pid);
+        if (verdict != 'k')
+            fail_msg("round %d: the puller child answered '%c' (k: 20 events in order)", round, verdict);
+    }
+    __atomic_store_n(&c.stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    assert_int_equal(c.bad, 0);
+    assert_true(c.sent >= 200);
+    duet_ctl_pusher_destroy(&c.p);
+}
+
+/* `test_ctl --pull URL`: take 20 events, say 'k' if they came in order
+ * ('o' if not, 't' on a timeout), then wait to be killed. */
+static int pull_until_killed(const char *url)
+{
+    duet_ctl_opts_t o = {.url = url};
+    duet_ctl_puller_t *q = NULL;
+    duet_err_t err = {0};
+    char verdict = 'k';
+    if (duet_ctl_puller_create(&o, &q, &err) != DUET_OK)
+        verdict = 'c';
+    for (int k = 0, have = 0, last = 0; verdict == 'k' && k < 20; k++) {
+        duet_envelope_t *e = NULL;
+        if (duet_ctl_puller_recv(q, duet_deadline_after_ms(5000), &e, &err) != DUET_OK) {
+            verdict = 't';
+            break;
+        }
+        int idx = (int)e->token_chunk->first_index;
+        if (have && idx <= last)
+            verdict = 'o';
+        last = idx;
+        have = 1;
+        duet_envelope_free(&e);
+    }
+    if (write(1, &verdict, 1) != 1)
+        return 1;
+    for (;;)
+        pause();
 }
 
 /* `test_ctl --serve URL`: a server for the kill tests, until killed. */
@@ -675,6 +827,8 @@ static int serve_forever(const char *url)
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--pull") == 0)
+        return pull_until_killed(argv[2]);
     if (argc >= 3 && strcmp(argv[1], "--serve") == 0) {
         g_slow = argc == 4 && strcmp(argv[3], "slow") == 0;
         return serve_forever(argv[2]);
@@ -704,6 +858,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_push_pull),
         cmocka_unit_test(test_push_busy),
         cmocka_unit_test(test_puller_garbage),
+        cmocka_unit_test(test_puller_churn),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

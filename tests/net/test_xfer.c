@@ -31,7 +31,7 @@
 
 #define TIMEOUT_MS 2000          /* engine timeout_ms in these tests */
 #define KEEPALIVE_MS 500
-#define DETECT_BOUND_MS 3000     /* a peer's death must be reported within this */
+#define DETECT_BOUND_MS 4000     /* keepalive + timeout + 1.5 s of slack for a loaded machine */
 #define CASE_LIMIT_S 40          /* a case still running after this is killed and failed */
 #define N_PAGES 96
 #define N_SLOTS 4
@@ -467,6 +467,42 @@ static void case_roundtrip_bf16(void) { roundtrip(DUET_CACHE_BF16, DUET_CACHE_BF
 static void case_roundtrip_fp8_kv_bf16_index(void) { roundtrip(DUET_CACHE_FP8, DUET_CACHE_BF16, 0); }
 static void case_checksum_catches_missing_layer(void) { roundtrip(DUET_CACHE_FP8, DUET_CACHE_FP8, 1); }
 
+/* A descriptor tampered to name pages outside the request: on the AM write
+ * path the receiver refuses the data (PROTOCOL) and writes nothing. */
+static void case_foreign_pages_refused(void)
+{
+    recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_FP8, .seed = 71, .n_pages = 40,
+                      .deadline_ms = 15000, .verify = 1};
+    int fd;
+    pid_t r = spawn(receiver_main, &ra, &fd);
+    sender_t s;
+    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 72, "sender");
+    duet_xfer_desc_t d;
+    read_desc(fd, &d);
+    uint8_t used[N_PAGES] = {0};
+    for (uint32_t i = 0; i < d.n_pages; i++)
+        used[d.page_ids[i]] = 1;
+    for (uint32_t i = 0, u = 0; i < d.n_pages; u++)
+        if (!used[u])
+            d.page_ids[i++] = u;
+    sender_info_t si;
+    uint64_t tid = begin(&s, fd, &d, &si, 1);
+    put_layerwise(&s, tid, 0);
+    CHECK(duet_xfer_send_finish(s.x, tid, 5) == DUET_OK, "finish");
+    duet_xfer_event_t ev;
+    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
+    uint32_t n;
+    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    REQUIRE(res && n == sizeof *res, "no result from the receiver");
+    CHECK(res->status == DUET_ERR_PROTOCOL, "receiver: %s %s", duet_status_code(res->status), res->msg);
+    CHECK(res->bytes_ok, "receiver memory changed: %" PRIu64 " units", res->mismatches);
+    free(res);
+    duet_xfer_desc_fini(&d);
+    CHECK(reap(r, 10000) == 0, "receiver exit");
+    close(fd);
+    sender_fini(&s);
+}
+
 /* The receiver uses bf16 index-K, the sender fp8: refused before any byte moves. */
 static void case_layout_mismatch(void)
 {
@@ -762,6 +798,7 @@ static const case_t cases[] = {
     {"roundtrip_fp8_kv_bf16_index", case_roundtrip_fp8_kv_bf16_index},
     {"checksum_catches_missing_layer", case_checksum_catches_missing_layer},
     {"layout_mismatch", case_layout_mismatch},
+    {"foreign_pages_refused", case_foreign_pages_refused},
     {"abort_ack", case_abort_ack},
     {"kill_receiver", case_kill_receiver},
     {"kill_sender", case_kill_sender},
