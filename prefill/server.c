@@ -376,7 +376,7 @@ static void prefill_step(psrv_t *s)
     s->n_finals = 0;
     for (preq_t *r = s->head, *next; r && budget > 0 && n < MAX_ITEMS && s->n_finals < MAX_FINALS; r = next) {
         next = r->next;
-        if (now > r->deadline_ns && r->state != PR_ABORTING) {
+        if (now > r->deadline_ns && (r->state == PR_QUEUED || r->state == PR_PREFILLING) && !r->in_step) {
             duet_log_rid(DUET_LOG_WARN, r->rid, "prefill deadline passed");
             push_error(s, r, DUET_ERR_TIMEOUT, "prefill deadline passed");
             stop_request(s, r);

@@ -185,7 +185,7 @@ static void start_request(drv_t *D, rq_t *r, size_t i)
         duet_envelope_free(&reply);
         return;
     }
-    duet_msg_new_prefill(&o, r->tokens, r->n_tokens, reply->reserved->descriptor, 60000, &req);
+    duet_msg_new_prefill(&o, r->tokens, r->n_tokens, reply->reserved->descriptor, D->request_timeout_ms, &req);
     duet_envelope_free(&reply);
     sp = req->prefill->sampling;
     sp->temperature = r->temperature;
