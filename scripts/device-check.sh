@@ -6,7 +6,9 @@
 #       meson setup build-cuda -Dcuda=enabled -Dtests=false; ninja duet-check-ops;
 #       scripts/make-bundle.sh (the runtime libraries the GPU image lacks, into .bundle/)
 # There (the device tool; both folders are git-ignored, so they travel through `carry`):
-#   run(command="scripts/device-check.sh", carry=["build-cuda", ".bundle"])
+#   run(command="bash scripts/device-check.sh", carry=["build-cuda", ".bundle"])
+# (only build-cuda/tools/duet-check-ops is read there: carry that path alone if the
+# tree and build-cuda together approach the device tool's 64 MiB limit)
 #
 # On the GPU it unpacks .bundle/*.deb into /tmp/bundle, finds cuBLAS 13, checks
 # that the carried binary loads and holds sm_90a code, measures the ceilings

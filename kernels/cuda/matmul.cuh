@@ -6,8 +6,8 @@
  *   n <= DUET_CUDA_GEMV_MAX_N  the decode kernels: fp32 activations, weights
  *        decoded in registers (bf16, e4m3 × its 128×128 block scale, e2m1 × its
  *        1×32 group scale, f32), fp32 accumulation.  From DUET_CUDA_TC_MIN_N
- *        (fp4: DUET_CUDA_TC_MIN_N_FP4)
- *        tokens on, on the tensor cores with x split into three bf16 parts
+ *        tokens on (fp4: DUET_CUDA_TC_MIN_N_FP4), on the tensor cores with x
+ *        split into three bf16 parts
  *        (hi + mid + lo, residual < 2^-24 |x|) against exact bf16 weights;
  *        below, or where that kernel does not apply, on the fp32 units.  Both
  *        differ from the CPU only in summation order (normalized error ~1e-7;
