@@ -208,7 +208,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_chunking_fp8_bf16),  cmocka_unit_test(test_chunking_fp8_fp8),
         cmocka_unit_test(test_batch_invariance),   cmocka_unit_test(test_bad_input),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    /* argv[2] == "fp8-only": one cache encoding (the weight formats are what that run is about) */
+    const struct CMUnitTest quick[] = {
+        cmocka_unit_test(test_chunking_fp8_fp8),
+        cmocka_unit_test(test_batch_invariance),
+    };
+    int rc = argc > 2 && strcmp(argv[2], "fp8-only") == 0 ? cmocka_run_group_tests(quick, NULL, NULL)
+                                                          : cmocka_run_group_tests(tests, NULL, NULL);
     duet_model_destroy(&g_model);
     return rc;
 }
