@@ -275,6 +275,7 @@ struct duet_ctl_server {
     void *arg;
     pthread_t thread;
     int threaded;
+    atomic_int stopping;
     _Atomic uint64_t requests, bad_requests, handler_errors, bad_replies, send_failures;
 };
 
@@ -435,13 +436,17 @@ duet_status_t duet_ctl_server_fd(duet_ctl_server_t *s, int *fd)
     return duet_ctl_status_from_nng(nng_socket_get_int(s->sock, NNG_OPT_RECVFD, fd));
 }
 
+/* Poll in short slices so that destroy's stop is seen quickly even when it
+ * lands between two receives. */
+#define CTL_THREAD_POLL_MS 100
+
 static void *server_thread(void *arg)
 {
     duet_ctl_server_t *s = arg;
-    for (;;) {
-        duet_status_t st = server_poll(s, duet_deadline_after_ms(1000), NULL);
+    while (!atomic_load(&s->stopping)) {
+        duet_status_t st = server_poll(s, duet_deadline_after_ms(CTL_THREAD_POLL_MS), NULL);
         if (st == DUET_ERR_PEER)
-            break; /* closed by destroy */
+            break; /* cancelled or closed by destroy */
         if (st) {
             duet_warn("ctl %s: serving failed: %s", s->c.url, duet_status_str(st));
             nng_msleep(10);
@@ -475,11 +480,15 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
     if (!s)
         return;
     *sp = NULL;
-    /* closing completes a pending receive with NNG_ECLOSED: the thread ends */
+    /* stop the serving thread before closing, so that no receive is pending
+     * on the socket when it closes (libnng 1.5.2 can hang otherwise) */
+    if (s->threaded) {
+        atomic_store(&s->stopping, 1);
+        nng_aio_cancel(s->recv_aio);
+        pthread_join(s->thread, NULL);
+    }
     if (close_bounded(s->sock, s->c.url) != 0)
         return; /* left behind: NNG may still complete our aios */
-    if (s->threaded)
-        pthread_join(s->thread, NULL);
     nng_aio_free(s->recv_aio);
     nng_aio_free(s->send_aio);
     free(s);
@@ -643,12 +652,33 @@ struct duet_ctl_pusher {
     nng_msg **q;         /* ring of encoded events */
     uint32_t cap, head, n;
     int stopping;
+    nng_aio *inflight;   /* the delivery's aio while one is running (under mu) */
 };
 
 struct duet_ctl_puller {
     common_t c;
     nng_socket sock;
 };
+
+/* Start one operation of a delivery unless the pusher is stopping, then
+ * wait for it.  Starting under the mutex orders it against destroy, which
+ * cancels the running operation before it closes the socket: libnng 1.5.2
+ * can hang in nng_close() when a context operation is still pending. */
+static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, nng_aio *), nng_ctx *ctx)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->stopping) {
+        pthread_mutex_unlock(&p->mu);
+        return NNG_ECLOSED;
+    }
+    /* no timeout: the send waits for a connection, the receive for the
+     * puller to take the event; destroy cancels either */
+    nng_aio_set_timeout(aio, NNG_DURATION_INFINITE);
+    start(ctx, aio);
+    pthread_mutex_unlock(&p->mu);
+    nng_aio_wait(aio);
+    return nng_aio_result(aio);
+}
 
 /* Deliver one event (consumed) and wait for the puller's answer. */
 static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
@@ -665,12 +695,13 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
         nng_aio_free(aio);
         return rv;
     }
-    /* no timeouts: the send waits for a connection, the receive for the
-     * puller to take the event; destroy's close ends both (NNG_ECLOSED) */
+    pthread_mutex_lock(&p->mu);
+    p->inflight = aio;
+    pthread_mutex_unlock(&p->mu);
     nng_aio_set_msg(aio, m);
-    if ((rv = aio_run(aio, NNG_DURATION_INFINITE, start_ctx_send, &ctx))) {
+    if ((rv = pusher_op(p, aio, start_ctx_send, &ctx))) {
         nng_msg_free(nng_aio_get_msg(aio));
-    } else if ((rv = aio_run(aio, NNG_DURATION_INFINITE, start_ctx_recv, &ctx)) == 0) {
+    } else if ((rv = pusher_op(p, aio, start_ctx_recv, &ctx)) == 0) {
         nng_msg *r = nng_aio_get_msg(aio);
         duet_envelope_t *reply = NULL;
         duet_err_t err = {0};
@@ -681,6 +712,9 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
         duet_envelope_free(&reply);
         nng_msg_free(r);
     }
+    pthread_mutex_lock(&p->mu);
+    p->inflight = NULL;
+    pthread_mutex_unlock(&p->mu);
     nng_ctx_close(ctx);
     nng_aio_free(aio);
     return rv;
@@ -704,8 +738,8 @@ static void *pusher_main(void *arg)
         pthread_mutex_unlock(&p->mu);
 
         int rv = pusher_deliver(p, m);
-        if (rv == NNG_ECLOSED)
-            break;
+        if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+            break; /* destroy */
         if (rv)
             duet_warn("ctl %s: an event was lost in flight: %s", p->c.url, nng_strerror(rv));
     }
@@ -802,17 +836,20 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     duet_ctl_pusher_t *p = pp ? *pp : NULL;
     if (!p)
         return;
+    /* stop the sending thread first, cancelling a delivery in progress, so
+     * that nothing is pending on the socket when it closes */
     pthread_mutex_lock(&p->mu);
     p->stopping = 1;
+    if (p->inflight)
+        nng_aio_cancel(p->inflight);
     pthread_cond_broadcast(&p->work);
     pthread_cond_broadcast(&p->room);
     pthread_mutex_unlock(&p->mu);
-    *pp = NULL;
-    /* closing ends a delivery in progress with NNG_ECLOSED */
-    if (close_bounded(p->sock, p->c.url) != 0)
-        return; /* left behind: the sending thread may still be inside NNG */
     if (p->thread_started)
         pthread_join(p->thread, NULL);
+    *pp = NULL;
+    if (close_bounded(p->sock, p->c.url) != 0)
+        return; /* left behind */
     for (uint32_t i = 0; i < p->n; i++)
         nng_msg_free(p->q[(p->head + i) % p->cap]);
     free(p->q);

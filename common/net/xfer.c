@@ -1343,6 +1343,12 @@ static void handle_msg(duet_xfer_t *x, const inmsg_t *m)
         return;
     }
     memcpy(&d, m->data, sizeof d);
+    if (r->cancelled) {
+        /* The sender flushed before this message, and page messages for a cancelled receive are
+         * dropped unwritten: nothing more can land in the pages, so the receive ends here. */
+        recv_end(x, r, DUET_ERR_ABORTED, d.first_token, "transfer done after the receiver cancelled it");
+        return;
+    }
     if (r->am_bytes < d.am_bytes) {
         /* page messages may travel on other lanes: wait for them (the deadline bounds this) */
         inmsg_t *c = malloc(sizeof *c + m->len);
@@ -1492,8 +1498,11 @@ static void run_command(duet_xfer_t *x, cmd_t *c)
     case CMD_RECV_CANCEL: {
         int seen;
         recv_t *r = recv_find(x, c->rid, c->epoch, &seen);
-        if (r)
+        if (r) {
             r->cancelled = 1;
+            if (r->pending_done) /* its TransferDone already arrived, after the sender's flush */
+                recv_end(x, r, DUET_ERR_ABORTED, -1, "cancelled after the sender finished");
+        }
         break;
     }
     case CMD_STOP:
