@@ -509,6 +509,7 @@ int main(int argc, char **argv)
         goto fail;
     duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s)", S.o.id, S.o.listen, S.o.pages,
               S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype), duet_cache_dtype_name(S.o.cache.index_k_dtype));
+    duet_worker_notify_ready(&S.o);
     while (!g_stop) {
         int busy = 0;
         duet_dreq_stats_t ds;
@@ -521,7 +522,9 @@ int main(int argc, char **argv)
         int did = 0;
         decode_step(&S, &did);
         heartbeat(&S);
+        duet_worker_notify_watchdog(&S.net);
     }
+    duet_worker_notify_stopping();
     duet_info("%s: shutting down: %llu steps, mean %.2f ms, max %.2f ms, %llu tokens", S.o.id,
               (unsigned long long)S.steps, S.steps ? S.step_ns_total / 1e6 / S.steps : 0.0, S.step_ns_max / 1e6,
               (unsigned long long)S.tokens_out);

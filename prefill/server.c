@@ -323,6 +323,7 @@ static duet_status_t layer_done(void *arg, int layer)
     psrv_t *s = arg;
     /* commands are served between layers too, so a long step does not hold the router's calls */
     duet_ctl_server_poll(s->net.srv, 0, NULL);
+    duet_worker_notify_watchdog(&s->net);
     const duet_model_config_t *c = &s->model->cfg;
     int ratio = c->compress_ratios[layer], ri = duet_cfg_ratio_layer_index(c, layer);
     for (uint32_t i = 0; i < s->n_finals; i++) {
@@ -480,6 +481,7 @@ int main(int argc, char **argv)
     duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, budget %u tokens/step)", S.o.id,
               S.o.listen, S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
               duet_cache_dtype_name(S.o.cache.index_k_dtype), S.o.token_budget);
+    duet_worker_notify_ready(&S.o);
     while (!g_stop) {
         int busy = 0;
         for (preq_t *r = S.head; r; r = r->next)
@@ -488,7 +490,9 @@ int main(int argc, char **argv)
         drain_xfer(&S);
         prefill_step(&S);
         heartbeat(&S);
+        duet_worker_notify_watchdog(&S.net);
     }
+    duet_worker_notify_stopping();
     /* shutdown: stop everything in flight; give the data plane a bounded time to flush and ack */
     for (preq_t *r = S.head, *next; r; r = next) {
         next = r->next;

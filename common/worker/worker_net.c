@@ -1,6 +1,8 @@
 #include "worker_net.h"
 
 #include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "time_util.h"
@@ -62,3 +64,23 @@ void duet_worker_net_close(duet_worker_net_t *n)
     duet_ctl_pusher_destroy(&n->push);
     duet_xfer_destroy(&n->xfer);
 }
+
+void duet_worker_notify_ready(const duet_worker_opts_t *o)
+{
+    sd_notifyf(0, "READY=1\nSTATUS=%s %s serving on %s\nMAINPID=%lu", o->role, o->id, o->listen,
+               (unsigned long)getpid());
+}
+
+void duet_worker_notify_watchdog(duet_worker_net_t *n)
+{
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0)
+        return;
+    uint64_t now = duet_time_ns();
+    if (now - n->last_watchdog_ns < usec * 1000ull / 4)
+        return;
+    n->last_watchdog_ns = now;
+    sd_notify(0, "WATCHDOG=1");
+}
+
+void duet_worker_notify_stopping(void) { sd_notify(0, "STOPPING=1"); }

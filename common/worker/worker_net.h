@@ -17,6 +17,7 @@ typedef struct {
     duet_ctl_pusher_t *push;   /* NULL without --events */
     uint64_t last_heartbeat_ns;
     uint64_t events_dropped;
+    uint64_t last_watchdog_ns;
 } duet_worker_net_t;
 
 /* Create the engine (data path from --xfer-path, checksums from
@@ -30,6 +31,13 @@ duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_
 void duet_worker_net_push(duet_worker_net_t *n, duet_envelope_t *ev);
 /* 1 once per heartbeat interval (and never without a pusher). */
 int duet_worker_net_heartbeat_due(duet_worker_net_t *n, const duet_worker_opts_t *o);
+/* systemd: READY=1 once serving (with a status line), WATCHDOG=1 from the
+ * loop (rate-limited to a quarter of the watchdog interval; a no-op when no
+ * watchdog is set), STOPPING=1 on shutdown.  No-ops outside systemd. */
+void duet_worker_notify_ready(const duet_worker_opts_t *o);
+void duet_worker_notify_watchdog(duet_worker_net_t *n);
+void duet_worker_notify_stopping(void);
+
 /* Close the server and pusher, then the engine (pending transfers end). */
 void duet_worker_net_close(duet_worker_net_t *n);
 
