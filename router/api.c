@@ -60,7 +60,8 @@ char *duet_api_error_json(const duet_api_error_t *e)
         msg = json_string("the request is invalid (the error message was not valid UTF-8)");
     json_object_set_new(in, "message", msg);
     json_object_set_new(in, "type", json_string(e->type));
-    json_object_set_new(in, "param", e->param[0] && json_string(e->param) ? json_string(e->param) : json_null());
+    json_t *param = e->param[0] ? json_string(e->param) : NULL; /* NULL also for a non-UTF-8 name */
+    json_object_set_new(in, "param", param ? param : json_null());
     json_object_set_new(in, "code", e->code[0] ? json_string(e->code) : json_null());
     json_object_set_new(o, "error", in);
     char *s = json_dumps(o, JSON_COMPACT);
