@@ -967,10 +967,11 @@ static void advance_abort(core_t *c, crq_t *q)
         if (q->quiesced && !q->abort_d_q_sent) {
             send_abort(c, q, q->D, OP_ABORT_D, 1);
             q->abort_d_q_sent = q->abort_d_sent = q->abort_d_inflight = 1;
-        } else if (!q->abort_d_sent && (q->abort_p == 2 || q->first_seen)) {
-            /* prefill says a transfer started, or did not answer: decode drops the request and its
-             * pages wait in quarantine for prefill's AbortAck (or its endpoint's failure).  A
-             * request already decoding needs no wait: decode frees its pages at once. */
+        } else if (!q->abort_d_sent) {
+            /* At once, without waiting for prefill's answer: decode drops the request and its pages
+             * wait in quarantine for prefill's AbortAck or TransferDone (or its endpoint's failure);
+             * when prefill then says no transfer started, a second Abort with prefill_quiesced
+             * releases them.  A request already decoding has its pages freed at once. */
             send_abort(c, q, q->D, OP_ABORT_D, 0);
             q->abort_d_sent = q->abort_d_inflight = 1;
         }

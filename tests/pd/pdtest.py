@@ -263,6 +263,10 @@ def sc_kill_prefill(a, rep):
             if st and st["requests_per_state"].get("REQUEST_STATE_PREFILLING"):
                 break
             time.sleep(0.05)
+        # let the data plane announce the transfer to decode (it does so right after the step
+        # starts); a prefill worker that dies before announcing anything is the router's case:
+        # its heartbeat stops and it tells decode (Abort with prefill_quiesced)
+        time.sleep(0.5)
         killed = time.time()
         c.kill("p0")
         ok, st = c.wait_clean(c.decode[0], timeout=30)
