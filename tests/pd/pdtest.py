@@ -267,6 +267,9 @@ def sc_kill_prefill(a, rep):
         # starts); a prefill worker that dies before announcing anything is the router's case:
         # its heartbeat stops and it tells decode (Abort with prefill_quiesced)
         time.sleep(0.5)
+        held = c.state(c.decode[0])
+        rep.check(held and held["pages_used"] > 0, f"decode holds the requests' pages before the kill "
+                                                   f"({held and held['pages_used']} pages)")
         killed = time.time()
         c.kill("p0")
         ok, st = c.wait_clean(c.decode[0], timeout=30)
