@@ -28,6 +28,7 @@ static const char ctl_any_rid[] = "";
 #define CTL_DEFAULT_QUEUE_LEN 1024
 #define CTL_MAX_QUEUE_LEN (1u << 20)
 #define CTL_URL_MAX 256
+#define CTL_PUSHER_GRACE_MS 200    /* destroy: time a delivery in progress gets to end */
 
 duet_status_t duet_ctl_status_from_nng(int rv)
 {
@@ -649,6 +650,7 @@ struct duet_ctl_pusher {
     pthread_mutex_t mu;
     pthread_cond_t room; /* signalled when the queue has room (monotonic clock) */
     pthread_cond_t work; /* signalled when the queue has an event or we stop */
+    pthread_cond_t idle; /* signalled when a delivery ends (monotonic clock) */
     nng_msg **q;         /* ring of encoded events */
     uint32_t cap, head, n;
     int stopping;
@@ -662,8 +664,9 @@ struct duet_ctl_puller {
 
 /* Start one operation of a delivery unless the pusher is stopping, then
  * wait for it.  Starting under the mutex orders it against destroy, which
- * cancels the running operation before it closes the socket: libnng 1.5.2
- * can hang in nng_close() when a context operation is still pending. */
+ * lets a running operation end (or cancels it after a grace) before it
+ * closes the socket: libnng 1.5.2 can hang in nng_close() when a context
+ * operation is still pending. */
 static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, nng_aio *), nng_ctx *ctx)
 {
     pthread_mutex_lock(&p->mu);
@@ -714,6 +717,7 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
     }
     pthread_mutex_lock(&p->mu);
     p->inflight = NULL;
+    pthread_cond_broadcast(&p->idle);
     pthread_mutex_unlock(&p->mu);
     nng_ctx_close(ctx);
     nng_aio_free(aio);
@@ -781,6 +785,7 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->room, &ca);
+    pthread_cond_init(&p->idle, &ca);
     pthread_cond_init(&p->work, NULL);
     pthread_condattr_destroy(&ca);
     if (pthread_create(&p->thread, NULL, pusher_main, p) != 0) {
@@ -792,6 +797,7 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
     return DUET_OK;
 err_sync:
     pthread_cond_destroy(&p->work);
+    pthread_cond_destroy(&p->idle);
     pthread_cond_destroy(&p->room);
     pthread_mutex_destroy(&p->mu);
 err_close:
@@ -836,14 +842,23 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     duet_ctl_pusher_t *p = pp ? *pp : NULL;
     if (!p)
         return;
-    /* stop the sending thread first, cancelling a delivery in progress, so
-     * that nothing is pending on the socket when it closes */
+    /* Stop the sending thread first, so that nothing is pending on the
+     * socket when it closes.  A delivery in progress gets a moment to end
+     * on its own: with libnng 1.5.2, cancelling (or closing) while the
+     * puller's answer is arriving can leave the connection unable to close
+     * (reproduced: a close right after the answer hangs within a hundred
+     * rounds; 20 ms later it never did).  A puller that does not answer
+     * within the grace is cancelled. */
+    uint64_t grace = duet_deadline_after_ms(CTL_PUSHER_GRACE_MS);
+    struct timespec ts = {(time_t)(grace / 1000000000u), (long)(grace % 1000000000u)};
     pthread_mutex_lock(&p->mu);
     p->stopping = 1;
-    if (p->inflight)
-        nng_aio_cancel(p->inflight);
     pthread_cond_broadcast(&p->work);
     pthread_cond_broadcast(&p->room);
+    while (p->inflight && duet_time_ns() < grace)
+        pthread_cond_timedwait(&p->idle, &p->mu, &ts);
+    if (p->inflight)
+        nng_aio_cancel(p->inflight);
     pthread_mutex_unlock(&p->mu);
     if (p->thread_started)
         pthread_join(p->thread, NULL);
@@ -854,6 +869,7 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
         nng_msg_free(p->q[(p->head + i) % p->cap]);
     free(p->q);
     pthread_cond_destroy(&p->work);
+    pthread_cond_destroy(&p->idle);
     pthread_cond_destroy(&p->room);
     pthread_mutex_destroy(&p->mu);
     free(p);

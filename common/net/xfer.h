@@ -39,7 +39,7 @@
 
 typedef struct duet_xfer duet_xfer_t;
 
-#define DUET_XFER_RID_MAX     48           /* request id bytes with the NUL (a UUID is 36) */
+#define DUET_XFER_RID_MAX     65           /* request id bytes with the NUL: the control plane allows 64 */
 #define DUET_XFER_NO_SLOT     UINT32_MAX   /* descriptor without slot pools' unit */
 #define DUET_XFER_ALL_LAYERS  UINT32_MAX   /* duet_xfer_send_put: every layer of the pool */
 #define DUET_XFER_ALL_POOLS   (-1)         /* duet_xfer_send_put: every pool */

@@ -745,10 +745,14 @@ static void test_descriptor_xfer_roundtrip(void **state)
     assert_int_equal(duet_msg_descriptor_to_xfer(d->reserved->descriptor, duet_msg_rid(d), &back, &err), DUET_OK);
     assert_int_equal(back.slot, DUET_XFER_NO_SLOT);
     duet_xfer_desc_fini(&back);
-    /* a rid the data plane cannot hold */
-    char long_rid[65];
+    /* the longest rid the control plane allows fits the data plane; a longer one does not */
+    char long_rid[66];
     memset(long_rid, 'a', 64);
     long_rid[64] = '\0';
+    assert_int_equal(duet_msg_descriptor_to_xfer(d->reserved->descriptor, long_rid, &back, &err), DUET_OK);
+    duet_xfer_desc_fini(&back);
+    long_rid[64] = 'a';
+    long_rid[65] = '\0';
     assert_int_equal(duet_msg_descriptor_to_xfer(d->reserved->descriptor, long_rid, &back, &err), DUET_ERR_RANGE);
     duet_envelope_free(&d);
     duet_envelope_free(&e);
