@@ -45,8 +45,7 @@ typedef struct {
     uint64_t steps, step_ns_total, step_ns_max, tokens_out;
 } dsrv_t;
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
+static volatile int g_stop;
 
 static duet_msg_origin_t origin(dsrv_t *s, const char *rid, uint64_t epoch)
 {
@@ -481,23 +480,12 @@ int main(int argc, char **argv)
     dsrv_t S;
     memset(&S, 0, sizeof S);
     duet_err_t err = {0};
-    duet_log_init_from_env();
-    duet_log_set_ident("duet-decode");
-    if (duet_worker_opts_parse(&S.o, "decode", argc, argv, &err) != DUET_OK) {
-        if (strcmp(err.msg, "help") != 0)
-            fprintf(stderr, "duet-decode: %s\n", duet_err_text(&err));
-        duet_worker_opts_usage("decode");
-        return 2;
-    }
     int rc = 1;
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (duet_model_load(S.o.model, &S.model, &err) != DUET_OK)
+    if (duet_worker_start("decode", argc, argv, &S.o, &g_stop, &S.model, &S.cache, &rc, &err) != DUET_OK) {
+        if (rc == 2)
+            return 2;
         goto fail;
-    if (duet_kv_cache_create(&S.model->cfg, &S.o.cache, S.o.pages, S.o.slots, &S.cache, &err) != DUET_OK)
-        goto fail;
+    }
     if (duet_dreq_table_create(S.cache, S.o.slots, &S.tab, &err) != DUET_OK)
         goto fail;
     S.logits = duet_malloc_array((size_t)S.o.max_batch * S.model->cfg.vocab_size, sizeof(float));

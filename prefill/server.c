@@ -60,8 +60,7 @@ typedef struct {
     uint32_t n_finals;
 } psrv_t;
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
+static volatile int g_stop;
 
 static duet_msg_origin_t origin(psrv_t *s, const char *rid, uint64_t epoch)
 {
@@ -453,23 +452,12 @@ int main(int argc, char **argv)
     psrv_t S;
     memset(&S, 0, sizeof S);
     duet_err_t err = {0};
-    duet_log_init_from_env();
-    duet_log_set_ident("duet-prefill");
-    if (duet_worker_opts_parse(&S.o, "prefill", argc, argv, &err) != DUET_OK) {
-        if (strcmp(err.msg, "help") != 0)
-            fprintf(stderr, "duet-prefill: %s\n", duet_err_text(&err));
-        duet_worker_opts_usage("prefill");
-        return 2;
-    }
     int rc = 1;
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (duet_model_load(S.o.model, &S.model, &err) != DUET_OK)
+    if (duet_worker_start("prefill", argc, argv, &S.o, &g_stop, &S.model, &S.cache, &rc, &err) != DUET_OK) {
+        if (rc == 2)
+            return 2;
         goto fail;
-    if (duet_kv_cache_create(&S.model->cfg, &S.o.cache, S.o.pages, S.o.slots, &S.cache, &err) != DUET_OK)
-        goto fail;
+    }
     S.logits = duet_malloc_array(MAX_FINALS, (size_t)S.model->cfg.vocab_size * sizeof(float));
     S.finals = duet_calloc(MAX_FINALS, sizeof(preq_t *));
     if (!S.logits || !S.finals) {

@@ -1,10 +1,13 @@
 #include "worker_net.h"
 
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "model.h"
 #include "time_util.h"
 
 #define EVENT_DEADLINE_MS 50
@@ -84,3 +87,39 @@ void duet_worker_notify_watchdog(duet_worker_net_t *n)
 }
 
 void duet_worker_notify_stopping(void) { sd_notify(0, "STOPPING=1"); }
+
+static volatile int *g_stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    if (g_stop_flag)
+        *g_stop_flag = 1;
+}
+
+duet_status_t duet_worker_start(const char *role, int argc, char **argv, duet_worker_opts_t *o,
+                                volatile int *stop_flag, struct duet_model **model, duet_kv_cache_t **cache,
+                                int *exit_code, duet_err_t *err)
+{
+    char ident[32];
+    snprintf(ident, sizeof ident, "duet-%s", role);
+    duet_log_init_from_env();
+    duet_log_set_ident(role[0] == 'p' ? "duet-prefill" : "duet-decode");
+    *exit_code = 1;
+    duet_status_t st = duet_worker_opts_parse(o, role, argc, argv, err);
+    if (st != DUET_OK) {
+        if (strcmp(err->msg, "help") != 0)
+            fprintf(stderr, "%s: %s\n", ident, duet_err_text(err));
+        duet_worker_opts_usage(role);
+        *exit_code = 2;
+        return DUET_ERR_INVALID;
+    }
+    g_stop_flag = stop_flag;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if ((st = duet_model_load(o->model, model, err)) != DUET_OK)
+        return st;
+    return duet_kv_cache_create(&(*model)->cfg, &o->cache, o->pages, o->slots, cache, err);
+}

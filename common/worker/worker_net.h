@@ -38,6 +38,15 @@ void duet_worker_notify_ready(const duet_worker_opts_t *o);
 void duet_worker_notify_watchdog(duet_worker_net_t *n);
 void duet_worker_notify_stopping(void);
 
+/* The start every worker shares: logging ident, options (exit code 2 and
+ * usage on a usage error: *exit_code set, DUET_ERR_INVALID returned),
+ * SIGINT/SIGTERM setting *stop_flag, SIGPIPE ignored, the model loaded and
+ * the cache pools created. */
+struct duet_model;
+duet_status_t duet_worker_start(const char *role, int argc, char **argv, duet_worker_opts_t *o,
+                                volatile int *stop_flag, struct duet_model **model, duet_kv_cache_t **cache,
+                                int *exit_code, duet_err_t *err);
+
 /* Close the server and pusher, then the engine (pending transfers end). */
 void duet_worker_net_close(duet_worker_net_t *n);
 
