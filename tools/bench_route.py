@@ -149,7 +149,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--model", help="model directory (default: BUILD/tests/engine/tiny-bf16)")
-    ap.add_argument("-n", "--requests", type=int, default=50, help="requests per measurement (default 50)")
+    ap.add_argument("-n", "--requests", type=int, default=200, help="requests per measurement (default 200)")
     ap.add_argument("--concurrency", default="1,8", help="comma-separated client counts (default 1,8)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", help="write the results here")

@@ -691,6 +691,46 @@ def sc_router_restart(a, rep):
         c.stop()
 
 
+def sc_affinity(a, rep):
+    """Two prefill workers: every turn of a conversation goes to the one holding its prefix."""
+    c = Cluster(a.build, a.model)
+    try:
+        p1 = f"ipc://{c.dir}/p1.sock"
+        c.start("p1", [f"{a.build}/prefill/duet-prefill", "--listen", p1, "--id", "p1", "--model", a.model,
+                       "--pages", str(c.pages), "--events", c.events])
+        c.kill("router", signal.SIGTERM)
+        c.router_args += ["--prefill", p1]
+        c.start_router()
+        end = time.time() + 30
+        while time.time() < end:
+            st, _, raw = c.get("/v1/workers")
+            if st == 200 and b'"p1"' in raw:
+                break
+            time.sleep(0.2)
+        redis = ["redis-cli", "-p", str(c.redis_port)]
+        # an earlier turn (through this or another router) left the conversation on p1, which the
+        # shortest-queue tie-break would not pick for a new conversation (p0 comes first)
+        subprocess.run(redis + ["set", "duet:session:conv-A", "p1"], capture_output=True)
+        owners = []
+        for turn in range(4):
+            st, _, j, _ = c.post(CHAT, chat_body("turn %d of a long conversation" % turn, session_id="conv-A",
+                                                 max_tokens=2))
+            owners.append(subprocess.run(redis + ["get", "duet:session:conv-A"], capture_output=True,
+                                         text=True).stdout.strip())
+            rep.check(st == 200, f"turn {turn}: {st}")
+        rep.check(set(owners) == {"p1"}, f"the conversation stays on the prefill worker holding it ({owners})")
+        keys = subprocess.run(redis + ["--scan", "--pattern", "duet:req:*"], capture_output=True,
+                              text=True).stdout.split()
+        used = {subprocess.run(redis + ["hget", k, "prefill"], capture_output=True, text=True).stdout.strip()
+                for k in keys}
+        rep.check(used == {"p1"}, f"every turn was prefilled there (workers used: {sorted(used)})")
+        st, _, j, _ = c.post(CHAT, chat_body("a new conversation", session_id="conv-B", max_tokens=2))
+        b = subprocess.run(redis + ["get", "duet:session:conv-B"], capture_output=True, text=True).stdout.strip()
+        rep.check(st == 200 and b in ("p0", "p1"), f"a new conversation is recorded on the worker chosen ({b})")
+    finally:
+        c.stop()
+
+
 def sc_openai(a, rep):
     try:
         import openai  # noqa: F401
@@ -835,7 +875,7 @@ def main():
     rep = Report()
     fn = {"api": sc_api, "errors": sc_errors, "disconnect": sc_disconnect, "limits": sc_limits,
           "no-workers": sc_no_workers, "redis-restart": sc_redis_restart, "router-restart": sc_router_restart,
-          "openai": sc_openai, "tools": sc_tools}[a.scenario]
+          "openai": sc_openai, "tools": sc_tools, "affinity": sc_affinity}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 
