@@ -642,14 +642,21 @@ static uint32_t pages_needed(const crq_t *q, const worker_t *d)
     return (uint32_t)((tokens + pt - 1) / pt);
 }
 
+/* The usable workers of a role, in registration order; returns how many. */
+static int usable_workers(core_t *c, int role, worker_t **cand)
+{
+    int n = 0;
+    for (int i = 0; i < c->n_workers; i++)
+        if (worker_usable(c->workers[i], role))
+            cand[n++] = c->workers[i];
+    return n;
+}
+
 static worker_t *pick_decode(core_t *c, crq_t *q)
 {
     const char *pol = c->o.decode_policy ? c->o.decode_policy : "free-pages";
     worker_t *cand[MAX_WORKERS];
-    int n = 0;
-    for (int i = 0; i < c->n_workers; i++)
-        if (worker_usable(c->workers[i], ROLE_DECODE))
-            cand[n++] = c->workers[i];
+    int n = usable_workers(c, ROLE_DECODE, cand);
     if (!n)
         return NULL;
     if (!strcmp(pol, "round-robin"))
@@ -682,10 +689,7 @@ static worker_t *pick_prefill(core_t *c, crq_t *q)
 {
     const char *pol = c->o.prefill_policy ? c->o.prefill_policy : "affinity";
     worker_t *cand[MAX_WORKERS];
-    int n = 0;
-    for (int i = 0; i < c->n_workers; i++)
-        if (worker_usable(c->workers[i], ROLE_PREFILL))
-            cand[n++] = c->workers[i];
+    int n = usable_workers(c, ROLE_PREFILL, cand);
     if (!n)
         return NULL;
     if (!strcmp(pol, "round-robin"))

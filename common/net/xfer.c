@@ -595,39 +595,32 @@ static void begin_cb(void *request, ucs_status_t status, void *user_data)
     ucp_request_free(request);
 }
 
-static void flush_cb(void *request, ucs_status_t status, void *user_data)
+/* A flush or the completion message finished: move to `next` or fail the send. */
+static void stage_done(void *request, ucs_status_t status, send_t *t, int next, const char *what)
 {
-    send_t *t = user_data;
     duet_xfer_t *x = t->peer->x;
     t->n_inflight--;
     peer_op_done(x, t->peer, 0);
     if (status == UCS_OK) {
-        t->stage = ST_FLUSHED;
+        t->stage = next;
     } else {
         if (status != UCS_ERR_CANCELED)
-            peer_fail(x, t->peer, DUET_ERR_PEER, "flush failed: %s", ucs_status_string(status));
-        send_set_status(t, t->peer->state != PEER_UP ? t->peer->fail_status : DUET_ERR_PEER,
-                        "flush did not complete");
+            peer_fail(x, t->peer, DUET_ERR_PEER, "%s failed: %s", what, ucs_status_string(status));
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s did not complete", what);
+        send_set_status(t, t->peer->state != PEER_UP ? t->peer->fail_status : DUET_ERR_PEER, msg);
     }
     ucp_request_free(request);
 }
 
+static void flush_cb(void *request, ucs_status_t status, void *user_data)
+{
+    stage_done(request, status, user_data, ST_FLUSHED, "flush");
+}
+
 static void msg_cb(void *request, ucs_status_t status, void *user_data)
 {
-    send_t *t = user_data;
-    duet_xfer_t *x = t->peer->x;
-    t->n_inflight--;
-    peer_op_done(x, t->peer, 0);
-    if (status == UCS_OK) {
-        t->stage = ST_MSG_DONE;
-    } else {
-        if (status != UCS_ERR_CANCELED)
-            peer_fail(x, t->peer, DUET_ERR_PEER, "completion message failed: %s",
-                      ucs_status_string(status));
-        send_set_status(t, t->peer->state != PEER_UP ? t->peer->fail_status : DUET_ERR_PEER,
-                        "completion message not sent");
-    }
-    ucp_request_free(request);
+    stage_done(request, status, user_data, ST_MSG_DONE, "completion message");
 }
 
 /* Start a UCX request on t's endpoint with callback `cb`.  Returns 1 when it
