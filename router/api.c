@@ -274,7 +274,8 @@ static int parse_sampling(duet_api_req_t *r, const duet_api_limits_t *lim, duet_
     }
     if (parse_stop(r, e) || parse_stop_ids(r, lim, e))
         return -1;
-    if (get_bool(o, "ignore_eos", &r->ignore_eos, e) || get_bool(o, "skip_special_tokens", &r->skip_special_tokens, e))
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, e) || get_bool(o, "skip_special_tokens", &r->skip_special_tokens, e) ||
+        get_bool(o, "return_token_ids", &r->return_token_ids, e))
         return -1;
     if (unsupported_unless_neutral(o, "presence_penalty", e) || unsupported_unless_neutral(o, "frequency_penalty", e) ||
         unsupported_unless_neutral(o, "logit_bias", e) || unsupported_unless_neutral(o, "repetition_penalty", e) ||

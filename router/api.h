@@ -74,6 +74,7 @@ typedef struct {
     size_t n_stop_ids;
     int ignore_eos;
     int skip_special_tokens; /* default 1 */
+    int return_token_ids;    /* extension: prompt_token_ids and each choice's token_ids in the response */
     /* chat */
     const json_t *messages;  /* borrowed */
     const json_t *tools;     /* borrowed; NULL when none */

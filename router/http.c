@@ -61,6 +61,9 @@ typedef struct {
     duet_rreq_t *r;
     duet_out_t *out;
     json_t *tools_for_parse; /* what tool calls are checked against (owned) */
+    char *forced;            /* the forced start of the reply (tool_choice required or named), or NULL */
+    size_t forced_len;
+    uint32_t ids_sent;       /* generated ids already sent as token_ids (streaming) */
     char id[64];             /* "chatcmpl-RID" / "cmpl-RID" */
     long long created;
     uint32_t fed;            /* tokens fed to the output */
@@ -69,7 +72,7 @@ typedef struct {
     /* SSE */
     char *sse;
     size_t sse_len, sse_off, sse_cap;
-    int sent_role, sse_done;
+    int sent_role, sse_done, sent_prompt_ids;
     int finished_accounted;
 } conn_t;
 
@@ -81,6 +84,7 @@ static void conn_unref(conn_t *k)
     free(k->sse);
     duet_out_destroy(&k->out);
     json_decref(k->tools_for_parse);
+    free(k->forced);
     if (k->have_api)
         duet_api_req_fini(&k->api);
     duet_rreq_unref(k->r);
@@ -310,7 +314,8 @@ static const char *finish_reason(conn_t *k, duet_fin_t fin)
 static void finish_output(conn_t *k)
 {
     duet_out_finish(k->out);
-    if (k->api.kind == DUET_API_CHAT && k->api.tool_choice == DUET_TOOL_CHOICE_REQUIRED &&
+    if (k->api.kind == DUET_API_CHAT &&
+        (k->api.tool_choice == DUET_TOOL_CHOICE_REQUIRED || k->api.tool_choice == DUET_TOOL_CHOICE_NAMED) &&
         duet_out_n_calls(k->out) == 0 && !duet_out_stopped(k->out))
         duet_out_warn(k->out, "TOOL_CHOICE_UNMET", "tool_choice asked for a tool call and the model made none");
 }
@@ -341,6 +346,25 @@ static json_t *usage_json(conn_t *k)
     json_object_set_new(d, "cached_tokens", json_integer(cached));
     json_object_set_new(u, "prompt_tokens_details", d);
     return u;
+}
+
+/* ids[from, to) of the generated tokens as a JSON array (the return_token_ids extension). */
+static json_t *token_ids_json(conn_t *k, const int32_t *ids, uint32_t from, uint32_t to)
+{
+    (void)k;
+    json_t *a = json_array();
+    for (uint32_t i = from; i < to; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *generated_ids_json(conn_t *k, uint32_t from)
+{
+    pthread_mutex_lock(&k->r->mu);
+    uint32_t to = k->fed <= k->r->n_tokens ? k->fed : k->r->n_tokens;
+    json_t *a = token_ids_json(k, k->r->tokens, from < to ? from : to, to);
+    pthread_mutex_unlock(&k->r->mu);
+    return a;
 }
 
 static json_t *envelope(conn_t *k, const char *object)
@@ -409,6 +433,10 @@ static enum MHD_Result respond_whole(conn_t *k, duet_fin_t fin)
     }
     json_object_set_new(choice, "logprobs", json_null());
     json_object_set_new(choice, "finish_reason", json_string(fr));
+    if (k->api.return_token_ids) {
+        json_object_set_new(choice, "token_ids", generated_ids_json(k, 0));
+        json_object_set_new(o, "prompt_token_ids", token_ids_json(k, k->r->prompt, 0, k->r->n_prompt));
+    }
     json_t *choices = json_array();
     json_array_append_new(choices, choice);
     json_object_set_new(o, "choices", choices);
@@ -461,6 +489,18 @@ static void sse_chunk(conn_t *k, json_t *delta, const char *text, size_t text_le
         json_object_set_new(c, "text", json_stringn(text ? text : "", text_len));
     json_object_set_new(c, "logprobs", json_null());
     json_object_set_new(c, "finish_reason", fr ? json_string(fr) : json_null());
+    if (k->api.return_token_ids) {
+        pthread_mutex_lock(&k->r->mu);
+        uint32_t to = k->fed <= k->r->n_tokens ? k->fed : k->r->n_tokens;
+        json_object_set_new(c, "token_ids", token_ids_json(k, k->r->tokens, k->ids_sent < to ? k->ids_sent : to, to));
+        pthread_mutex_unlock(&k->r->mu);
+        if (to > k->ids_sent)
+            k->ids_sent = to;
+        if (!k->sent_prompt_ids) {
+            k->sent_prompt_ids = 1;
+            json_object_set_new(o, "prompt_token_ids", token_ids_json(k, k->r->prompt, 0, k->r->n_prompt));
+        }
+    }
     json_t *cs = json_array();
     json_array_append_new(cs, c);
     json_object_set_new(o, "choices", cs);
@@ -609,6 +649,28 @@ static int build_prompt(conn_t *k, duet_rreq_t *r, enum MHD_Result *ret)
         }
         k->tools_for_parse = named ? named : (tools ? json_incref((json_t *)tools) : NULL);
         thinking = a->thinking && plen >= 7 && !memcmp(prompt + plen - 7, "<think>", 7);
+        if ((a->tool_choice == DUET_TOOL_CHOICE_REQUIRED || a->tool_choice == DUET_TOOL_CHOICE_NAMED) &&
+            !co.continue_final) {
+            /* A call is required: the reply is made to open a tool-call block (and, for a named tool, that
+             * tool's invoke), so the model can only continue inside it.  In thinking mode the reasoning is
+             * closed first: a forced call has no reasoning. */
+            char *forced = NULL;
+            int fl = asprintf(&forced, "%s\n\n<" DUET_CHAT_DSML "tool_calls>\n%s%s%s", thinking ? DUET_CHAT_THINK_END : "",
+                              named ? "<" DUET_CHAT_DSML "invoke name=\"" : "", named ? a->tool_name : "",
+                              named ? "\">\n" : "");
+            char *np = fl > 0 ? realloc(prompt, plen + (size_t)fl + 1) : NULL;
+            if (!np) {
+                free(forced);
+                free(prompt);
+                *ret = error_resp(k, 500, NULL, "internal_error", "out of memory");
+                return -1;
+            }
+            prompt = np;
+            memcpy(prompt + plen, forced, (size_t)fl + 1);
+            plen += (size_t)fl;
+            k->forced = forced;
+            k->forced_len = (size_t)fl;
+        }
         st = duet_tok_encode(o->tok, prompt, plen, true, &ids, &err);
         free(prompt);
         if (st != DUET_OK) {
@@ -748,7 +810,8 @@ static enum MHD_Result generate(conn_t *k)
     r->deadline_ns = r->created_ns + (uint64_t)o->request_timeout_ms * 1000000ull;
     duet_out_opts_t oo = {.tok = o->tok, .chat = kind == DUET_API_CHAT, .thinking = thinking,
                           .tools = k->tools_for_parse, .id_seed = r->seed, .stop = k->api.stop,
-                          .n_stop = k->api.n_stop, .skip_special_tokens = k->api.skip_special_tokens};
+                          .n_stop = k->api.n_stop, .skip_special_tokens = k->api.skip_special_tokens,
+                          .prefix = k->forced, .prefix_len = k->forced_len};
     if (duet_out_create(&oo, &k->out) != DUET_OK)
         return error_resp(k, 400, "stop", "invalid_value", "'stop' strings must be valid UTF-8");
     if (redis_record(k, r) != 0)

@@ -45,6 +45,8 @@ struct duet_out {
     int finished, nomem;
 };
 
+static duet_status_t text_in(duet_out_t *o, const char *t, size_t n);
+
 static const uint8_t *vocab_bytes(void *arg, int32_t id, size_t *len)
 {
     return (const uint8_t *)duet_tok_id_bytes(arg, id, len);
@@ -100,6 +102,8 @@ duet_status_t duet_out_create(const duet_out_opts_t *opts, duet_out_t **out)
         duet_dsml_opts_t po = {.thinking = opts->thinking, .tools = opts->tools, .id_seed = opts->id_seed};
         st = duet_dsml_parser_create(&po, on_dsml, o, &o->dp);
     }
+    if (st == DUET_OK && opts->prefix_len)
+        st = text_in(o, opts->prefix, opts->prefix_len);
     if (st != DUET_OK || !o->calls || !o->new_calls || !o->warnings || !o->new_warnings) {
         duet_out_destroy(&o);
         return st != DUET_OK ? st : DUET_ERR_NOMEM;

@@ -29,6 +29,10 @@ typedef struct {
     const char *const *stop;     /* stop strings (copied) */
     size_t n_stop;
     int skip_special_tokens;
+    /* Text the model is made to begin with (it ends the prompt; a forced tool call): parsed ahead
+     * of the generated ids, not counted as output tokens.  NULL: none. */
+    const char *prefix;
+    size_t prefix_len;
 } duet_out_opts_t;
 
 typedef struct duet_out duet_out_t;

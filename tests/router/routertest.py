@@ -816,7 +816,15 @@ def sc_tools(a, rep):
     c = None
     try:
         script = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        json.dump({"outputs": {"call": call, "bad": bad}}, script)
+        # what follows the forced opening of a call: for a named tool (seed 3), the invoke is open
+        # already; for 'required' (seed 4), the block is
+        named_rest = ("<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n"
+                      "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+        required_rest = ("<｜DSML｜invoke name=\"get_weather\">\n"
+                         "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n"
+                         "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+        json.dump({"outputs": {"call": call, "bad": bad, "named_rest": named_rest,
+                               "required_rest": required_rest}}, script)
         script.close()
         c = Cluster(a.build, a.model, decode_bin=scripted, decode_args=["--script", script.name])
         # the scripted worker picks its output by the request's seed: 1 the call, 2 the malformed block
@@ -847,6 +855,41 @@ def sc_tools(a, rep):
                   and ch["finish_reason"] == "stop", "malformed DSML: plain content, no tool call")
         rep.check(any(w["code"] == "DSML_BAD_JSON" for w in j.get("warnings", [])), "malformed DSML: a warning")
         rep.check(c.metric("duet_router_dsml_errors_total") == before + 1, "malformed DSML counted in /metrics")
+        # tool_choice named: the reply is made to open that tool's invoke; the model writes the rest
+        body = {"messages": [{"role": "user", "content": "Weather in Rome?"}], "tools": tools, "max_tokens": 200,
+                "seed": 3, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "return_token_ids": True}
+        st, _, j, raw = c.post(CHAT, body)
+        ch = j["choices"][0] if st == 200 else {}
+        calls = ch.get("message", {}).get("tool_calls") or []
+        rep.check(st == 200 and ch.get("finish_reason") == "tool_calls" and len(calls) == 1 and
+                  calls[0]["function"]["name"] == "get_weather" and
+                  json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"} and not j.get("warnings"),
+                  f"tool_choice named: the forced invoke completed into a call ({raw[:300]})")
+        pids = j.get("prompt_token_ids") or []
+        rep.check(st == 200 and len(pids) == j["usage"]["prompt_tokens"] and
+                  len(ch.get("token_ids") or []) == j["usage"]["completion_tokens"],
+                  "return_token_ids: prompt and output ids match the usage counts")
+        st2, _, j2, _ = c.post(CHAT, dict(body, tool_choice="auto", seed=5))
+        rep.check(st2 == 200 and len(j2.get("prompt_token_ids") or []) < len(pids),
+                  "tool_choice named: the forced opening ends the prompt")
+        # tool_choice required in thinking mode: reasoning is closed, a block opened; streamed
+        body = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": tools, "max_tokens": 200,
+                "seed": 4, "tool_choice": "required", "thinking": True, "stream": True}
+        st, _, ev, done = c.stream(CHAT, body)
+        deltas = [cc["delta"] for e in ev for cc in e.get("choices", [])]
+        scalls = [t for d in deltas for t in d.get("tool_calls", [])]
+        fin = [cc["finish_reason"] for e in ev for cc in e.get("choices", []) if cc["finish_reason"]]
+        rep.check(done and len(scalls) == 1 and json.loads(scalls[0]["function"]["arguments"]) == {"city": "Oslo"}
+                  and fin == ["tool_calls"], "tool_choice required (thinking, streamed): one call, finish tool_calls")
+        # a forced call the model does not complete: plain content and a warning, never a broken call
+        body = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "max_tokens": 200, "seed": 2,
+                "tool_choice": "required"}
+        st, _, j, raw = c.post(CHAT, body)
+        ch = j["choices"][0] if st == 200 else {}
+        rep.check(st == 200 and not ch.get("message", {}).get("tool_calls") and
+                  any(w["code"] == "TOOL_CHOICE_UNMET" for w in j.get("warnings", [])),
+                  "tool_choice required, malformed continuation: no call, TOOL_CHOICE_UNMET")
         # OpenAI SDK, when present
         try:
             import openai
