@@ -351,6 +351,24 @@ static int layer_has_pool(int ratio, duet_pool_kind_t kind)
     }
 }
 
+static void fill_layer(duet_kv_cache_t *c, int layer, duet_cache_layer_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->layer = layer;
+    out->ratio = duet_cfg_ratio(&c->cfg, layer);
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = &c->layout[k];
+        if (!layer_has_pool(out->ratio, (duet_pool_kind_t)k))
+            continue;
+        /* SWA holds every layer in order; the others only their ratio's layers */
+        int li = k == DUET_POOL_SWA_KV ? layer : duet_cfg_ratio_layer_index(&c->cfg, layer);
+        uint32_t units = l->paged ? c->n_pages : c->n_slots;
+        out->layout[k] = l;
+        out->n_units[k] = units;
+        out->base[k] = c->mem[k] ? c->mem[k] + (size_t)li * units * l->page_bytes : NULL;
+    }
+}
+
 duet_status_t duet_kv_cache_layer(duet_kv_cache_t *c, int layer, duet_cache_layer_t *out)
 {
     if (!c || !out)
@@ -366,20 +384,16 @@ duet_status_t duet_kv_cache_layer(duet_kv_cache_t *c, int layer, duet_cache_laye
         if (st != DUET_OK)
             return st;
     }
+    fill_layer(c, layer, out);
+    return DUET_OK;
+}
 
-    memset(out, 0, sizeof *out);
-    out->layer = layer;
-    out->ratio = duet_cfg_ratio(&c->cfg, layer);
-    for (int k = 0; k < DUET_POOL_COUNT; k++) {
-        const duet_cache_layout_t *l = &c->layout[k];
-        if (!layer_has_pool(out->ratio, (duet_pool_kind_t)k))
-            continue;
-        /* SWA holds every layer in order; the others only their ratio's layers */
-        int li = k == DUET_POOL_SWA_KV ? layer : duet_cfg_ratio_layer_index(&c->cfg, layer);
-        uint32_t units = l->paged ? c->n_pages : c->n_slots;
-        out->layout[k] = l;
-        out->n_units[k] = units;
-        out->base[k] = c->mem[k] ? c->mem[k] + (size_t)li * units * l->page_bytes : NULL;
-    }
+duet_status_t duet_kv_cache_layer_for_loader(duet_kv_cache_t *c, int layer, duet_cache_layer_t *out)
+{
+    if (!c || !out)
+        return DUET_ERR_INVALID;
+    if (layer < 0 || layer >= c->cfg.num_hidden_layers)
+        return DUET_ERR_RANGE;
+    fill_layer(c, layer, out);
     return DUET_OK;
 }

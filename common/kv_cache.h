@@ -87,6 +87,10 @@ typedef struct {
 
 /* Fill `out` for `layer` after the gate allows it. */
 duet_status_t duet_kv_cache_layer(duet_kv_cache_t *c, int layer, duet_cache_layer_t *out);
+/* The same view without calling the gate.  Only for the loader whose
+ * per-layer completion the gate waits for (HiCache's copy thread): it writes
+ * the layer that readers are held back from. */
+duet_status_t duet_kv_cache_layer_for_loader(duet_kv_cache_t *c, int layer, duet_cache_layer_t *out);
 
 /* Address of page/slot `unit` of pool `kind` in a layer view (NULL when absent or out of range). */
 static inline uint8_t *duet_cache_layer_unit(const duet_cache_layer_t *v, duet_pool_kind_t kind, uint32_t unit)

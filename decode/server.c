@@ -33,6 +33,7 @@ typedef struct {
     int32_t last_token;
     uint32_t n_generated;
     uint32_t n_prompt_pages;
+    int sink;            /* where this request's events go (Reserve.event_url; held until free_dd) */
 } dd_t; /* per-request decode data (duet_dreq_t.user) */
 
 typedef struct {
@@ -52,12 +53,18 @@ static duet_msg_origin_t origin(dsrv_t *s, const char *rid, uint64_t epoch)
     return (duet_msg_origin_t){.sender_id = s->o.id, .rid = rid, .epoch = epoch};
 }
 
-static void push_event(dsrv_t *s, duet_envelope_t *ev) { duet_worker_net_push(&s->net, ev); }
+/* An event about request r goes to the router that owns it (its Reserve's event_url). */
+static void push_event(dsrv_t *s, const duet_dreq_t *r, duet_envelope_t *ev)
+{
+    const dd_t *u = r ? r->user : NULL;
+    duet_worker_net_push_to(&s->net, u ? u->sink : DUET_WORKER_SINK_EVENTS, ev);
+}
 
-static void free_dd(duet_dreq_t *r)
+static void free_dd(dsrv_t *s, duet_dreq_t *r)
 {
     dd_t *u = r->user;
     if (u) {
+        duet_worker_net_sink_release(&s->net, u->sink);
         free(u->stop_ids);
         free(u);
         r->user = NULL;
@@ -74,7 +81,7 @@ static void emit_finished(dsrv_t *s, duet_dreq_t *r, Duet__V1__FinishReason reas
         ev->request_finished->abort_reason = why;
         if (error != DUET_OK)
             ev->request_finished->error = duet_msg_error_code(error);
-        push_event(s, ev);
+        push_event(s, r, ev);
     }
 }
 
@@ -82,7 +89,7 @@ static void emit_finished(dsrv_t *s, duet_dreq_t *r, Duet__V1__FinishReason reas
 static void finish_request(dsrv_t *s, duet_dreq_t *r, Duet__V1__FinishReason reason)
 {
     emit_finished(s, r, reason, DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, DUET_OK);
-    free_dd(r);
+    free_dd(s, r);
     duet_dreq_finish(s->tab, r->rid);
 }
 
@@ -116,19 +123,30 @@ static duet_status_t on_reserve(dsrv_t *s, const duet_envelope_t *req, duet_enve
     if (g_stop)
         return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_SHUTTING_DOWN, "shutting down",
                                      0, reply);
+    /* where this request's events go: the owner router's pull socket, or --events */
+    int sink;
+    duet_status_t st = duet_worker_net_sink_acquire(&s->net, rv->event_url, "reserve.event_url", &sink, &err);
+    if (st == DUET_ERR_BUSY)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_OVERLOADED, err.msg, 1000, reply);
+    if (st != DUET_OK)
+        return duet_msg_new_error(&o, st, err.msg, reply);
     duet_dreq_t *r;
-    duet_status_t st = duet_dreq_reserve(s->tab, rid, rv->prefill_worker_id, (int32_t)rv->prompt_len,
-                                         (int32_t)rv->max_new_tokens, wait_ms, now, &r, &err);
+    st = duet_dreq_reserve(s->tab, rid, rv->prefill_worker_id, (int32_t)rv->prompt_len, (int32_t)rv->max_new_tokens,
+                           wait_ms, now, &r, &err);
+    if (st != DUET_OK)
+        duet_worker_net_sink_release(&s->net, sink);
     if (st == DUET_ERR_STATE)
         return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_DUPLICATE_RID, err.msg, 0, reply);
     if (st != DUET_OK)
         return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_NO_PAGES, err.msg, 100, reply);
     dd_t *u = DUET_NEW(dd_t);
     if (!u) {
+        duet_worker_net_sink_release(&s->net, sink);
         duet_dreq_abort(s->tab, rid, 0, 0);
         duet_dreq_router_confirms_undelivered(s->tab, rid, 0);
         return DUET_ERR_NOMEM;
     }
+    u->sink = sink;
     r->user = u;
     duet_sampling_default(&u->sp);
     const Duet__V1__SamplingParams *sp = rv->sampling;
@@ -170,7 +188,7 @@ static duet_status_t on_reserve(dsrv_t *s, const duet_envelope_t *req, duet_enve
     duet_xfer_desc_fini(&desc);
     if (st != DUET_OK) {
         duet_envelope_free(reply);
-        free_dd(r);
+        free_dd(s, r);
         /* nothing was handed out: the pages can go back at once */
         duet_dreq_abort(s->tab, rid, 0, 0);
         duet_dreq_router_confirms_undelivered(s->tab, rid, 0);
@@ -193,12 +211,12 @@ static duet_status_t on_abort(dsrv_t *s, const duet_envelope_t *req, duet_envelo
     uint32_t quarantined = 0;
     if (r->state == DUET_REQ_DECODING) {
         emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, req->abort->reason, DUET_OK);
-        free_dd(r);
+        free_dd(s, r);
         duet_dreq_abort(s->tab, r->rid, 0, req->abort->reason);
     } else {
         if (r->state == DUET_REQ_WAITING_FOR_INPUT) {
             emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, req->abort->reason, DUET_OK);
-            free_dd(r);
+            free_dd(s, r);
             duet_dreq_abort(s->tab, r->rid, 0, req->abort->reason);
             duet_xfer_recv_cancel(s->net.xfer, r->rid, r->epoch);
         }
@@ -284,7 +302,7 @@ static int deliver_token(dsrv_t *s, duet_dreq_t *r, int32_t tok)
     duet_msg_origin_t o = origin(s, r->rid, r->epoch);
     duet_envelope_t *ev = NULL;
     if (duet_msg_new_token_chunk(&o, u->n_generated, &tok, 1, &ev) == DUET_OK)
-        push_event(s, ev);
+        push_event(s, r, ev);
     u->n_generated++;
     u->last_token = tok;
     s->tokens_out++;
@@ -310,7 +328,7 @@ static int notify_dead_one(duet_dreq_t *r, void *arg)
     if (strcmp(r->prefill_id, c->prefill_id) == 0 && r->state == DUET_REQ_WAITING_FOR_INPUT) {
         emit_finished(c->s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
                       DUET__V1__ABORT_REASON__ABORT_REASON_PEER_FAILURE, DUET_ERR_PEER);
-        free_dd(r);
+        free_dd(c->s, r);
     }
     return 0;
 }
@@ -365,7 +383,7 @@ static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
     Duet__V1__AbortReason why = ev->status == DUET_ERR_TIMEOUT ? DUET__V1__ABORT_REASON__ABORT_REASON_WAIT_DEADLINE
                                                                 : DUET__V1__ABORT_REASON__ABORT_REASON_PEER_FAILURE;
     emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT, why, ev->status);
-    free_dd(r);
+    free_dd(s, r);
     duet_dreq_abort(s->tab, r->rid, r->epoch, why);
     if (ev->status == DUET_ERR_PEER || ev->status == DUET_ERR_CHECKSUM || ev->status == DUET_ERR_ABORTED) {
         /* prefill is dead (endpoint failed and closed) or has flushed: nothing can land */
@@ -392,7 +410,7 @@ static void expire_waiting(dsrv_t *s)
             duet_log_rid(DUET_LOG_WARN, out[i]->rid, "WAITING_FOR_INPUT deadline passed; pages quarantined");
             emit_finished(s, out[i], DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
                           DUET__V1__ABORT_REASON__ABORT_REASON_WAIT_DEADLINE, DUET_ERR_TIMEOUT);
-            free_dd(out[i]);
+            free_dd(s, out[i]);
             duet_xfer_recv_cancel(s->net.xfer, out[i]->rid, out[i]->epoch);
         }
 }
@@ -440,7 +458,7 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
         for (uint32_t i = 0; i < p.n; i++) {
             emit_finished(s, batch[i], DUET__V1__FINISH_REASON__FINISH_REASON_ERROR,
                           DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, st);
-            free_dd(batch[i]);
+            free_dd(s, batch[i]);
             duet_dreq_finish(s->tab, batch[i]->rid);
         }
         return DUET_OK;
@@ -461,7 +479,7 @@ static void heartbeat(dsrv_t *s)
     duet_envelope_t *ev = NULL;
     if (duet_msg_new_heartbeat(&o, DUET__V1__ROLE__ROLE_DECODE, &ev) == DUET_OK) {
         fill_load(s, ev->heartbeat->load);
-        push_event(s, ev);
+        duet_worker_net_broadcast(&s->net, ev); /* every router that sends here hears the load */
     }
 }
 
@@ -471,7 +489,7 @@ static int shutdown_one(duet_dreq_t *r, void *arg)
     if (r->state == DUET_REQ_DECODING || r->state == DUET_REQ_WAITING_FOR_INPUT)
         emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ABORT,
                       DUET__V1__ABORT_REASON__ABORT_REASON_WORKER_SHUTDOWN, DUET_OK);
-    free_dd(r);
+    free_dd(s, r);
     return 0;
 }
 

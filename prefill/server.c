@@ -16,6 +16,7 @@
 #include "ctl.h"
 #include "msg_xfer.h"
 #include "forward.h"
+#include "hicache.h"
 #include "log.h"
 #include "msg.h"
 #include "sampling.h"
@@ -38,19 +39,24 @@ typedef struct preq {
     int32_t done;             /* prompt tokens prefilled so far */
     duet_sampling_t sp;
     duet_xfer_desc_t desc;
-    duet_seq_t seq;           /* this worker's own pages for the request */
+    duet_seq_t seq;           /* this worker's pages for the request (a prefix hit's are HiCache's) */
+    duet_hicache_req_t hreq;  /* prefix-cache bookkeeping (inactive without HiCache) */
     uint64_t tid;             /* data-plane transfer, once begun */
     int has_tid;
     int in_step;              /* part of the forward running now: an abort waits for its end */
     int abort_pending;
     uint64_t deadline_ns;
     uint64_t received_ns;
+    int sink;                 /* where this request's events go (Prefill.event_url; held until unlinked) */
 } preq_t;
 
 typedef struct {
     duet_worker_opts_t o;
     duet_model_t *model;
     duet_kv_cache_t *cache;
+    duet_hicache_t *hc;       /* prefix cache, NULL when off */
+    uint64_t hc_logged;       /* lookups at the last stats line */
+    uint64_t hc_log_ns;
     duet_worker_net_t net;
     preq_t *head, *tail;
     uint32_t n_queued, n_live;
@@ -67,14 +73,18 @@ static duet_msg_origin_t origin(psrv_t *s, const char *rid, uint64_t epoch)
     return (duet_msg_origin_t){.sender_id = s->o.id, .rid = rid, .epoch = epoch};
 }
 
-static void push_event(psrv_t *s, duet_envelope_t *ev) { duet_worker_net_push(&s->net, ev); }
+/* An event about request r goes to the router that owns it (its Prefill's event_url). */
+static void push_event(psrv_t *s, const preq_t *r, duet_envelope_t *ev)
+{
+    duet_worker_net_push_to(&s->net, r->sink, ev);
+}
 
 static void push_error(psrv_t *s, preq_t *r, duet_status_t st, const char *msg)
 {
     duet_msg_origin_t o = origin(s, r->rid, r->epoch);
     duet_envelope_t *ev = NULL;
     if (duet_msg_new_error(&o, st, msg, &ev) == DUET_OK)
-        push_event(s, ev);
+        push_event(s, r, ev);
 }
 
 static preq_t *find_req(psrv_t *s, const char *rid, uint64_t epoch)
@@ -100,8 +110,13 @@ static void unlink_req(psrv_t *s, preq_t *r)
     if (r->state == PR_QUEUED)
         s->n_queued--;
     s->n_live--;
+    if (r->hreq.active) { /* the tree's pages stay; only the request's own go back */
+        duet_hicache_end(s->hc, &r->hreq, r->seq.pages, r->seq.n_pages);
+        r->seq.n_pages = 0;
+    }
     if (r->seq.has_slot)
         duet_seq_release(s->cache, &r->seq);
+    duet_worker_net_sink_release(&s->net, r->sink);
     duet_xfer_desc_fini(&r->desc);
     free(r->tokens);
     free(r);
@@ -153,14 +168,25 @@ static duet_status_t on_prefill(psrv_t *s, const duet_envelope_t *req, duet_enve
                                      "prompt larger than this worker's cache", 0, reply);
     if (st != DUET_OK)
         return duet_msg_new_error(&o, st, err.msg, reply);
+    /* where this request's events go: the owner router's pull socket, or --events */
+    int sink;
+    st = duet_worker_net_sink_acquire(&s->net, pf->event_url, "prefill.event_url", &sink, &err);
+    if (st == DUET_ERR_BUSY)
+        return duet_msg_new_rejected(&o, DUET__V1__REJECT_REASON__REJECT_REASON_OVERLOADED, err.msg, 1000, reply);
+    if (st != DUET_OK)
+        return duet_msg_new_error(&o, st, err.msg, reply);
     preq_t *r = DUET_NEW(preq_t);
-    if (!r)
+    if (!r) {
+        duet_worker_net_sink_release(&s->net, sink);
         return DUET_ERR_NOMEM;
+    }
+    r->sink = sink;
     strcpy(r->rid, rid);
     r->epoch = req->header->epoch;
     r->n_tokens = (int32_t)pf->n_tokens;
     r->tokens = duet_malloc_array(pf->n_tokens, sizeof(int32_t));
     if (!r->tokens) {
+        duet_worker_net_sink_release(&s->net, sink);
         free(r);
         return DUET_ERR_NOMEM;
     }
@@ -175,6 +201,7 @@ static duet_status_t on_prefill(psrv_t *s, const duet_envelope_t *req, duet_enve
     }
     st = duet_msg_descriptor_to_xfer(pf->descriptor, rid, &r->desc, &err);
     if (st != DUET_OK) {
+        duet_worker_net_sink_release(&s->net, sink);
         duet_xfer_desc_fini(&r->desc);
         free(r->tokens);
         free(r);
@@ -340,6 +367,60 @@ static duet_status_t layer_done(void *arg, int layer)
     return DUET_OK;
 }
 
+/* Prefix cache: continue from the longest cached prefix with a resume state.
+ * The hit's pages (the tree's, loaded from the host tier where needed; the
+ * forward's layer gate waits for each layer) head the request's page list,
+ * so the transfer sends the whole prompt's pages.  -1: no room yet (wait). */
+static int hicache_start(psrv_t *s, preq_t *r)
+{
+    duet_err_t err = {0};
+    duet_status_t st = duet_hicache_begin(s->hc, r->tokens, r->n_tokens, r->seq.slot, &r->hreq, &err);
+    if (st == DUET_ERR_NO_SPACE)
+        return -1;
+    if (st != DUET_OK) { /* serve it without the cache */
+        duet_log_rid(DUET_LOG_WARN, r->rid, "prefix cache skipped: %s", duet_err_text(&err));
+        return 0;
+    }
+    uint32_t total = (uint32_t)((r->n_tokens + s->o.cache.page_tokens - 1) / s->o.cache.page_tokens);
+    uint32_t *pages = duet_malloc_array(total ? total : 1, sizeof(uint32_t));
+    if (!pages) {
+        duet_hicache_end(s->hc, &r->hreq, NULL, 0);
+        return -1;
+    }
+    if (r->hreq.hit_pages)
+        memcpy(pages, r->hreq.hit_page_ids, sizeof(uint32_t) * r->hreq.hit_pages);
+    r->seq.pages = pages;
+    r->seq.cap_pages = total ? total : 1;
+    r->seq.n_pages = r->hreq.hit_pages;
+    r->seq.n_past = r->hreq.hit_tokens;
+    r->done = (int32_t)r->hreq.hit_tokens;
+    duet_log_rid(DUET_LOG_DEBUG, r->rid, "prefix cache: %lld of %d tokens cached", (long long)r->hreq.hit_tokens,
+                 r->n_tokens);
+    return 0;
+}
+
+static void hicache_log(psrv_t *s, int force)
+{
+    duet_hicache_stats_t st;
+    if (!s->hc)
+        return;
+    duet_hicache_stats(s->hc, &st);
+    uint64_t now = duet_time_ns();
+    if (!force && (st.lookups == s->hc_logged || now - s->hc_log_ns < 10000000000ull))
+        return;
+    s->hc_logged = st.lookups;
+    s->hc_log_ns = now;
+    duet_info("hicache: lookups %llu hits %llu (device %llu host %llu) misses %llu hit_tokens %llu inserts %llu "
+              "loaded_pages %llu backed_up_pages %llu evicted_device_pages %llu evicted_host_pages %llu nodes %u "
+              "device_pages %u host_pages %u/%u state_bytes %llu",
+              (unsigned long long)st.lookups, (unsigned long long)st.hits, (unsigned long long)st.device_hits,
+              (unsigned long long)st.host_hits, (unsigned long long)st.misses, (unsigned long long)st.hit_tokens,
+              (unsigned long long)st.inserts, (unsigned long long)st.loaded_pages,
+              (unsigned long long)st.backed_up_pages, (unsigned long long)st.evicted_device_pages,
+              (unsigned long long)st.evicted_host_pages, st.nodes, st.device_pages, st.host_pages_used,
+              st.host_pages_total, (unsigned long long)st.state_bytes);
+}
+
 /* Start a queued request: our own pages and slot, then the data-plane transfer
  * (which checks the decode worker's layouts again).  Returns 0 when it must wait. */
 static int start_request(psrv_t *s, preq_t *r)
@@ -349,8 +430,17 @@ static int start_request(psrv_t *s, preq_t *r)
         return 0;
     if (duet_seq_init(s->cache, &r->seq, &err) != DUET_OK)
         return 0;
-    if (duet_seq_reserve(s->cache, &r->seq, r->n_tokens, &err) != DUET_OK) {
+    if (s->hc && hicache_start(s, r) < 0) {
         duet_seq_release(s->cache, &r->seq);
+        return 0;
+    }
+    if (duet_seq_reserve(s->cache, &r->seq, r->n_tokens, &err) != DUET_OK) {
+        if (r->hreq.active) {
+            duet_hicache_end(s->hc, &r->hreq, r->seq.pages, r->seq.n_pages);
+            r->seq.n_pages = 0;
+        }
+        duet_seq_release(s->cache, &r->seq);
+        r->done = 0;
         return 0;
     }
     duet_status_t st = duet_xfer_send_begin(s->net.xfer, &r->desc, r->seq.pages, r->seq.n_pages, r->seq.slot, 0,
@@ -390,6 +480,11 @@ static void prefill_step(psrv_t *s)
         if (r->state != PR_PREFILLING)
             continue;
         uint32_t left = (uint32_t)(r->n_tokens - r->done), take = left < budget ? left : budget;
+        if (r->hreq.active) { /* a chunk ends at each boundary whose resume state goes into the prefix cache */
+            int64_t stop = duet_hicache_next_stop(&r->hreq, r->done, r->n_tokens);
+            if (stop - r->done < (int64_t)take)
+                take = (uint32_t)(stop - r->done);
+        }
         int final = take == left;
         items[n] = (duet_fwd_item_t){.seq = &r->seq, .tokens = r->tokens + r->done, .n_tokens = (int)take,
                                      .logits_mode = final ? DUET_LOGITS_LAST : DUET_LOGITS_NONE,
@@ -419,6 +514,10 @@ static void prefill_step(psrv_t *s)
     for (uint32_t i = 0; i < n; i++) {
         preq_t *r = owners[i];
         r->done += items[i].n_tokens;
+        if (r->hreq.active && duet_hicache_is_stop(&r->hreq, r->done) &&
+            duet_hicache_insert(s->hc, &r->hreq, r->tokens, r->done, r->seq.pages, r->seq.n_pages, r->seq.slot,
+                                &err) != DUET_OK)
+            duet_log_rid(DUET_LOG_WARN, r->rid, "prefix cache insert failed: %s", duet_err_text(&err));
         if (r->abort_pending) {
             stop_request(s, r);
             continue;
@@ -431,7 +530,7 @@ static void prefill_step(psrv_t *s)
         duet_msg_origin_t o = origin(s, r->rid, r->epoch);
         duet_envelope_t *ev = NULL;
         if (duet_msg_new_transfer_done(&o, first, (uint32_t)r->n_tokens, 0, &ev) == DUET_OK)
-            push_event(s, ev); /* the router's copy: the first token is known */
+            push_event(s, r, ev); /* the router's copy: the first token is known */
     }
 }
 
@@ -443,8 +542,9 @@ static void heartbeat(psrv_t *s)
     duet_envelope_t *ev = NULL;
     if (duet_msg_new_heartbeat(&o, DUET__V1__ROLE__ROLE_PREFILL, &ev) == DUET_OK) {
         fill_load(s, ev->heartbeat->load);
-        push_event(s, ev);
+        duet_worker_net_broadcast(&s->net, ev); /* every router that sends here hears the load */
     }
+    hicache_log(s, 0);
 }
 
 int main(int argc, char **argv)
@@ -463,6 +563,19 @@ int main(int argc, char **argv)
     if (!S.logits || !S.finals) {
         duet_err_set(&err, DUET_ERR_NOMEM, "out of memory");
         goto fail;
+    }
+    if (S.o.hicache_device_pages || S.o.hicache_host_gib > 0) {
+        duet_hicache_opts_t ho = {.device_pages = S.o.hicache_device_pages,
+                                  .host_bytes = (uint64_t)(S.o.hicache_host_gib * 1073741824.0),
+                                  .policy = (duet_hicache_policy_t)S.o.hicache_policy,
+                                  .selective_hits = S.o.hicache_selective_hits};
+        if (duet_hicache_create(S.cache, &ho, &S.hc, &err) != DUET_OK)
+            goto fail;
+        duet_hicache_stats_t hs;
+        duet_hicache_stats(S.hc, &hs);
+        duet_info("%s: prefix cache on: %u device pages, host tier %u pages (%.3f GiB), %s", S.o.id,
+                  S.o.hicache_device_pages, hs.host_pages_total, S.o.hicache_host_gib,
+                  duet_hicache_policy_name(ho.policy));
     }
     if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
         goto fail;
@@ -505,6 +618,8 @@ done:
     duet_worker_net_close(&S.net); /* pages stay registered until here */
     while (S.head)
         unlink_req(&S, S.head);
+    hicache_log(&S, 1);
+    duet_hicache_destroy(&S.hc); /* after every request ended: the tree's pages go back to the cache */
     free(S.logits);
     free(S.finals);
     duet_kv_cache_destroy(&S.cache);

@@ -167,6 +167,7 @@ typedef struct {
 struct duet_core {
     duet_core_opts_t o;
     char router_id[65], nonce[65], events_url[257];
+    char event_url_wire[257]; /* Reserve/Prefill.event_url: where workers send this router's events */
     duet_ctl_puller_t *puller;
     pthread_t core_thread, event_thread;
     atomic_int stop_events;
@@ -759,7 +760,8 @@ static void start_request(core_t *c, crq_t *q)
         wait = left ? (uint32_t)left : 1;
     duet_envelope_t *req = NULL;
     duet_msg_origin_t o = origin(c, q, 0);
-    if (duet_msg_new_reserve(&o, r->n_prompt, r->max_tokens, wait, &req) != DUET_OK) {
+    /* event_url: the workers send this request's events to this router, whichever router they default to */
+    if (duet_msg_new_reserve(&o, r->n_prompt, r->max_tokens, wait, c->event_url_wire, &req) != DUET_OK) {
         fail(q, 500, "internal_error", "out of memory");
         close_request(c, q);
         return;
@@ -826,7 +828,8 @@ static void on_reserve_done(core_t *c, crq_t *q, job_t *j)
         duet_envelope_t *req = NULL;
         duet_msg_origin_t o = origin(c, q, q->epoch);
         uint64_t left = duet_deadline_left_ms(q->r->deadline_ns);
-        if (!left || duet_msg_new_prefill(&o, q->r->prompt, q->r->n_prompt, td, (uint32_t)(left ? left : 1), &req) != DUET_OK) {
+        if (!left || duet_msg_new_prefill(&o, q->r->prompt, q->r->n_prompt, td, (uint32_t)(left ? left : 1),
+                                          c->event_url_wire, &req) != DUET_OK) {
             fail(q, left ? 500 : 504, left ? "internal_error" : "timeout", "request could not be sent to prefill");
             begin_abort(c, q, left ? AR(INTERNAL_ERROR) : AR(TIMEOUT));
             return;
@@ -1184,7 +1187,7 @@ static void on_event(core_t *c, duet_envelope_t *ev)
     const char *rid = duet_msg_rid(ev);
     crq_t *q = rid ? find_rid(c, rid) : NULL;
     if (!q)
-        return;
+        return; /* not ours (any more): ended here, or another router's request on a worker we share */
     switch (KIND(ev)) {
     case B(TOKEN_CHUNK): on_token_chunk(c, q, ev); break;
     case B(REQUEST_FINISHED): on_finished(c, q, ev); break;
@@ -1579,6 +1582,9 @@ duet_status_t duet_core_create(const duet_core_opts_t *o, duet_core_t **out, due
     snprintf(c->router_id, sizeof c->router_id, "%s", o->router_id);
     snprintf(c->nonce, sizeof c->nonce, "%s", o->nonce ? o->nonce : "");
     snprintf(c->events_url, sizeof c->events_url, "%s", o->events_url);
+    snprintf(c->event_url_wire, sizeof c->event_url_wire, "%s",
+             o->events_advertise && *o->events_advertise ? o->events_advertise : o->events_url);
+    c->o.events_advertise = c->event_url_wire;
     c->o.router_id = c->router_id;
     c->o.events_url = c->events_url;
     if (!c->o.max_inflight)

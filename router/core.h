@@ -45,6 +45,8 @@ typedef struct {
     const char *router_id;          /* sender id on the wire; required */
     const char *nonce;              /* this run (Redis owner field) */
     const char *events_url;         /* the router's pull socket; required */
+    const char *events_advertise;   /* the URL workers dial to reach it, sent as Reserve/Prefill.event_url
+                                     * (NULL: events_url) */
     const char *const *prefill_urls;
     size_t n_prefill;
     const char *const *decode_urls;

@@ -24,6 +24,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "msg.h"
 #include "store.h"
 #include "time_util.h"
 #include "tokenizer.h"
@@ -31,7 +32,7 @@
 #define MAX_URLS 64
 
 typedef struct {
-    const char *listen, *events, *model, *tokenizer, *served_name, *redis, *redis_prefix, *id, *port_file;
+    const char *listen, *events, *events_advertise, *model, *tokenizer, *served_name, *redis, *redis_prefix, *id, *port_file;
     const char *decode_policy, *prefill_policy, *effort_profile;
     const char *prefill[MAX_URLS], *decode[MAX_URLS];
     size_t n_prefill, n_decode;
@@ -47,6 +48,8 @@ static void usage(void)
             "  --listen HOST:PORT        HTTP address (127.0.0.1:8000; port 0 picks a free one)\n"
             "  --port-file FILE          write the bound HTTP port here once listening\n"
             "  --events URL              where workers push events (the router listens): ipc:///run/duet/events.sock\n"
+            "  --events-advertise URL    the URL workers dial to reach --events, sent in every Reserve and Prefill\n"
+            "                            (default: --events; set it when --events listens on a wildcard address)\n"
             "  --prefill URL             a prefill worker's control URL (repeat or comma-separate)\n"
             "  --decode URL              a decode worker's control URL (repeat or comma-separate)\n"
             "  --model DIR               checkpoint directory: config.json, tokenizer.json, the model's name\n"
@@ -129,6 +132,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         {"--listen", &o->listen, NULL},
         {"--port-file", &o->port_file, NULL},
         {"--events", &o->events, NULL},
+        {"--events-advertise", &o->events_advertise, NULL},
         {"--model", &o->model, NULL},
         {"--tokenizer", &o->tokenizer, NULL},
         {"--served-model-name", &o->served_name, NULL},
@@ -186,6 +190,16 @@ static int parse_args(int argc, char **argv, opts_t *o)
     if (!o->events) {
         fprintf(stderr, "duet-router: --events is required\n");
         return -1;
+    }
+    {
+        /* workers dial this URL for the events of this router's requests: refuse one they would refuse */
+        const char *adv = o->events_advertise ? o->events_advertise : o->events;
+        duet_err_t e = {0};
+        if (strlen(adv) > 256 || duet_msg_check_event_url(adv, o->events_advertise ? "--events-advertise" : "--events",
+                                                           &e) != DUET_OK) {
+            fprintf(stderr, "duet-router: %s\n", e.msg[0] ? e.msg : "the events URL is longer than 256 bytes");
+            return -1;
+        }
     }
     if (strcmp(o->effort_profile, "preview") && strcmp(o->effort_profile, "official")) {
         fprintf(stderr, "duet-router: --effort-profile must be preview or official\n");
@@ -332,7 +346,8 @@ int main(int argc, char **argv)
         }
     }
     duet_core_opts_t co = {
-        .router_id = id, .nonce = nonce, .events_url = o.events, .prefill_urls = o.prefill,
+        .router_id = id, .nonce = nonce, .events_url = o.events, .events_advertise = o.events_advertise,
+        .prefill_urls = o.prefill,
         .n_prefill = o.n_prefill, .decode_urls = o.decode, .n_decode = o.n_decode,
         .calls_per_worker = (uint32_t)o.calls_per_worker, .max_inflight = (uint32_t)o.max_inflight,
         .queue_size = (uint32_t)o.queue_size, .worker_timeout_ms = (uint32_t)o.worker_timeout_ms,

@@ -297,6 +297,46 @@ out:
     freeReplyObject(h);
 }
 
+/* Several routers share one Redis, each with its own --id: a router takes
+ * every unfinished request recorded under its id by another run as its own
+ * from before a restart and aborts it.  Two live routers with one id would
+ * so abort each other's requests; say so when another run's liveness key
+ * carries our id (it may also be this router's previous run, killed less
+ * than router_ttl_ms ago). */
+static void check_same_id(duet_store_t *s)
+{
+    char match[192], self[192];
+    duet_store_key(s, match, sizeof match, "router:*");
+    duet_store_key(s, self, sizeof self, "router:%s", s->nonce);
+    char cursor[32] = "0";
+    int rounds = 0;
+    do {
+        redisReply *r = runf(s, "SCAN", cursor, "MATCH", match, "COUNT", "500", NULL);
+        if (!r)
+            return;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING) {
+            freeReplyObject(r);
+            return;
+        }
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        redisReply *keys = r->element[1];
+        for (size_t i = 0; i < keys->elements && s->rc; i++) {
+            const redisReply *k = keys->element[i];
+            if (k->type != REDIS_REPLY_STRING || !strcmp(k->str, self))
+                continue;
+            redisReply *v = runf(s, "GET", k->str, NULL);
+            if (v && v->type == REDIS_REPLY_STRING && !strcmp(v->str, s->router_id))
+                duet_warn("another run of router id %s has a liveness key (%s): its unfinished requests will be "
+                          "aborted as this router's own before a restart. If that router is still running, give "
+                          "each router its own --id",
+                          s->router_id, k->str);
+            if (v)
+                freeReplyObject(v);
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0 && s->rc && ++rounds < 1000);
+}
+
 static void sweep(duet_store_t *s)
 {
     char match[192];
@@ -368,7 +408,7 @@ static void *store_main(void *arg)
 {
     duet_store_t *s = arg;
     uint64_t backoff_ms = 100, next_try = 0, next_hb = 0, next_sweep = 0;
-    int stopping = 0;
+    int stopping = 0, checked_id = 0;
     for (;;) {
         uint64_t now = duet_time_ns();
         pthread_mutex_lock(&s->mu);
@@ -407,6 +447,10 @@ static void *store_main(void *arg)
             continue;
         }
         if (now >= next_sweep && !stopping) {
+            if (!checked_id) {
+                check_same_id(s);
+                checked_id = 1;
+            }
             sweep(s);
             next_sweep = duet_time_ns() + (uint64_t)s->o.sweep_ms * 1000000ull;
             continue;

@@ -57,6 +57,7 @@ typedef struct {
     duet_ctl_client_t **p, **d;
     int np, nd;
     duet_ctl_puller_t *events;
+    const char *events_url;      /* sent as Reserve/Prefill.event_url: the workers answer here */
     rq_t *rq;
     size_t n_rq;
     uint32_t wait_ms;
@@ -154,7 +155,7 @@ static void start_request(drv_t *D, rq_t *r, size_t i)
     }
     duet_msg_origin_t o = origin(r);
     duet_envelope_t *req = NULL, *reply = NULL;
-    duet_msg_new_reserve(&o, (uint32_t)r->n_tokens, r->max_tokens, D->wait_ms, &req);
+    duet_msg_new_reserve(&o, (uint32_t)r->n_tokens, r->max_tokens, D->wait_ms, D->events_url, &req);
     Duet__V1__SamplingParams *sp = req->reserve->sampling;
     sp->temperature = r->temperature;
     sp->top_p = r->top_p;
@@ -185,7 +186,8 @@ static void start_request(drv_t *D, rq_t *r, size_t i)
         duet_envelope_free(&reply);
         return;
     }
-    duet_msg_new_prefill(&o, r->tokens, r->n_tokens, reply->reserved->descriptor, D->request_timeout_ms, &req);
+    duet_msg_new_prefill(&o, r->tokens, r->n_tokens, reply->reserved->descriptor, D->request_timeout_ms,
+                         D->events_url, &req);
     duet_envelope_free(&reply);
     sp = req->prefill->sampling;
     sp->temperature = r->temperature;
@@ -354,6 +356,7 @@ static int cmd_run(int argc, char **argv)
     D.np = split_urls(purls, &D.p);
     D.nd = split_urls(durls, &D.d);
     duet_ctl_opts_t po = {.url = events};
+    D.events_url = events;
     duet_err_t err = {0};
     if (duet_ctl_puller_create(&po, &D.events, &err) != DUET_OK) {
         fprintf(stderr, "duet-driver: %s\n", duet_err_text(&err));
@@ -555,7 +558,7 @@ static int cmd_bad_input(const char *purl, const char *durl)
     duet_msg_origin_t ot = {.sender_id = "driver", .rid = "bad-trunc"};
     duet_msg_origin_t o = {.sender_id = "driver", .rid = "bad-1"};
     duet_envelope_t *req = NULL, *reply = NULL;
-    duet_msg_new_reserve(&ot, 40, 4, 5000, &req);
+    duet_msg_new_reserve(&ot, 40, 4, 5000, NULL, &req);
     uint8_t *buf;
     size_t len;
     duet_msg_encode(req, NULL, &buf, &len, &err);
@@ -575,14 +578,34 @@ static int cmd_bad_input(const char *purl, const char *durl)
     req->header->version = 7;
     bi_check(bi_call(d, req, &reply) == DUET__V1__ERROR_CODE__ERROR_CODE_VERSION, "decode: wrong version -> VERSION");
     duet_envelope_free(&reply);
-    duet_msg_new_reserve(&o, 40, 4, 5000, &req);
+    duet_msg_new_reserve(&o, 40, 4, 5000, NULL, &req);
     code0 = bi_call(p, req, &reply);
     bi_check(code0 == DUET__V1__ERROR_CODE__ERROR_CODE_PROTOCOL, "prefill: Reserve -> PROTOCOL");
     if (code0 != DUET__V1__ERROR_CODE__ERROR_CODE_PROTOCOL)
         fprintf(stderr, "  got %d (%s)\n", code0, reply ? duet_msg_kind_name(duet_msg_kind(reply)) : "no reply");
     duet_envelope_free(&reply);
+    /* event URLs a worker cannot dial: INVALID; one over the URL limit: RANGE (nothing reserved) */
+    duet_msg_new_reserve(&o, 40, 4, 5000, "http://router:7100", &req);
+    bi_check(bi_call(d, req, &reply) == DUET__V1__ERROR_CODE__ERROR_CODE_INVALID,
+             "decode: Reserve with an http:// event_url -> INVALID");
+    duet_envelope_free(&reply);
+    duet_msg_new_reserve(&o, 40, 4, 5000, "tcp://router-without-port", &req);
+    bi_check(bi_call(d, req, &reply) == DUET__V1__ERROR_CODE__ERROR_CODE_INVALID,
+             "decode: Reserve with a tcp:// event_url without a port -> INVALID");
+    duet_envelope_free(&reply);
+    {
+        char longurl[300];
+        memset(longurl, 'a', sizeof longurl - 1);
+        memcpy(longurl, "ipc:///", 7);
+        longurl[sizeof longurl - 1] = 0;
+        duet_msg_new_reserve(&o, 40, 4, 5000, NULL, &req);
+        duet_msg_set_str(&req->reserve->event_url, longurl);
+        bi_check(bi_call(d, req, &reply) == DUET__V1__ERROR_CODE__ERROR_CODE_RANGE,
+                 "decode: Reserve with a 299-byte event_url -> RANGE");
+        duet_envelope_free(&reply);
+    }
     /* a real reservation, then Prefills with doctored descriptors */
-    duet_msg_new_reserve(&o, 40, 4, 5000, &req);
+    duet_msg_new_reserve(&o, 40, 4, 5000, NULL, &req);
     if (bi_call(d, req, &reply) != 0 || duet_msg_kind(reply) != DUET__V1__ENVELOPE__BODY_RESERVED) {
         bi_check(0, "decode: Reserve -> Reserved");
         return 1;
@@ -594,26 +617,31 @@ static int cmd_bad_input(const char *purl, const char *durl)
         toks[i] = 1000 + i;
     /* out-of-range page id */
     duet_envelope_t *pf = NULL, *r2 = NULL;
-    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, NULL, &pf);
     pf->prefill->descriptor->page_ids[0] = 0x7fffffff;
     int code = bi_call(p, pf, &r2);
     bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_RANGE, "prefill: page id out of range -> RANGE");
     duet_envelope_free(&r2);
     /* another layout */
-    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, NULL, &pf);
     pf->prefill->descriptor->pools[0]->fingerprint ^= 1;
     code = bi_call(p, pf, &r2);
     bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_LAYOUT_MISMATCH, "prefill: other fingerprint -> LAYOUT_MISMATCH");
     duet_envelope_free(&r2);
     /* token outside the vocabulary */
     toks[3] = 1 << 30;
-    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, NULL, &pf);
     code = bi_call(p, pf, &r2);
     bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_RANGE, "prefill: token outside the vocabulary -> RANGE");
     duet_envelope_free(&r2);
-    /* too many pages for the prompt */
     toks[3] = 5;
-    duet_msg_new_prefill(&o, toks, 40, td, 5000, &pf);
+    /* an event URL prefill cannot dial (the request is otherwise valid: nothing is queued) */
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, "udp://10.0.0.1:7100", &pf);
+    code = bi_call(p, pf, &r2);
+    bi_check(code == DUET__V1__ERROR_CODE__ERROR_CODE_INVALID, "prefill: udp:// event_url -> INVALID");
+    duet_envelope_free(&r2);
+    /* too many pages for the prompt */
+    duet_msg_new_prefill(&o, toks, 40, td, 5000, NULL, &pf);
     uint32_t extra[2] = {td->page_ids[0], td->page_ids[0]};
     duet_msg_set_u32s(&pf->prefill->descriptor->page_ids, &pf->prefill->descriptor->n_page_ids, extra, 2);
     code = bi_call(p, pf, &r2);

@@ -257,6 +257,24 @@ static duet_status_t check_url(const char *s, const char *field, int required, c
     return DUET_OK;
 }
 
+duet_status_t duet_msg_check_event_url(const char *url, const char *field, duet_err_t *err)
+{
+    static const char *const schemes[] = {"ipc://", "tcp://", "inproc://"};
+    if (!url || !*url)
+        return DUET_OK;
+    for (size_t i = 0; i < sizeof schemes / sizeof *schemes; i++) {
+        size_t n = strlen(schemes[i]);
+        if (strncmp(url, schemes[i], n) == 0) {
+            if (!url[n])
+                FAIL(DUET_ERR_INVALID, "%s: \"%s\" names no address after the scheme", field, url);
+            if (i == 1 && !strchr(url + n, ':'))
+                FAIL(DUET_ERR_INVALID, "%s: \"%s\" has no port (tcp://HOST:PORT)", field, url);
+            return DUET_OK;
+        }
+    }
+    FAIL(DUET_ERR_INVALID, "%s: \"%.64s\" is not an ipc://, tcp:// or inproc:// URL", field, url);
+}
+
 static duet_status_t check_text(const char *s, const char *field, const duet_msg_limits_t *lim, duet_err_t *err)
 {
     size_t len = s ? strlen(s) : 0;
@@ -503,6 +521,7 @@ static duet_status_t check_body(const duet_envelope_t *e, const duet_msg_limits_
         TRY(check_u64(m->max_new_tokens, 1, lim->max_tokens, "reserve.max_new_tokens", err));
         TRY(check_u64(m->deadline_ms, 1, lim->max_deadline_ms, "reserve.deadline_ms", err));
         TRY(check_id(m->prefill_worker_id, "reserve.prefill_worker_id", 0, err));
+        TRY(check_url(m->event_url, "reserve.event_url", 0, lim, err));
         return check_sampling(m->sampling, "reserve", lim, err);
     }
     case DUET__V1__ENVELOPE__BODY_RESERVED:
@@ -517,6 +536,7 @@ static duet_status_t check_body(const duet_envelope_t *e, const duet_msg_limits_
         TRY(require(m, "prefill", err));
         TRY(check_tokens(m->tokens, m->n_tokens, 1, "prefill.tokens", lim, err));
         TRY(check_u64(m->deadline_ms, 1, lim->max_deadline_ms, "prefill.deadline_ms", err));
+        TRY(check_url(m->event_url, "prefill.event_url", 0, lim, err));
         TRY(check_sampling(m->sampling, "prefill", lim, err));
         return check_descriptor(m->descriptor, "prefill", h->epoch, lim, err);
     }
@@ -915,13 +935,21 @@ duet_status_t duet_msg_new_ack(const duet_msg_origin_t *o, duet_envelope_t **out
     return duet_msg_create(DUET__V1__ENVELOPE__BODY_ACK, o, out);
 }
 
+static duet_status_t set_opt_str(char **field, const char *s) { return s && *s ? duet_msg_set_str(field, s) : DUET_OK; }
+
+static duet_status_t fill_reserve(Duet__V1__Reserve *r, const char *event_url)
+{
+    TRY(ALLOC_SUB(r->sampling, &duet__v1__sampling_params__descriptor));
+    return set_opt_str(&r->event_url, event_url);
+}
+
 duet_status_t duet_msg_new_reserve(const duet_msg_origin_t *o, uint32_t prompt_len, uint32_t max_new_tokens,
-                                   uint32_t deadline_ms, duet_envelope_t **out)
+                                   uint32_t deadline_ms, const char *event_url, duet_envelope_t **out)
 {
     BUILD(DUET__V1__ENVELOPE__BODY_RESERVE, o, out,
           (e->reserve->prompt_len = prompt_len, e->reserve->max_new_tokens = max_new_tokens,
            e->reserve->deadline_ms = deadline_ms,
-           ALLOC_SUB(e->reserve->sampling, &duet__v1__sampling_params__descriptor)));
+           fill_reserve(e->reserve, event_url)));
 }
 
 static duet_status_t fill_descriptor(Duet__V1__TransferDescriptor **slot, uint64_t epoch, const char *worker_id,
@@ -954,9 +982,11 @@ duet_status_t duet_msg_new_rejected(const duet_msg_origin_t *o, Duet__V1__Reject
 }
 
 static duet_status_t fill_prefill(Duet__V1__Prefill *p, uint64_t epoch, const int32_t *tokens, size_t n,
-                                  const Duet__V1__TransferDescriptor *descriptor, uint32_t deadline_ms)
+                                  const Duet__V1__TransferDescriptor *descriptor, uint32_t deadline_ms,
+                                  const char *event_url)
 {
     p->deadline_ms = deadline_ms;
+    TRY(set_opt_str(&p->event_url, event_url));
     TRY(duet_msg_set_i32s(&p->tokens, &p->n_tokens, tokens, n));
     TRY(ALLOC_SUB(p->sampling, &duet__v1__sampling_params__descriptor));
     if (descriptor)
@@ -968,10 +998,10 @@ static duet_status_t fill_prefill(Duet__V1__Prefill *p, uint64_t epoch, const in
 
 duet_status_t duet_msg_new_prefill(const duet_msg_origin_t *o, const int32_t *tokens, size_t n_tokens,
                                    const Duet__V1__TransferDescriptor *descriptor, uint32_t deadline_ms,
-                                   duet_envelope_t **out)
+                                   const char *event_url, duet_envelope_t **out)
 {
     BUILD(DUET__V1__ENVELOPE__BODY_PREFILL, o, out,
-          fill_prefill(e->prefill, o->epoch, tokens, n_tokens, descriptor, deadline_ms));
+          fill_prefill(e->prefill, o->epoch, tokens, n_tokens, descriptor, deadline_ms, event_url));
 }
 
 static duet_status_t fill_checksums(Duet__V1__TransferDone *t, size_t n)

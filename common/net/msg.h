@@ -139,9 +139,11 @@ duet_status_t duet_msg_set_u32s(uint32_t **field, size_t *n_field, const uint32_
 duet_status_t duet_msg_new_error(const duet_msg_origin_t *o, duet_status_t code, const char *message,
                                  duet_envelope_t **out);
 duet_status_t duet_msg_new_ack(const duet_msg_origin_t *o, duet_envelope_t **out);
-/* Reserve with a SamplingParams (greedy, seed 0) for the caller to fill. */
+/* Reserve with a SamplingParams (greedy, seed 0) for the caller to fill.
+ * event_url: where decode sends this request's events (the sender's pull
+ * socket); NULL or "" leaves it empty (decode's own --events). */
 duet_status_t duet_msg_new_reserve(const duet_msg_origin_t *o, uint32_t prompt_len, uint32_t max_new_tokens,
-                                   uint32_t deadline_ms, duet_envelope_t **out);
+                                   uint32_t deadline_ms, const char *event_url, duet_envelope_t **out);
 /* Reserved with an empty TransferDescriptor whose epoch is o->epoch, to be
  * filled with duet_msg_descriptor_add_pool() and duet_msg_set_u32s(page_ids). */
 duet_status_t duet_msg_new_reserved(const duet_msg_origin_t *o, const char *decode_worker_id,
@@ -150,10 +152,11 @@ duet_status_t duet_msg_new_reserved(const duet_msg_origin_t *o, const char *deco
 duet_status_t duet_msg_new_rejected(const duet_msg_origin_t *o, Duet__V1__RejectReason reason,
                                     const char *message, uint32_t retry_after_ms, duet_envelope_t **out);
 /* Prefill with a copy of tokens, a copy of `descriptor` (NULL: an empty one
- * whose epoch is o->epoch) and a SamplingParams for the caller to fill. */
+ * whose epoch is o->epoch) and a SamplingParams for the caller to fill;
+ * event_url as in duet_msg_new_reserve(). */
 duet_status_t duet_msg_new_prefill(const duet_msg_origin_t *o, const int32_t *tokens, size_t n_tokens,
                                    const Duet__V1__TransferDescriptor *descriptor, uint32_t deadline_ms,
-                                   duet_envelope_t **out);
+                                   const char *event_url, duet_envelope_t **out);
 /* TransferDone with n_checksums zeroed checksum entries (none when 0) for
  * the caller to fill: td->checksums->{pool,layer,page,hash}[i]. */
 duet_status_t duet_msg_new_transfer_done(const duet_msg_origin_t *o, int32_t first_token, uint32_t n_tokens,
@@ -202,6 +205,13 @@ duet_status_t duet_msg_load_add_state(Duet__V1__Load *l, Duet__V1__RequestState 
 /* Append a request summary to a StateDump. */
 duet_status_t duet_msg_state_dump_add_request(Duet__V1__StateDump *sd, const char *rid, uint64_t epoch,
                                               Duet__V1__RequestState state, uint64_t age_ms, uint32_t n_pages);
+
+/* Can a worker dial this URL to send events (Reserve/Prefill.event_url)?
+ * Besides the decoder's checks (length, printable ASCII), it must be an NNG
+ * URL of a transport duet uses: ipc://PATH, tcp://HOST:PORT or inproc://NAME,
+ * with something after the "://".  DUET_ERR_INVALID naming `field` otherwise;
+ * NULL and "" are fine (the worker's own --events). */
+duet_status_t duet_msg_check_event_url(const char *url, const char *field, duet_err_t *err);
 
 /* ------------------------------------------------------------------ names and codes */
 

@@ -1,14 +1,16 @@
 #include "worker_opts.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "alloc.h"
+#include "hicache.h"
 
-typedef enum { OPT_STR, OPT_U32, OPT_BOOL, OPT_DTYPE } opt_type_t;
+typedef enum { OPT_STR, OPT_U32, OPT_BOOL, OPT_DTYPE, OPT_F64, OPT_POLICY } opt_type_t;
 
 typedef struct {
     const char *name;
@@ -30,11 +32,18 @@ static const opt_def_t defs[] = {
     {"queue-max", OPT_U32, OFF(queue_max), "prefill: queued requests before OVERLOADED (default 1024)"},
     {"wait-timeout-ms", OPT_U32, OFF(wait_timeout_ms), "decode: default WAITING_FOR_INPUT deadline (30000)"},
     {"heartbeat-ms", OPT_U32, OFF(heartbeat_ms), "heartbeat interval (default 1000)"},
+    {"event-idle-ms", OPT_U32, OFF(event_idle_ms),
+     "close a router's event socket unused this long (default 600000; --events stays)"},
     {"page-tokens", OPT_U32, OFF(cache.page_tokens), "tokens per cache page (default 256)"},
     {"kv-dtype", OPT_DTYPE, OFF(cache.kv_dtype), "KV cache encoding fp8|bf16 (default fp8)"},
     {"index-k-dtype", OPT_DTYPE, OFF(cache.index_k_dtype), "indexer key encoding fp8|bf16 (default fp8)"},
     {"verify-checksums", OPT_BOOL, OFF(verify_checksums), "decode: verify page checksums (default off)"},
     {"xfer-path", OPT_STR, OFF(xfer_path), "data path auto|rma|am (default auto)"},
+    {"hicache-device-pages", OPT_U32, OFF(hicache_device_pages),
+     "prefill: pages of --pages the prefix cache keeps (default 0)"},
+    {"hicache-host-gib", OPT_F64, OFF(hicache_host_gib), "prefill: prefix cache host tier in GiB (default 0)"},
+    {"hicache-policy", OPT_POLICY, OFF(hicache_policy),
+     "prefill: write-through|write-through-selective:N|write-back (default write-through)"},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -56,6 +65,9 @@ static duet_status_t set_value(duet_worker_opts_t *o, const opt_def_t *d, const 
             sval = json_string_value(jval);
         else if (json_is_integer(jval)) {
             snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(jval));
+            sval = buf;
+        } else if (json_is_real(jval)) {
+            snprintf(buf, sizeof buf, "%.17g", json_real_value(jval));
             sval = buf;
         } else if (json_is_boolean(jval))
             sval = json_is_true(jval) ? "1" : "0";
@@ -81,6 +93,25 @@ static duet_status_t set_value(duet_worker_opts_t *o, const opt_def_t *d, const 
     case OPT_BOOL:
         *(int *)(void *)base = strcmp(sval, "0") != 0 && strcmp(sval, "false") != 0;
         return DUET_OK;
+    case OPT_F64: {
+        char *end;
+        double v = strtod(sval, &end);
+        if (!*sval || *end || !isfinite(v) || v < 0 || v > 1e6)
+            return duet_err_set(err, DUET_ERR_CONFIG, "option \"%s\": \"%s\" is not a number in [0, 1e6]", d->name,
+                                sval);
+        *(double *)(void *)base = v;
+        return DUET_OK;
+    }
+    case OPT_POLICY: {
+        duet_hicache_policy_t p;
+        uint32_t n;
+        duet_err_t perr = {0};
+        if (duet_hicache_policy_parse(sval, &p, &n, &perr) != DUET_OK)
+            return duet_err_set(err, DUET_ERR_CONFIG, "option \"%s\": %s", d->name, perr.msg);
+        *(int *)(void *)base = (int)p;
+        o->hicache_selective_hits = n;
+        return DUET_OK;
+    }
     case OPT_DTYPE: {
         int dt = duet_cache_dtype_parse(sval);
         if (dt != DUET_CACHE_FP8 && dt != DUET_CACHE_BF16)
@@ -112,6 +143,7 @@ duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, in
     o->queue_max = 1024;
     o->wait_timeout_ms = 30000;
     o->heartbeat_ms = 1000;
+    o->event_idle_ms = 600000;
     o->cache.page_tokens = 256;
     o->cache.kv_dtype = DUET_CACHE_FP8;
     o->cache.index_k_dtype = DUET_CACHE_FP8;

@@ -15,16 +15,22 @@ typedef struct {
     char *model;                /* checkpoint directory */
     char *id;                   /* worker id (default: role-pid) */
     char *listen;               /* command socket URL */
-    char *events;               /* router's event socket URL (optional for tests) */
+    char *events;               /* router's event socket URL (optional for tests); requests may name others */
     uint32_t pages, slots;      /* cache capacity */
     uint32_t max_batch;         /* decode: sequences per step */
     uint32_t token_budget;      /* prefill: tokens per step */
     uint32_t queue_max;         /* prefill: queued requests before OVERLOADED */
     uint32_t wait_timeout_ms;   /* decode: WAITING_FOR_INPUT deadline when Reserve gives none */
     uint32_t heartbeat_ms;
+    uint32_t event_idle_ms;     /* an event socket of Reserve/Prefill.event_url unused this long is closed */
     duet_cache_opts_t cache;
     int verify_checksums;
     char *xfer_path;            /* "auto", "rma", "am" */
+    /* prefill: HiCache (docs/HICACHE.md); off when both sizes are 0 */
+    uint32_t hicache_device_pages;  /* pages of --pages the prefix tree may keep */
+    double hicache_host_gib;        /* host tier size in GiB (fractional allowed) */
+    int hicache_policy;             /* duet_hicache_policy_t */
+    uint32_t hicache_selective_hits;/* write-through-selective: N */
 } duet_worker_opts_t;
 
 /* Defaults, then the config file (if --config), then the flags.  Returns

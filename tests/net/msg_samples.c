@@ -99,7 +99,8 @@ duet_envelope_t *sample_msg(duet_msg_kind_t kind)
         fill_load(e->heartbeat->load);
         break;
     case DUET__V1__ENVELOPE__BODY_RESERVE:
-        CHECK(duet_msg_new_reserve(&(duet_msg_origin_t){"router-0", SAMPLE_RID, 0}, 6, 128, 30000, &e));
+        CHECK(duet_msg_new_reserve(&(duet_msg_origin_t){"router-0", SAMPLE_RID, 0}, 6, 128, 30000, SAMPLE_EVENT_URL,
+                                   &e));
         fill_sampling(e->reserve->sampling);
         CHECK(duet_msg_set_str(&e->reserve->prefill_worker_id, "prefill-0"));
         break;
@@ -114,7 +115,7 @@ duet_envelope_t *sample_msg(duet_msg_kind_t kind)
     case DUET__V1__ENVELOPE__BODY_PREFILL: {
         duet_envelope_t *r = sample_msg(DUET__V1__ENVELOPE__BODY_RESERVED);
         CHECK(duet_msg_new_prefill(&(duet_msg_origin_t){"router-0", SAMPLE_RID, SAMPLE_EPOCH}, prompt, 6,
-                                   r->reserved->descriptor, 60000, &e));
+                                   r->reserved->descriptor, 60000, SAMPLE_EVENT_URL, &e));
         fill_sampling(e->prefill->sampling);
         duet_envelope_free(&r);
         break;

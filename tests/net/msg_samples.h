@@ -7,6 +7,7 @@
 
 #define SAMPLE_RID "0f8fad5b-d9cb-469f-a165-70867728950e"
 #define SAMPLE_EPOCH 7u
+#define SAMPLE_EVENT_URL "ipc:///run/duet/router-0-events.sock" /* Reserve/Prefill.event_url */
 #define SAMPLE_SENDER "decode-0"
 
 /* Every body kind, in field order. */

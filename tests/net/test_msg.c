@@ -132,6 +132,7 @@ static void test_roundtrip_fields(void **state)
     assert_int_equal(p->n_tokens, 6);
     assert_int_equal(p->tokens[5], 128000);
     assert_int_equal(p->deadline_ms, 60000);
+    assert_string_equal(p->event_url, SAMPLE_EVENT_URL);
     assert_true(fabsf(p->sampling->temperature - 0.7f) == 0.0f);
     assert_int_equal(p->sampling->top_k, 40);
     assert_int_equal(p->sampling->seed, 0x1234567890abcdefull);
@@ -199,7 +200,8 @@ static void test_builder_misuse(void **state)
     uint8_t *buf = NULL;
     size_t len = 0;
     duet_err_t err = {0};
-    assert_int_equal(duet_msg_new_reserve(&o, 0, 1, 1, &e), DUET_OK);
+    assert_int_equal(duet_msg_new_reserve(&o, 0, 1, 1, NULL, &e), DUET_OK);
+    assert_string_equal(e->reserve->event_url, ""); /* NULL: empty, the worker's own --events */
     assert_int_equal(duet_msg_encode(e, NULL, &buf, &len, &err), DUET_ERR_PROTOCOL); /* no rid */
     assert_non_null(strstr(err.msg, "header.rid"));
     assert_null(buf);
@@ -457,6 +459,9 @@ static void m_max_new_over(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; 
 static void m_deadline_zero(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; e->reserve->deadline_ms = 0; }
 static void m_deadline_huge(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; e->reserve->deadline_ms = UINT32_MAX; }
 static void m_prefill_worker(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; set_str(&e->reserve->prefill_worker_id, "p/0"); }
+static void m_event_url_space(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; set_str(&e->reserve->event_url, "ipc:///tmp/a b"); }
+static void m_event_url_long(duet_envelope_t *e, duet_msg_limits_t *l) { (void)e; l->max_url_bytes = 8; }
+static void m_prefill_event_url(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; set_str(&e->prefill->event_url, "ipc://\x7f"); }
 static void m_abort_unknown(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; e->abort->reason = (Duet__V1__AbortReason)99; }
 static void m_abort_unspec(duet_envelope_t *e, duet_msg_limits_t *l) { (void)l; e->abort->reason = DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED; }
 static void m_abort_text(duet_envelope_t *e, duet_msg_limits_t *l) { (void)e; l->max_text_bytes = 4; }
@@ -541,6 +546,9 @@ static const mutation_t mutations[] = {
     {"deadline 0", K(RESERVE), m_deadline_zero, DUET_ERR_RANGE, "reserve.deadline_ms: 0"},
     {"deadline huge", K(RESERVE), m_deadline_huge, DUET_ERR_RANGE, "reserve.deadline_ms"},
     {"prefill worker id", K(RESERVE), m_prefill_worker, DUET_ERR_PROTOCOL, "reserve.prefill_worker_id"},
+    {"event URL with a space", K(RESERVE), m_event_url_space, DUET_ERR_PROTOCOL, "reserve.event_url: byte 0x20"},
+    {"event URL too long", K(RESERVE), m_event_url_long, DUET_ERR_RANGE, "reserve.event_url"},
+    {"prefill event URL not printable", K(PREFILL), m_prefill_event_url, DUET_ERR_PROTOCOL, "prefill.event_url: byte 0x7f"},
     {"unknown abort reason", K(ABORT), m_abort_unknown, DUET_ERR_PROTOCOL, "abort.reason: unknown AbortReason value 99"},
     {"abort reason unspecified", K(ABORT), m_abort_unspec, DUET_ERR_PROTOCOL, "abort.reason: UNSPECIFIED"},
     {"abort message too long", K(ABORT), m_abort_text, DUET_ERR_RANGE, "abort.message"},
@@ -678,6 +686,24 @@ static void test_descriptor_layouts(void **state)
 }
 
 /* The data plane's descriptor survives the wire: xfer -> proto -> bytes -> proto -> xfer. */
+/* Which event URLs a worker can dial (Reserve/Prefill.event_url). */
+static void test_event_url(void **state)
+{
+    (void)state;
+    duet_err_t err = {0};
+    static const char *const good[] = {NULL, "", "ipc:///run/duet/events.sock", "tcp://10.0.0.5:7100",
+                                       "tcp://router-1.example:7100", "tcp://[::1]:7100", "inproc://events"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        assert_int_equal(duet_msg_check_event_url(good[i], "reserve.event_url", &err), DUET_OK);
+    static const char *const bad[] = {"http://router:7100", "ipc://", "tcp://router", "events.sock", "udp://1.2.3.4:5",
+                                      "IPC:///x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&err, 0, sizeof err);
+        assert_int_equal(duet_msg_check_event_url(bad[i], "reserve.event_url", &err), DUET_ERR_INVALID);
+        assert_non_null(strstr(err.msg, "reserve.event_url"));
+    }
+}
+
 static void test_descriptor_xfer_roundtrip(void **state)
 {
     (void)state;
@@ -774,6 +800,7 @@ int main(void)
         cmocka_unit_test(test_out_of_range_fields),
         cmocka_unit_test(test_descriptor_layouts),
         cmocka_unit_test(test_descriptor_xfer_roundtrip),
+        cmocka_unit_test(test_event_url),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,7 @@ duet-driver playing the router, duet-generate as the single-process oracle.
   pdtest.py --build BUILD --model MODEL SCENARIO [options]
 
 Scenarios: exact, abort-storm, mass-abort, kill-prefill, kill-decode,
-wait-deadline, two-by-two, bad-input.  Each prints what it checked and ends
+wait-deadline, two-by-two, bad-input, hicache.  Each prints what it checked and ends
 with "N passed, N failed"; the exit status is non-zero on any failure.
 Standard library only.
 """
@@ -372,6 +372,54 @@ def sc_bad_input(a, rep):
         c.stop()
 
 
+def sc_hicache(a, rep):
+    """Multi-turn-like prompts (each turn = the previous prompt + an answer + a new message) and
+    conversations sharing a system prompt, through a prefill worker with HiCache on: a device tier of
+    4 pages and a host tier of about 7 pages (smaller than the working set), under two write policies.
+    Every output equals duet-generate's; the worker reports prefix hits."""
+    rng = random.Random(a.seed)
+    system = [rng.randrange(VOCAB) for _ in range(300)]
+    convs = [system + [rng.randrange(VOCAB) for _ in range(rng.randint(100, 400))] for _ in range(3)]
+    reqs = []
+    for turn in range(4):
+        for c in range(3):
+            convs[c] = convs[c] + [rng.randrange(VOCAB) for _ in range(rng.randint(40, 200))]
+            sampled = (turn + c) % 2 == 1
+            reqs.append({"rid": f"h{c}-{turn}", "tokens": list(convs[c]), "max_tokens": 8,
+                         "temperature": 0.8 if sampled else 0.0, "top_p": 0.9 if sampled else 1.0, "top_k": 0,
+                         "seed": rng.randrange(1 << 31)})
+    want = {r["rid"]: reference(a.build, a.model, r, a.kv, a.ik) for r in reqs}
+    for policy in ("write-back", "write-through"):
+        c = Cluster(a.build, a.model, a.kv, a.ik, extra_prefill=["--hicache-device-pages", "4", "--hicache-host-gib",
+                                                                  "0.00025", "--hicache-policy", policy])
+        try:
+            res, err = c.run(reqs, concurrency=1)
+            bad = [r["rid"] for r in reqs
+                   if not res.get(r["rid"]) or res[r["rid"]]["status"] != "ok" or res[r["rid"]]["tokens"] != want[r["rid"]]]
+            for rid in bad:
+                print(f"     {rid}: got {res.get(rid)} want {want[rid]}", flush=True)
+            if bad:
+                print("     driver: " + err[-2000:], flush=True)
+            rep.check(not bad, f"hicache {policy}: {len(reqs)} multi-turn requests equal to duet-generate "
+                               f"({len(bad)} differ)")
+            ok, st = c.wait_clean(c.decode[0])
+            rep.check(ok, f"hicache {policy}: decode holds nothing afterwards")
+        finally:
+            c.stop()
+        stats = [l for l in c.log("p0").splitlines() if "hicache: lookups" in l]
+        fields = {}
+        if stats:
+            words = stats[-1].split("hicache: ", 1)[1].replace("(", "").replace(")", "").split()
+            for k, v in zip(words[::2], words[1::2]):
+                fields[k] = v
+            print(f"     {stats[-1].split('hicache: ', 1)[1]}", flush=True)
+        hits = int(fields.get("hits", "0"))
+        rep.check(hits > 0, f"hicache {policy}: prefill served {hits} requests from the prefix cache")
+        rep.check(int(fields.get("evicted_host_pages", "0")) > 0 or int(fields.get("evicted_device_pages", "0")) > 0,
+                  f"hicache {policy}: tiers under pressure (evicted device {fields.get('evicted_device_pages')}, "
+                  f"host {fields.get('evicted_host_pages')} pages)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -388,7 +436,7 @@ def main():
     rep = Report()
     fn = {"exact": sc_exact, "abort-storm": sc_abort_storm, "mass-abort": sc_mass_abort,
           "kill-prefill": sc_kill_prefill, "kill-decode": sc_kill_decode, "wait-deadline": sc_wait_deadline,
-          "two-by-two": sc_two_by_two, "bad-input": sc_bad_input}[a.scenario]
+          "two-by-two": sc_two_by_two, "bad-input": sc_bad_input, "hicache": sc_hicache}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 

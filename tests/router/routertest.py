@@ -9,7 +9,7 @@ http.client, and the OpenAI Python SDK where it is installed.
   routertest.py --build BUILD --model MODEL SCENARIO
 
 Scenarios: api, errors, disconnect, limits, no-workers, redis-restart,
-router-restart, openai, tools.  Each prints what it checked and ends with
+router-restart, openai, tools, affinity, two-routers.  Each prints what it checked and ends with
 "N passed, N failed"; exit 1 on any failure, 77 when a scenario cannot run
 here (no redis-server, no openai package).  Standard library only (the
 openai scenario re-runs itself under /opt/routerenv when that has the SDK).
@@ -84,38 +84,43 @@ class Cluster:
                 time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
 
-    def start_router(self, wait_ready=True):
-        pf = f"{self.dir}/router.port"
+    def start_router(self, wait_ready=True, name="router", events=None, router_id="router-test"):
+        """Start a router; returns its HTTP port (also self.port for the first, "router").  Another name
+        starts another router on the same workers and Redis (give it its own events URL and id)."""
+        pf = f"{self.dir}/{name}.port"
         if os.path.exists(pf):
             os.unlink(pf)
-        argv = [f"{self.build}/router/duet-router", "--model", self.model, "--events", self.events,
-                "--listen", "127.0.0.1:0", "--port-file", pf, "--id", "router-test"]
+        argv = [f"{self.build}/router/duet-router", "--model", self.model, "--events", events or self.events,
+                "--listen", "127.0.0.1:0", "--port-file", pf, "--id", router_id]
         if "p0" in self.procs:
             argv += ["--prefill", self.prefill_url, "--decode", self.decode_url]
         if self.redis_port:
             argv += ["--redis", f"127.0.0.1:{self.redis_port}"]
-        self.start("router", argv + self.router_args)
+        self.start(name, argv + self.router_args)
         end = time.time() + 30
         while time.time() < end and not os.path.exists(pf):
-            if self.procs["router"].poll() is not None:
-                raise RuntimeError(f"duet-router exited: {self.log('router')[-2000:]}")
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"duet-router exited: {self.log(name)[-2000:]}")
             time.sleep(0.05)
-        self.port = int(open(pf).read())
+        port = int(open(pf).read())
+        if name == "router":
+            self.port = port
         if wait_ready:
-            self.wait_ready()
+            self.wait_ready(port=port)
+        return port
 
-    def wait_ready(self, timeout=60):
+    def wait_ready(self, timeout=60, port=None):
         end = time.time() + timeout
         while time.time() < end:
-            st, _, _ = self.get("/ready")
+            st, _, _ = self.get("/ready", port=port)
             if st == 200:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"router not ready; logs in {self.dir}")
 
-    # ---- HTTP ----
-    def request(self, method, path, body=None, headers=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    # ---- HTTP (port: another router's; default the first) ----
+    def request(self, method, path, body=None, headers=None, timeout=120, port=None):
+        c = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=timeout)
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
         h = {"Content-Type": "application/json"}
         h.update(headers or {})
@@ -125,23 +130,23 @@ class Cluster:
         c.close()
         return r.status, {k.lower(): v for k, v in r.getheaders()}, raw
 
-    def get(self, path):
+    def get(self, path, port=None):
         try:
-            return self.request("GET", path, timeout=5)
+            return self.request("GET", path, timeout=5, port=port)
         except OSError:
             return None, {}, b""
 
-    def post(self, path, body, headers=None):
-        st, h, raw = self.request("POST", path, body, headers)
+    def post(self, path, body, headers=None, port=None):
+        st, h, raw = self.request("POST", path, body, headers, port=port)
         try:
             j = json.loads(raw)
         except ValueError:
             j = None
         return st, h, j, raw
 
-    def stream(self, path, body, headers=None):
+    def stream(self, path, body, headers=None, port=None):
         """POST with stream; returns (status, headers, [events], done)."""
-        st, h, raw = self.request("POST", path, body, headers)
+        st, h, raw = self.request("POST", path, body, headers, port=port)
         events, done = [], False
         for block in raw.decode().split("\n\n"):
             if not block.strip():
@@ -206,7 +211,8 @@ class Cluster:
         p.wait(timeout=30)
 
     def stop(self):
-        for name in ("router", "p0", "d0", "redis"):
+        routers = sorted(n for n in self.procs if n.startswith("router"))
+        for name in routers + [n for n in self.procs if not n.startswith("router") and n != "redis"] + ["redis"]:
             p = self.procs.get(name)
             if p and p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
@@ -485,8 +491,8 @@ def sc_errors(a, rep):
         c.stop()
 
 
-def open_stream(c, body):
-    conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=60)
+def open_stream(c, body, port=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port or c.port, timeout=60)
     conn.request("POST", CHAT, body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = conn.getresponse()
     return conn, r
@@ -906,6 +912,147 @@ def sc_tools(a, rep):
             c.stop()
 
 
+def redis_states(c):
+    """Every request record's state in Redis."""
+    keys = subprocess.run(["redis-cli", "-p", str(c.redis_port), "--scan", "--pattern", "duet:req:*"],
+                          capture_output=True, text=True).stdout.split()
+    return {k: subprocess.run(["redis-cli", "-p", str(c.redis_port), "hget", k, "state"], capture_output=True,
+                              text=True).stdout.strip() for k in keys}
+
+
+def sc_two_routers(a, rep):
+    """Two routers (own --events, own --id, one Redis) share one prefill and one decode worker.
+
+    The workers' --events is router A's; every Reserve and Prefill names its router's event socket, so
+    router B's requests stream through B.  Then: a client gone on B aborts on the workers; router A
+    killed with -9 mid-request: B keeps serving and takes A's requests over once A's Redis liveness
+    key expires (DESIGN §10: a router that dies is detected by the others), so decode's pages return."""
+    import threading
+    if not shutil.which("redis-cli"):
+        print("redis-cli is not installed")
+        sys.exit(SKIP)
+    c = Cluster(a.build, a.model)
+    try:
+        A = c.port
+        # a request of A in flight while B starts: B's first orphan sweep must leave it alone
+        conn0, r0 = open_stream(c, chat_body("Before B", max_tokens=120, ignore_eos=True, stream=True,
+                                             stream_options={"include_usage": True}))
+        rep.check(r0.status == 200, "router A: a request in flight")
+        B = c.start_router(name="router-b", events=f"ipc://{c.dir}/events-b.sock", router_id="router-b")
+        rest = r0.read().decode()
+        conn0.close()
+        _, _, fin, usage = joined_chat([json.loads(b[6:]) for b in rest.split("\n\n") if b.startswith("data: {")])
+        rep.check(fin == "length" and usage and usage["completion_tokens"] == 120 and "orphaned" not in c.log("router-b"),
+                  f"router B's start (and its first orphan sweep) left A's request in flight alone ({fin}, {usage})")
+
+        # 16 requests through each router at once, half streamed; greedy, so the same prompt gives the same
+        # text through either router (no token of one request reached the other's client)
+        results = {}
+
+        def one(router, port, i):
+            mt = 4 + i % 9
+            body = chat_body(f"Request number {i}: say something about {i * 7}.", max_tokens=mt, temperature=0,
+                             ignore_eos=True)
+            try:
+                if i % 2:
+                    st, _, ev, done = c.stream(CHAT, dict(body, stream=True, stream_options={"include_usage": True}),
+                                               port=port)
+                    text, _, fin, usage = joined_chat(ev)
+                    ok = st == 200 and done
+                else:
+                    st, _, j, _ = c.post(CHAT, body, port=port)
+                    ok = st == 200
+                    text = j["choices"][0]["message"]["content"] if ok else None
+                    fin = j["choices"][0]["finish_reason"] if ok else None
+                    usage = j.get("usage") if ok else None
+                results[(router, i)] = (ok, text, fin, usage, mt)
+            except Exception as e:  # a failure is reported below, not raised in a thread
+                results[(router, i)] = (False, repr(e), None, None, mt)
+
+        threads = [threading.Thread(target=one, args=(r, p, i)) for i in range(16) for r, p in (("A", A), ("B", B))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        bad = [k for k, (ok, _, fin, u, mt) in results.items()
+               if not ok or fin != "length" or not u or u["completion_tokens"] != mt
+               or u["total_tokens"] != u["prompt_tokens"] + mt]
+        rep.check(len(results) == 32 and not bad,
+                  f"32 concurrent requests, 16 through each router, half streamed: all complete with the usage "
+                  f"asked for (failed: {sorted(bad)[:6]} {[results[k] for k in sorted(bad)[:2]]})")
+        same = [i for i in range(16) if results.get(("A", i), (0,))[1:2] == results.get(("B", i), (1,))[1:2]
+                and results[("A", i)][3]["prompt_tokens"] == results[("B", i)][3]["prompt_tokens"]]
+        rep.check(len(same) == 16, f"greedy: each prompt gives the same text and prompt_tokens through A and B "
+                  f"({len(same)} of 16)")
+        rep.check(c.wait_clean(5) is not None, "decode holds nothing afterwards")
+        for w in ("p0", "d0"):
+            rep.check(f"event socket ipc://{c.dir}/events-b.sock: opened" in c.log(w),
+                      f"{w} opened an event socket for router B (its --events is A's)")
+        rep.check(c.metric("duet_router_tokens_total") > 0 and
+                  "duet_router_tokens_total" in c.get("/metrics", port=B)[2].decode(), "both routers count tokens")
+
+        # a client gone on B: its request is aborted on the workers, pages back
+        long = chat_body(max_tokens=3000, ignore_eos=True, stream=True)
+        conn, r = open_stream(c, long, port=B)
+        got = 0
+        while got < 5:
+            if r.readline().startswith(b"data: "):
+                got += 1
+        busy = c.state()
+        rep.check(busy and busy["pages_used"] > 0, "router B: decode holds its request mid-stream")
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        dt = c.wait_clean(5)
+        rep.check(dt is not None and dt < 1.0, f"router B's client gone: decode's pages back in "
+                  f"{dt if dt is None else round(dt * 1000)} ms (< 1000)")
+        rep.check("CLIENT_DISCONNECT" in c.get("/metrics", port=B)[2].decode(), "router B counted the abort")
+
+        # kill -9 of router A with two requests decoding; B has one in flight and keeps serving
+        conns = [open_stream(c, chat_body(f"A's request {k}", max_tokens=3000, ignore_eos=True, stream=True))
+                 for k in range(2)]
+        connb, rb = open_stream(c, chat_body("B's request", max_tokens=150, ignore_eos=True, stream=True,
+                                             stream_options={"include_usage": True}), port=B)
+        end = time.time() + 20
+        st = None
+        while time.time() < end:
+            st = c.state()
+            if st and len(st["requests"]) >= 3:
+                break
+            time.sleep(0.05)
+        rep.check(st and len(st["requests"]) == 3, f"three requests on decode (two of A, one of B): "
+                  f"{st and len(st['requests'])}")
+        c.kill("router")
+        t_kill = time.time()
+        for cn, _ in conns:
+            cn.close()
+        st = c.state()
+        rep.check(st and len(st["requests"]) == 3, f"right after the kill, A's requests are still on decode "
+                  f"({st and len(st['requests'])} requests)")
+        rest = rb.read().decode()
+        connb.close()
+        _, _, fin, usage = joined_chat([json.loads(b[6:]) for b in rest.split("\n\n") if b.startswith("data: {")])
+        rep.check(fin == "length" and usage and usage["completion_tokens"] == 150 and rest.rstrip().endswith("[DONE]"),
+                  f"router A gone: B's request in flight completes ({fin}, {usage})")
+        st_, _, j, _ = c.post(CHAT, chat_body(max_tokens=5, ignore_eos=True), port=B)
+        rep.check(st_ == 200 and j["usage"]["completion_tokens"] == 5, "router A gone: B serves new requests")
+        dt = c.wait_clean(25)
+        rep.check(dt is not None, f"A's requests aborted by router B's orphan take-over, decode's pages back "
+                  f"{'never' if dt is None else round(time.time() - t_kill, 1)} s after the kill (bound 25 s: "
+                  f"A's liveness key expires within 5 s, B sweeps every 5 s)")
+        logb = c.log("router-b")
+        rep.check(logb.count("of router router-test (gone): aborting it") >= 2,
+                  "router B's log names A's two requests as orphans it aborted")
+        ps = c.state(c.prefill_url)
+        rep.check(ps and not ps["requests"], "prefill holds nothing")
+        states = redis_states(c)
+        rep.check(states and all(v in ("finished", "aborted") for v in states.values()),
+                  f"every request record in Redis ended ({sorted(set(states.values()))}, {len(states)} records)")
+        st_, _, j, _ = c.post(CHAT, chat_body(max_tokens=3), port=B)
+        rep.check(st_ == 200, "router B still serves")
+    finally:
+        c.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -918,7 +1065,8 @@ def main():
     rep = Report()
     fn = {"api": sc_api, "errors": sc_errors, "disconnect": sc_disconnect, "limits": sc_limits,
           "no-workers": sc_no_workers, "redis-restart": sc_redis_restart, "router-restart": sc_router_restart,
-          "openai": sc_openai, "tools": sc_tools, "affinity": sc_affinity}[a.scenario]
+          "openai": sc_openai, "tools": sc_tools, "affinity": sc_affinity,
+          "two-routers": sc_two_routers}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 
