@@ -1,4 +1,5 @@
-/* duet-generate: single-process generation on the CPU reference engine.
+/* duet-generate: single-process generation on the CPU reference engine (or,
+ * with --device cuda[:N], on the GPU forward of engine/forward_cuda.h).
  * Prints the generated token ids on stdout (space separated, one line) and
  * timings on stderr.  It is the oracle that disaggregated serving must match
  * bit for bit. */
@@ -11,6 +12,9 @@
 #include "alloc.h"
 #include "duet_config.h"
 #include "forward.h"
+#if DUET_HAVE_CUDA
+#include "forward_cuda.h"
+#endif
 #include "log.h"
 #include "sampling.h"
 #include "time_util.h"
@@ -27,6 +31,7 @@ static void usage(FILE *f)
             "  --page-tokens N         tokens per cache page (default 256)\n"
             "  --stop-at-eos           stop after the model's eos token\n"
             "  --dump-logits FILE      write the prompt's logits (f32, rows x vocab) and exit\n"
+            "  --device cpu|cuda[:N]   where the forward runs (default cpu; cuda needs a CUDA build)\n"
             "  --version\n");
 }
 
@@ -82,18 +87,18 @@ static char *read_file(const char *path)
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *prompt_ids = NULL, *prompt_file = NULL, *dump = NULL;
-    int max_tokens = 16, chunk = 0, page_tokens = 256, stop_eos = 0;
+    int max_tokens = 16, chunk = 0, page_tokens = 256, stop_eos = 0, device = -1;
     duet_cache_opts_t opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16};
     duet_sampling_t sp;
     duet_sampling_default(&sp);
     enum { O_MODEL = 256, O_IDS, O_FILE, O_MAX, O_KV, O_IK, O_T, O_P, O_K, O_MINP, O_SEED, O_CHUNK, O_PT, O_EOS,
-           O_DUMP, O_VER, O_HELP };
+           O_DUMP, O_DEV, O_VER, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompt-ids", 1, 0, O_IDS}, {"prompt-file", 1, 0, O_FILE},
         {"max-tokens", 1, 0, O_MAX}, {"kv-dtype", 1, 0, O_KV}, {"index-k-dtype", 1, 0, O_IK},
         {"temperature", 1, 0, O_T}, {"top-p", 1, 0, O_P}, {"top-k", 1, 0, O_K}, {"min-p", 1, 0, O_MINP},
         {"seed", 1, 0, O_SEED}, {"chunk", 1, 0, O_CHUNK}, {"page-tokens", 1, 0, O_PT},
-        {"stop-at-eos", 0, 0, O_EOS}, {"dump-logits", 1, 0, O_DUMP}, {"version", 0, 0, O_VER},
+        {"stop-at-eos", 0, 0, O_EOS}, {"dump-logits", 1, 0, O_DUMP}, {"device", 1, 0, O_DEV}, {"version", 0, 0, O_VER},
         {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
@@ -126,6 +131,16 @@ int main(int argc, char **argv)
         case O_PT: page_tokens = atoi(optarg); break;
         case O_EOS: stop_eos = 1; break;
         case O_DUMP: dump = optarg; break;
+        case O_DEV:
+            if (!strcmp(optarg, "cpu"))
+                device = -1;
+            else if (!strncmp(optarg, "cuda", 4) && (optarg[4] == 0 || optarg[4] == ':'))
+                device = optarg[4] ? atoi(optarg + 5) : 0;
+            else {
+                fprintf(stderr, "duet-generate: INVALID: device \"%s\" (cpu or cuda[:N])\n", optarg);
+                return 2;
+            }
+            break;
         case O_VER: printf("duet-generate %s\n", DUET_VERSION); return 0;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -136,6 +151,12 @@ int main(int argc, char **argv)
         return 2;
     }
     opts.page_tokens = page_tokens;
+#if !DUET_HAVE_CUDA
+    if (device >= 0) {
+        fprintf(stderr, "duet-generate: UNSUPPORTED: this build has no CUDA backend (--device cuda)\n");
+        return 2;
+    }
+#endif
     int32_t *prompt = NULL;
     int n_prompt = 0;
     char *text = prompt_file ? read_file(prompt_file) : NULL;
@@ -156,6 +177,14 @@ int main(int argc, char **argv)
     duet_seq_t seq = {0};
     float *logits = NULL;
     int rc = 1;
+#if DUET_HAVE_CUDA
+    duet_cuda_t *cu = NULL;
+    duet_model_cuda_t *mc = NULL;
+    duet_kv_cache_cuda_t *dc = NULL;
+#define FORWARD(it) (device >= 0 ? duet_forward_cuda(mc, dc, (it), 1, &err) : duet_forward(m, cache, (it), 1, &err))
+#else
+#define FORWARD(it) duet_forward(m, cache, (it), 1, &err)
+#endif
     double t0 = duet_time_s();
     if (duet_model_load(model_dir, &m, &err) != DUET_OK)
         goto fail;
@@ -166,6 +195,12 @@ int main(int argc, char **argv)
         goto fail;
     if (duet_seq_init(cache, &seq, &err) != DUET_OK || duet_seq_reserve(cache, &seq, total, &err) != DUET_OK)
         goto fail;
+#if DUET_HAVE_CUDA
+    if (device >= 0 && (duet_cuda_create(device, &cu, &err) != DUET_OK ||
+                        duet_model_cuda_upload(cu, m, &mc, &err) != DUET_OK ||
+                        duet_kv_cache_cuda_create(cu, cache, &dc, &err) != DUET_OK))
+        goto fail;
+#endif
     int V = m->cfg.vocab_size;
     size_t rows = dump ? (size_t)n_prompt : 1;
     logits = duet_malloc_array(rows * (size_t)V, sizeof(float));
@@ -181,7 +216,7 @@ int main(int argc, char **argv)
                               .logits_mode = dump ? DUET_LOGITS_ALL : (off + n == n_prompt ? DUET_LOGITS_LAST
                                                                                           : DUET_LOGITS_NONE),
                               .logits = dump ? logits + (size_t)off * V : logits};
-        if (duet_forward(m, cache, &it, 1, &err) != DUET_OK)
+        if (FORWARD(&it) != DUET_OK)
             goto fail;
     }
     double t_prefill = duet_time_s() - t1;
@@ -208,7 +243,7 @@ int main(int argc, char **argv)
             break;
         duet_fwd_item_t it = {.seq = &seq, .tokens = &tok, .n_tokens = 1, .logits_mode = DUET_LOGITS_LAST,
                               .logits = logits};
-        if (duet_forward(m, cache, &it, 1, &err) != DUET_OK)
+        if (FORWARD(&it) != DUET_OK)
             goto fail;
     }
     printf("\n");
@@ -224,6 +259,11 @@ fail:
 done:
     free(logits);
     free(prompt);
+#if DUET_HAVE_CUDA
+    duet_kv_cache_cuda_destroy(&dc);
+    duet_model_cuda_destroy(&mc);
+    duet_cuda_destroy(&cu);
+#endif
     if (cache)
         duet_seq_release(cache, &seq);
     duet_kv_cache_destroy(&cache);

@@ -17,6 +17,7 @@
 #define AT_THREADS 256
 #define AT_CH 64
 #define AT_MAXD 1024
+#define AT_FIXED_SPLIT 8 /* batch-invariant mode: every row's keys in 8 parts */
 #define AT_MAXP (AT_HB * AT_MAXD / 4 / AT_THREADS)
 
 __global__ void __launch_bounds__(AT_THREADS) attn_part_kernel(const float *q, int n_heads, int dim,
@@ -348,6 +349,8 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
         n_split = max_split;
     if (n_split < 1)
         n_split = 1;
+    if (c->invariant) /* a row's split (and so its summation order) from its own key count only */
+        n_split = AT_FIXED_SPLIT;
     size_t o_floats = (size_t)n_rows * n_split * n_heads * dim, ml_floats = (size_t)n_rows * n_split * n_heads * 2;
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, (o_floats + ml_floats) * sizeof(float), &scr));

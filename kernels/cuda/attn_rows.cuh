@@ -4,7 +4,9 @@
  * n_keys device arrays), out + b*n_heads*dim.  sinks(n_heads) on the device.
  * The keys of a row are split across blocks (each with an online softmax over
  * its part), then combined with the sink; fp32 throughout.  Summation order
- * and expf differ from the CPU (checked at 2e-5).  dim % 4 == 0, dim <= 1024. */
+ * and expf differ from the CPU (checked at 2e-5).  dim % 4 == 0, dim <= 1024.
+ * The split follows the batch (n_rows, max_keys), except in batch-invariant
+ * mode (duet_cuda_set_invariant): 8 parts per row, from its own n_keys only. */
 #ifndef DUET_CUDA_ATTN_ROWS_CUH
 #define DUET_CUDA_ATTN_ROWS_CUH
 

@@ -115,14 +115,9 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_store_kernel(entry_geom g
         put_bf16(row + nope + 2 * i, vec[nope + i]);
 }
 
-__global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g, const uint8_t *base,
-                                                                   const uint32_t *unit, const uint32_t *idx,
-                                                                   float *vecs)
+/* Decode entry ix of a page into vec with the block's threads. */
+__device__ __forceinline__ void load_entry(const entry_geom &g, const uint8_t *page, uint32_t ix, float *vec)
 {
-    uint32_t e = blockIdx.x;
-    float *vec = vecs + (size_t)e * g.vec_dim;
-    const uint8_t *page = base + (size_t)unit[e] * g.page_bytes;
-    uint32_t ix = idx[e];
     const uint8_t *row = page + (size_t)ix * g.entry_data_bytes;
     const uint8_t *srow = page + g.scale_offset + (size_t)ix * g.entry_scale_bytes;
     int t = threadIdx.x;
@@ -141,6 +136,51 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g,
         for (uint32_t i = t; i < g.rope_dim; i += blockDim.x)
             vec[nope + i] = get_bf16(row + nope + 2 * i);
     }
+}
+
+__global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g, const uint8_t *base,
+                                                                   const uint32_t *unit, const uint32_t *idx,
+                                                                   float *vecs)
+{
+    uint32_t e = blockIdx.x;
+    load_entry(g, base + (size_t)unit[e] * g.page_bytes, idx[e], vecs + (size_t)e * g.vec_dim);
+}
+
+/* block (j, b): entry sel[b*k + j] of row b's sequence, through its page list. */
+__global__ void __launch_bounds__(ENTRY_THREADS) cache_load_sel_kernel(entry_geom g, const uint8_t *base,
+                                                                       uint32_t epp, const int32_t *sel, int k,
+                                                                       const int32_t *n_sel, const uint32_t *pages,
+                                                                       const int32_t *page_off,
+                                                                       const int32_t *dst_off, float *out)
+{
+    int j = blockIdx.x, b = blockIdx.y;
+    if (j >= n_sel[b])
+        return;
+    int32_t e = sel[(size_t)b * k + j];
+    if (e < 0)
+        return;
+    uint32_t unit = pages[page_off[b] + e / epp];
+    load_entry(g, base + (size_t)unit * g.page_bytes, (uint32_t)(e % epp),
+               out + ((size_t)dst_off[b] + j) * g.vec_dim);
+}
+
+extern "C" duet_status_t duet_cuda_cache_load_sel(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                                  const int32_t *sel, int k, int n_rows, const int32_t *n_sel,
+                                                  const uint32_t *pages, const int32_t *page_off,
+                                                  const int32_t *dst_off, float *out)
+{
+    entry_geom g;
+    if (geom_of(l, &g) || !l->paged)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_load_sel: pool %s is not a paged entry pool",
+                               duet_pool_kind_name(l->kind));
+    if (k <= 0 || n_rows <= 0)
+        return DUET_OK;
+    if (n_rows > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_load_sel: %d rows (at most 65535)", n_rows);
+    cache_load_sel_kernel<<<dim3(k, n_rows), ENTRY_THREADS, 0, c->stream>>>(g, base, l->entries_per_page, sel, k,
+                                                                           n_sel, pages, page_off, dst_off, out);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
 }
 
 extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_layout_t *l, uint8_t *base,

@@ -22,6 +22,15 @@ duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_layout_t *l
                                     const uint32_t *unit, const uint32_t *idx, const float *vec, uint32_t n);
 duet_status_t duet_cuda_cache_load(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
                                    const uint32_t *unit, const uint32_t *idx, float *vec, uint32_t n);
+/* Decode the entries a top-k picked, through each row's page list (a paged pool): for row
+ * b < n_rows and j < n_sel[b], entry e = sel[b*k + j] (skipped when negative) of page
+ * pages[page_off[b] + e / entries_per_page], index e % entries_per_page, goes to
+ * out + (dst_off[b] + j) * vec_dim.  sel, n_sel, pages, page_off, dst_off: device arrays.
+ * Bit-exact (the load codec above). */
+duet_status_t duet_cuda_cache_load_sel(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                       const int32_t *sel, int k, int n_rows, const int32_t *n_sel,
+                                       const uint32_t *pages, const int32_t *page_off, const int32_t *dst_off,
+                                       float *out);
 
 #ifdef __cplusplus
 }

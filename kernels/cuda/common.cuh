@@ -65,6 +65,7 @@ struct duet_cuda {
     cudaEvent_t t0, t1;
     int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
     int topk_smem_set;    /* topk's shared-memory limit raised */
+    int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
     duet_cuda_info_t info;

@@ -125,6 +125,10 @@ extern "C" void duet_cuda_destroy(duet_cuda_t **pc)
     *pc = NULL;
 }
 
+extern "C" void duet_cuda_set_invariant(duet_cuda_t *c, int on) { c->invariant = on != 0; }
+
+extern "C" int duet_cuda_get_invariant(const duet_cuda_t *c) { return c->invariant; }
+
 extern "C" const duet_err_t *duet_cuda_error(const duet_cuda_t *c) { return &c->err; }
 
 extern "C" void duet_cuda_info(const duet_cuda_t *c, duet_cuda_info_t *info) { *info = c->info; }

@@ -74,6 +74,15 @@ duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms);
  * F32 / BF16 normal(0, 1), F8_E4M3 and U8 uniform over the valid codes (no NaN for e4m3). */
 duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtype_t dtype, uint64_t seed);
 
+/* Batch-invariant mode (off by default): every operation then splits its work
+ * the same way whatever the number of rows, so a row's result never depends
+ * on the batch (what the engine's chunked prefill needs): matmul takes
+ * duet_cuda_matmul_invariant at every n, attn_rows a fixed key split, hc_pre /
+ * hc_head a fixed column split.  The other operations are row-independent
+ * in both modes. */
+void duet_cuda_set_invariant(duet_cuda_t *c, int on);
+int duet_cuda_get_invariant(const duet_cuda_t *c);
+
 #ifdef __cplusplus
 }
 #endif
@@ -92,5 +101,8 @@ duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtyp
 #include "argmax.cuh"
 #include "page_copy.cuh"
 #include "roofline.cuh"
+#include "embed.cuh"
+#include "rows.cuh"
+#include "compress_rows.cuh"
 
 #endif

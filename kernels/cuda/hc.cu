@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_head_finish_kernel(const float 
 /* Slices per row so that the partial kernel fills the GPU; each a multiple of 4 floats. */
 static void hc_split(const duet_cuda_t *c, int n, int flat_dim, int *S, int *slice)
 {
-    int groups = (n + HC_RG - 1) / HC_RG;
+    int groups = c->invariant ? 1 : (n + HC_RG - 1) / HC_RG; /* invariant: the split of one row group at any n */
     int s = (2 * c->info.sm_count + groups - 1) / groups;
     s = s < 1 ? 1 : s > HC_MAX_SPLIT ? HC_MAX_SPLIT : s;
     int sl = (flat_dim + s - 1) / s;

@@ -4,7 +4,8 @@
  * products, then the tiny sigmoid / Sinkhorn part in one thread, in the CPU's
  * order); summation order and expf differ (checked at 1e-5).
  * hc_post: the CPU's operations in its order without fused multiply-add,
- * bit-exact. */
+ * bit-exact.  The column split of hc_pre / hc_head follows n, except in
+ * batch-invariant mode (duet_cuda_set_invariant), where it is that of n = 1. */
 #ifndef DUET_CUDA_HC_CUH
 #define DUET_CUDA_HC_CUH
 

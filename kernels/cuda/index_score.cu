@@ -15,7 +15,8 @@
 
 __global__ void __launch_bounds__(256) index_score_kernel(const float *q, const float *w, int n_heads, int dim,
                                                           const float *keys, const int32_t *key_off,
-                                                          const int32_t *n_keys, float scale, float *score)
+                                                          const int32_t *n_keys, const int32_t *score_off,
+                                                          float scale, float *score)
 {
     __shared__ __align__(16) float qT[IS_DC][IS_PAD];
     __shared__ __align__(16) float kT[IS_DC][IS_PAD];
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(256) index_score_kernel(const float *q, const 
         float s = 0.0f;
         for (int y = 0; y < 16; y++)
             s += red[y][t];
-        score[(size_t)key_off[b] + key0 + t] = s;
+        score[(size_t)(score_off ? score_off[b] : key_off[b]) + key0 + t] = s;
     }
 }
 
@@ -86,12 +87,22 @@ extern "C" duet_status_t duet_cuda_index_score(duet_cuda_t *c, const float *q, c
                                                int n_heads, int dim, const float *keys, const int32_t *key_off,
                                                const int32_t *n_keys, int max_keys, float scale, float *score)
 {
+    return duet_cuda_index_score_rows(c, q, w, n_rows, n_heads, dim, keys, key_off, n_keys, NULL, max_keys, scale,
+                                      score);
+}
+
+extern "C" duet_status_t duet_cuda_index_score_rows(duet_cuda_t *c, const float *q, const float *w, int n_rows,
+                                                    int n_heads, int dim, const float *keys, const int32_t *key_off,
+                                                    const int32_t *n_keys, const int32_t *score_off, int max_keys,
+                                                    float scale, float *score)
+{
     if (n_rows <= 0 || max_keys <= 0 || n_heads <= 0 || dim <= 0)
         return DUET_OK;
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
     dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
-    index_score_kernel<<<grid, 256, 0, c->stream>>>(q, w, n_heads, dim, keys, key_off, n_keys, scale, score);
+    index_score_kernel<<<grid, 256, 0, c->stream>>>(q, w, n_heads, dim, keys, key_off, n_keys, score_off, scale,
+                                                              score);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

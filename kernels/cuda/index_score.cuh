@@ -18,6 +18,12 @@ extern "C" {
 duet_status_t duet_cuda_index_score(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
                                     const float *keys, const int32_t *key_off, const int32_t *n_keys, int max_keys,
                                     float scale, float *score);
+/* The same with the scores of row b at score + score_off[b] (a device array; NULL: key_off),
+ * for query rows that share one key list (the rows of a prefill chunk): each row then gets
+ * its own n_keys[b] scores over the same keys. */
+duet_status_t duet_cuda_index_score_rows(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads,
+                                         int dim, const float *keys, const int32_t *key_off, const int32_t *n_keys,
+                                         const int32_t *score_off, int max_keys, float scale, float *score);
 
 #ifdef __cplusplus
 }

@@ -754,9 +754,28 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
     return lt_run(c, p, wa, xb, y);
 }
 
+extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x)
+{
+    if (weight_kind(w) < 0)
+        return 0;
+    gemv_args a;
+    gemv_args_of(w, row_begin, row_begin, x, 0, NULL, &a);
+    return tc_eligible(a, weight_kind(w));
+}
+
+extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
+                                                    int row_end, const float *x, int n, float *y)
+{
+    if (duet_cuda_matmul_invariant_tc(w, row_begin, x))
+        return duet_cuda_matmul_gemv_tc(c, w, row_begin, row_end, x, n, y);
+    return duet_cuda_matmul_gemv(c, w, row_begin, row_end, x, n, y);
+}
+
 extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                           const float *x, int n, float *y)
 {
+    if (c->invariant)
+        return duet_cuda_matmul_invariant(c, w, row_begin, row_end, x, n, y);
     if (n > DUET_CUDA_GEMV_MAX_N || w->dtype == DUET_DT_F32) {
         duet_status_t st = duet_cuda_matmul_lt(c, w, row_begin, row_end, x, n, y);
         if (st != DUET_ERR_UNSUPPORTED)

@@ -18,7 +18,8 @@
  *        Normalized error ~1e-3 from rounding x (checked at 4e-3).
  *        f32 weights take cuBLASLt fp32 (no TF32) at every n.
  * The choice depends on n, so a row's result can differ by rounding between
- * batch sizes: the GPU backend is not batch-invariant (docs/CUDA.md). */
+ * batch sizes, unless the context is in batch-invariant mode
+ * (duet_cuda_set_invariant: duet_cuda_matmul_invariant at every n). */
 #ifndef DUET_CUDA_MATMUL_CUH
 #define DUET_CUDA_MATMUL_CUH
 
@@ -45,6 +46,17 @@ duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t *w, int ro
  * multiple of 128, row_begin not a multiple of 16, unaligned buffers). */
 duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                        const float *x, int n, float *y);
+
+/* The batch-invariant choice (duet_cuda_set_invariant routes duet_cuda_matmul here): one
+ * kernel per weight whatever n is, so a row's result never depends on the other rows: the
+ * tensor-core decode kernel (fp32-faithful through the 3-way split of x) where it applies,
+ * else the fp32-unit kernel.  Both split the columns by the weight's shape only and keep
+ * each token's accumulation to itself.  Same tolerance as the decode kernels (1e-5), at
+ * every n; slower than cuBLASLt at prefill sizes (docs/PERF.md). */
+duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                         const float *x, int n, float *y);
+/* 1 when duet_cuda_matmul_invariant takes the tensor-core kernel for this weight, row_begin and x. */
+int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x);
 
 /* fp8 weights on the fp8 tensor cores (prefill): each row of x is quantized
  * to e4m3 per 128 columns with an fp32 scale amax/448 (as the model's own

@@ -1,0 +1,1389 @@
+/* DeepSeek-V4 forward on the GPU (contract in forward_cuda.h).  The steps and
+ * their order are engine/forward.c's; comments name the CPU step each block
+ * mirrors.  Shapes: R = rows of the batch, D = hidden, H = heads, hd =
+ * head_dim, hc = hyper-connection streams. */
+#include "forward_cuda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "log.h"
+
+/* ---- device model ------------------------------------------------------ */
+
+typedef struct {
+    duet_weight_t wq_a, wq_b, wkv, wo_a, wo_b;
+    duet_weight_t comp_wkv, comp_wgate, icomp_wkv, icomp_wgate, idx_wq_b, idx_wproj, gate;
+    duet_weight_t *experts; /* E * 3: w1, w2, w3 */
+    duet_weight_t sh[3];
+    float *attn_norm, *ffn_norm, *q_norm, *kv_norm;
+    float *hc_attn_fn, *hc_attn_base, *hc_attn_scale, *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    float *attn_sink;
+    float *comp_ape, *comp_norm, *icomp_ape, *icomp_norm;
+} layer_dev_t;
+
+struct duet_model_cuda {
+    duet_cuda_t *c;
+    const duet_model_t *m;
+    layer_dev_t *layers;
+    duet_weight_t embed, head;
+    float *norm, *hc_head_fn, *hc_head_base;
+    float *neg_inf; /* (H) sinks of the DUET_FAULT_SINK test hook */
+    void **allocs;
+    size_t n_allocs, cap_allocs, weight_bytes;
+    /* workspace reused between calls */
+    uint8_t *ws;
+    size_t ws_bytes;
+    uint8_t *plan_host, *plan_dev; /* pinned staging and its device copy */
+    size_t plan_bytes;
+    uint8_t *moe_host, *moe_dev;
+    size_t moe_bytes;
+};
+
+static duet_status_t cuda_fail(duet_cuda_t *c, duet_status_t st, duet_err_t *err)
+{
+    if (err)
+        *err = *duet_cuda_error(c);
+    return st;
+}
+
+static duet_status_t track(duet_model_cuda_t *mc, void *p)
+{
+    if (mc->n_allocs == mc->cap_allocs) {
+        size_t cap = mc->cap_allocs ? mc->cap_allocs * 2 : 256;
+        void **np = realloc(mc->allocs, cap * sizeof *np);
+        if (!np)
+            return DUET_ERR_NOMEM;
+        mc->allocs = np;
+        mc->cap_allocs = cap;
+    }
+    mc->allocs[mc->n_allocs++] = p;
+    return DUET_OK;
+}
+
+static duet_status_t dev_copy(duet_model_cuda_t *mc, const void *src, size_t bytes, void **out, duet_err_t *err)
+{
+    void *p = NULL;
+    *out = NULL;
+    if (!src || !bytes)
+        return DUET_OK;
+    if (duet_cuda_malloc(mc->c, &p, bytes) != DUET_OK)
+        return cuda_fail(mc->c, DUET_ERR_CUDA, err);
+    if (track(mc, p) != DUET_OK) {
+        duet_cuda_free(mc->c, p);
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    }
+    if (duet_cuda_upload(mc->c, p, src, bytes) != DUET_OK)
+        return cuda_fail(mc->c, DUET_ERR_CUDA, err);
+    mc->weight_bytes += bytes;
+    *out = p;
+    return DUET_OK;
+}
+
+static duet_status_t dev_floats(duet_model_cuda_t *mc, const float *src, size_t n, float **out, duet_err_t *err)
+{
+    return dev_copy(mc, src, n * sizeof(float), (void **)out, err);
+}
+
+static size_t weight_row_bytes(const duet_weight_t *w)
+{
+    switch (w->dtype) {
+    case DUET_DT_BF16: return 2 * (size_t)w->cols;
+    case DUET_DT_F8_E4M3: return (size_t)w->cols;
+    case DUET_DT_F4_E2M1X2: return (size_t)w->cols / 2;
+    default: return 4 * (size_t)w->cols;
+    }
+}
+
+static size_t weight_scale_bytes(const duet_weight_t *w)
+{
+    size_t es = w->scale_dtype == DUET_DT_F32 ? 4 : 1;
+    if (!w->scale)
+        return 0;
+    if (w->dtype == DUET_DT_F8_E4M3)
+        return (size_t)((w->rows + 127) / 128) * (size_t)w->scale_cols * es;
+    if (w->dtype == DUET_DT_F4_E2M1X2)
+        return (size_t)w->rows * (size_t)w->scale_cols * es;
+    return 0;
+}
+
+static duet_status_t dev_weight(duet_model_cuda_t *mc, const duet_weight_t *h, duet_weight_t *d, duet_err_t *err)
+{
+    *d = *h;
+    d->data = NULL;
+    d->scale = NULL;
+    if (!h->data)
+        return DUET_OK;
+    duet_status_t st = dev_copy(mc, h->data, weight_row_bytes(h) * (size_t)h->rows, (void **)&d->data, err);
+    if (st == DUET_OK)
+        st = dev_copy(mc, h->scale, weight_scale_bytes(h), (void **)&d->scale, err);
+    return st;
+}
+
+#define TRY(expr)                                                                                                  \
+    do {                                                                                                           \
+        duet_status_t st_ = (expr);                                                                                \
+        if (st_ != DUET_OK)                                                                                        \
+            return st_;                                                                                            \
+    } while (0)
+
+static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
+{
+    const duet_model_config_t *c = &mc->m->cfg;
+    const duet_layer_weights_t *h = &mc->m->layers[l];
+    layer_dev_t *d = &mc->layers[l];
+    int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
+    TRY(dev_weight(mc, &h->wq_a, &d->wq_a, err));
+    TRY(dev_weight(mc, &h->wq_b, &d->wq_b, err));
+    TRY(dev_weight(mc, &h->wkv, &d->wkv, err));
+    TRY(dev_weight(mc, &h->wo_a, &d->wo_a, err));
+    TRY(dev_weight(mc, &h->wo_b, &d->wo_b, err));
+    TRY(dev_weight(mc, &h->gate, &d->gate, err));
+    TRY(dev_floats(mc, h->attn_norm, D, &d->attn_norm, err));
+    TRY(dev_floats(mc, h->ffn_norm, D, &d->ffn_norm, err));
+    TRY(dev_floats(mc, h->q_norm, c->q_lora_rank, &d->q_norm, err));
+    TRY(dev_floats(mc, h->kv_norm, c->head_dim, &d->kv_norm, err));
+    TRY(dev_floats(mc, h->hc_attn_fn, (size_t)mix * hc * D, &d->hc_attn_fn, err));
+    TRY(dev_floats(mc, h->hc_attn_base, mix, &d->hc_attn_base, err));
+    TRY(dev_floats(mc, h->hc_attn_scale, 3, &d->hc_attn_scale, err));
+    TRY(dev_floats(mc, h->hc_ffn_fn, (size_t)mix * hc * D, &d->hc_ffn_fn, err));
+    TRY(dev_floats(mc, h->hc_ffn_base, mix, &d->hc_ffn_base, err));
+    TRY(dev_floats(mc, h->hc_ffn_scale, 3, &d->hc_ffn_scale, err));
+    TRY(dev_floats(mc, h->attn_sink, c->num_attention_heads, &d->attn_sink, err));
+    if (h->ratio) {
+        const duet_compressor_t *cp = &h->comp;
+        TRY(dev_weight(mc, &cp->wkv, &d->comp_wkv, err));
+        TRY(dev_weight(mc, &cp->wgate, &d->comp_wgate, err));
+        TRY(dev_floats(mc, cp->ape, (size_t)cp->ratio * cp->coff * cp->dim, &d->comp_ape, err));
+        TRY(dev_floats(mc, cp->norm, cp->dim, &d->comp_norm, err));
+    }
+    if (h->ratio == 4) {
+        const duet_compressor_t *cp = &h->icomp;
+        TRY(dev_weight(mc, &cp->wkv, &d->icomp_wkv, err));
+        TRY(dev_weight(mc, &cp->wgate, &d->icomp_wgate, err));
+        TRY(dev_floats(mc, cp->ape, (size_t)cp->ratio * cp->coff * cp->dim, &d->icomp_ape, err));
+        TRY(dev_floats(mc, cp->norm, cp->dim, &d->icomp_norm, err));
+        TRY(dev_weight(mc, &h->idx_wq_b, &d->idx_wq_b, err));
+        TRY(dev_weight(mc, &h->idx_weights_proj, &d->idx_wproj, err));
+    }
+    int E = c->n_routed_experts;
+    d->experts = duet_calloc((size_t)E * 3, sizeof(duet_weight_t));
+    if (!d->experts)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    for (int e = 0; e < E; e++) {
+        TRY(dev_weight(mc, &h->experts[e].w1, &d->experts[3 * e], err));
+        TRY(dev_weight(mc, &h->experts[e].w2, &d->experts[3 * e + 1], err));
+        TRY(dev_weight(mc, &h->experts[e].w3, &d->experts[3 * e + 2], err));
+    }
+    if (c->n_shared_experts > 0) {
+        TRY(dev_weight(mc, &h->shared.w1, &d->sh[0], err));
+        TRY(dev_weight(mc, &h->shared.w2, &d->sh[1], err));
+        TRY(dev_weight(mc, &h->shared.w3, &d->sh[2], err));
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet_model_cuda_t **out,
+                                     duet_err_t *err)
+{
+    const duet_model_config_t *cfg = &m->cfg;
+    *out = NULL;
+    if (m->embed.dtype != DUET_DT_BF16 && m->embed.dtype != DUET_DT_F32)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED, "GPU forward: embedding dtype %s",
+                            duet_dtype_name(m->embed.dtype));
+    if (cfg->head_dim % 4 || cfg->hidden_size % 4)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED, "GPU forward: head_dim %d / hidden %d not multiples of 4",
+                            cfg->head_dim, cfg->hidden_size);
+    duet_model_cuda_t *mc = DUET_NEW(duet_model_cuda_t);
+    if (!mc)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    mc->c = c;
+    mc->m = m;
+    duet_cuda_set_invariant(c, 1);
+    duet_status_t st = DUET_OK;
+    int L = cfg->num_hidden_layers, D = cfg->hidden_size, hc = cfg->hc_mult;
+    mc->layers = duet_calloc((size_t)L, sizeof(layer_dev_t));
+    if (!mc->layers) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = dev_weight(mc, &m->embed, &mc->embed, err)) != DUET_OK ||
+        (st = dev_weight(mc, &m->head, &mc->head, err)) != DUET_OK ||
+        (st = dev_floats(mc, m->norm, D, &mc->norm, err)) != DUET_OK ||
+        (st = dev_floats(mc, m->hc_head_fn, (size_t)hc * hc * D, &mc->hc_head_fn, err)) != DUET_OK ||
+        (st = dev_floats(mc, m->hc_head_base, hc, &mc->hc_head_base, err)) != DUET_OK)
+        goto fail;
+    {
+        int H = cfg->num_attention_heads;
+        float *ninf = duet_malloc_array((size_t)H, sizeof(float));
+        if (!ninf) {
+            st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (int h = 0; h < H; h++)
+            ninf[h] = -INFINITY;
+        st = dev_floats(mc, ninf, H, &mc->neg_inf, err);
+        free(ninf);
+        if (st != DUET_OK)
+            goto fail;
+    }
+    for (int l = 0; l < L; l++)
+        if ((st = upload_layer(mc, l, err)) != DUET_OK)
+            goto fail;
+    *out = mc;
+    return DUET_OK;
+fail:
+    duet_model_cuda_destroy(&mc);
+    return st;
+}
+
+void duet_model_cuda_destroy(duet_model_cuda_t **pmc)
+{
+    if (!pmc || !*pmc)
+        return;
+    duet_model_cuda_t *mc = *pmc;
+    duet_cuda_sync(mc->c);
+    for (size_t i = 0; i < mc->n_allocs; i++)
+        duet_cuda_free(mc->c, mc->allocs[i]);
+    if (mc->layers)
+        for (int l = 0; l < mc->m->cfg.num_hidden_layers; l++)
+            free(mc->layers[l].experts);
+    free(mc->layers);
+    free(mc->allocs);
+    duet_cuda_free(mc->c, mc->ws);
+    duet_cuda_free(mc->c, mc->plan_dev);
+    duet_cuda_host_free(mc->c, mc->plan_host);
+    duet_cuda_free(mc->c, mc->moe_dev);
+    duet_cuda_host_free(mc->c, mc->moe_host);
+    free(mc);
+    *pmc = NULL;
+}
+
+size_t duet_model_cuda_weight_bytes(const duet_model_cuda_t *mc) { return mc->weight_bytes; }
+
+duet_cuda_t *duet_model_cuda_context(const duet_model_cuda_t *mc) { return mc->c; }
+
+/* ---- device cache ------------------------------------------------------ */
+
+struct duet_kv_cache_cuda {
+    duet_cuda_t *c;
+    duet_kv_cache_t *host;
+    uint8_t *mem[DUET_POOL_COUNT];
+    size_t bytes[DUET_POOL_COUNT];
+};
+
+duet_status_t duet_kv_cache_cuda_create(duet_cuda_t *c, duet_kv_cache_t *host, duet_kv_cache_cuda_t **out,
+                                        duet_err_t *err)
+{
+    *out = NULL;
+    duet_kv_cache_cuda_t *dc = DUET_NEW(duet_kv_cache_cuda_t);
+    if (!dc)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    dc->c = c;
+    dc->host = host;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        size_t b = duet_kv_cache_pool_bytes(host, (duet_pool_kind_t)k);
+        if (!b || !duet_kv_cache_pool_base(host, (duet_pool_kind_t)k))
+            continue;
+        if (duet_cuda_malloc(c, (void **)&dc->mem[k], b) != DUET_OK ||
+            duet_cuda_memset(c, dc->mem[k], 0, b) != DUET_OK) {
+            duet_status_t st = cuda_fail(c, DUET_ERR_CUDA, err);
+            duet_kv_cache_cuda_destroy(&dc);
+            return st;
+        }
+        dc->bytes[k] = b;
+    }
+    if (duet_cuda_sync(c) != DUET_OK) {
+        duet_status_t st = cuda_fail(c, DUET_ERR_CUDA, err);
+        duet_kv_cache_cuda_destroy(&dc);
+        return st;
+    }
+    *out = dc;
+    return DUET_OK;
+}
+
+void duet_kv_cache_cuda_destroy(duet_kv_cache_cuda_t **pdc)
+{
+    if (!pdc || !*pdc)
+        return;
+    duet_kv_cache_cuda_t *dc = *pdc;
+    duet_cuda_sync(dc->c);
+    for (int k = 0; k < DUET_POOL_COUNT; k++)
+        duet_cuda_free(dc->c, dc->mem[k]);
+    free(dc);
+    *pdc = NULL;
+}
+
+duet_kv_cache_t *duet_kv_cache_cuda_host(const duet_kv_cache_cuda_t *dc) { return dc->host; }
+
+uint8_t *duet_kv_cache_cuda_pool_base(const duet_kv_cache_cuda_t *dc, duet_pool_kind_t kind) { return dc->mem[kind]; }
+
+/* A layer's device view: the host view's addresses moved into the device pools. */
+static duet_status_t dev_layer(duet_kv_cache_cuda_t *dc, int layer, duet_cache_layer_t *v)
+{
+    TRY(duet_kv_cache_layer(dc->host, layer, v));
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        if (!v->base[k])
+            continue;
+        uint8_t *hb = duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)k);
+        v->base[k] = dc->mem[k] ? dc->mem[k] + (v->base[k] - hb) : NULL;
+    }
+    return DUET_OK;
+}
+
+duet_status_t duet_kv_cache_cuda_copy_seq(duet_kv_cache_cuda_t *dc, const duet_seq_t *src, duet_seq_t *dst,
+                                          duet_err_t *err)
+{
+    if (!src->has_slot || !dst->has_slot || dst->n_pages < src->n_pages)
+        return duet_err_set(err, DUET_ERR_INVALID, "copy_seq: destination without a slot or enough pages");
+    uint32_t np = duet_kv_cache_n_pages(dc->host), ns = duet_kv_cache_n_slots(dc->host);
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(dc->host, (duet_pool_kind_t)k);
+        if (!dc->mem[k] || !l->n_layers)
+            continue;
+        uint32_t per = l->paged ? src->n_pages : 1, units = l->paged ? np : ns;
+        size_t n = (size_t)per * l->n_layers;
+        uint32_t *si = malloc(sizeof(uint32_t) * n), *di = malloc(sizeof(uint32_t) * n);
+        if (!si || !di) {
+            free(si);
+            free(di);
+            return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+        }
+        for (uint32_t ly = 0; ly < l->n_layers; ly++)
+            for (uint32_t j = 0; j < per; j++) {
+                si[(size_t)ly * per + j] = ly * units + (l->paged ? src->pages[j] : src->slot);
+                di[(size_t)ly * per + j] = ly * units + (l->paged ? dst->pages[j] : dst->slot);
+            }
+        duet_status_t st = duet_cuda_pages_copy(dc->c, dc->mem[k], di, dc->mem[k], si, (uint32_t)n, l->page_bytes);
+        free(si);
+        free(di);
+        if (st != DUET_OK)
+            return cuda_fail(dc->c, st, err);
+    }
+    if (duet_cuda_sync(dc->c) != DUET_OK)
+        return cuda_fail(dc->c, DUET_ERR_CUDA, err);
+    dst->n_past = src->n_past;
+    return DUET_OK;
+}
+
+/* ---- the per-call plan ---------------------------------------------------
+ * Index lists built on the host in one buffer (offsets), copied to the device
+ * once; every layer of a kind uses the same lists. */
+
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+    int oom;
+} hbuf_t;
+
+static size_t hb_alloc(hbuf_t *b, size_t bytes)
+{
+    size_t off = (b->n + 255) & ~(size_t)255;
+    if (off + bytes > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < off + bytes)
+            cap *= 2;
+        uint8_t *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = 1;
+            return 0;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    b->n = off + bytes;
+    return off;
+}
+
+typedef struct {
+    int ra, rb;                 /* rows [ra, rb) */
+    size_t gw_off, gw_cnt;      /* window-key gather entries (layout 4: room for the C4 selection) */
+    size_t g128_off, g128_cnt;  /* window + C128 gather entries */
+    int maxk0, maxk4, maxk128;  /* the most keys of one row */
+} group_t;
+
+typedef struct {
+    duet_model_cuda_t *mc;
+    duet_kv_cache_cuda_t *dc;
+    const duet_model_t *m;
+    const duet_model_config_t *c;
+    duet_cuda_t *cu;
+    duet_fwd_item_t *items;
+    int n_items, R;
+    int has4, has128;
+    int *row0;
+    int32_t *tok_h; /* (R) host token ids */
+    /* counts */
+    size_t NL, NPT, N128e, NIK, NSC, NW4, NW128, NSW4, NSW128, NS, NLR;
+    int max_nv;
+    group_t *groups;
+    int n_groups;
+    size_t max_group_keys;
+    /* plan offsets (bytes into the plan buffer) */
+    size_t o_tok, o_pos, o_pt, o_ld_unit, o_ld_idx, o_rt_unit, o_rt_idx, o_st_row, o_st_unit, o_st_idx;
+    size_t o_c128_unit, o_c128_idx, o_ik_unit, o_ik_idx, o_ikoff, o_nv, o_score_off;
+    size_t o_w4kv_unit, o_w4kv_idx, o_w4ik_unit, o_w4ik_idx, o_w4pos, o_desc4, o_sw4;
+    size_t o_w128_unit, o_w128_idx, o_w128pos, o_desc128, o_sw128;
+    size_t o_gw_dst, o_gw_src, o_g128_dst, o_g128_src;
+    size_t o_koff4, o_nk0, o_nk4, o_nsel, o_dst4, o_page_off, o_koff128, o_nk128, o_hrow;
+    uint8_t *pd; /* device plan */
+    /* device workspace */
+    float *h, *x, *xn, *f, *post, *comb, *qlora, *q, *kv, *att, *ckv, *cg, *ikv, *ig, *iq, *iw;
+    uint8_t *rt_tmp;
+    float *src, *ikeys, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv;
+    int32_t *sel;
+    float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
+    int32_t *moe_rows;
+    float *moe_w;
+    duet_fwd_cuda_stats_t st;
+} fc_t;
+
+#define PD(F, T, off) ((T *)((F)->pd + (off)))
+
+static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    duet_kv_cache_t *hc = F->dc->host;
+    int R = F->R, W = c->sliding_window, topk = c->index_topk;
+    int64_t span = duet_forward_fault == DUET_FAULT_MASK ? W : W - 1;
+    uint32_t epp4 = 1, eppi = 1, epp128 = 1;
+    if (F->has4) {
+        epp4 = duet_kv_cache_layout(hc, DUET_POOL_C4_KV)->entries_per_page;
+        eppi = duet_kv_cache_layout(hc, DUET_POOL_C4_INDEX_K)->entries_per_page;
+    }
+    if (F->has128)
+        epp128 = duet_kv_cache_layout(hc, DUET_POOL_C128_KV)->entries_per_page;
+
+    /* counts */
+    for (int it = 0; it < F->n_items; it++) {
+        duet_fwd_item_t *item = &F->items[it];
+        const duet_seq_t *s = item->seq;
+        int64_t P = s->n_past, n = item->n_tokens, total = P + n;
+        int64_t base = P - (P < W - 1 ? P : W - 1);
+        F->NL += (size_t)(P - base);
+        F->NPT += s->n_pages;
+        if (F->has128) {
+            F->N128e += (size_t)(total / 128);
+            F->NW128 += (size_t)(total / 128 - P / 128);
+            F->NSW128 += (size_t)(n < 128 ? n : 128);
+        }
+        if (F->has4) {
+            F->NIK += (size_t)(total / 4);
+            F->NW4 += (size_t)(total / 4 - P / 4);
+            F->NSW4 += (size_t)(n < 8 ? n : 8);
+            for (int64_t p = P; p < total; p++) {
+                F->NSC += (size_t)((p + 1) / 4);
+                if ((p + 1) / 4 > F->max_nv)
+                    F->max_nv = (int)((p + 1) / 4);
+            }
+        }
+        F->NS += (size_t)(n < W ? n : W);
+        F->NLR += item->logits_mode == DUET_LOGITS_ALL ? (size_t)n : item->logits_mode == DUET_LOGITS_LAST ? 1 : 0;
+    }
+    /* row groups for attention: bounded keys and rows */
+    int hd = c->head_dim, H = c->num_attention_heads;
+    size_t key_cap = ((size_t)64 << 20) / (size_t)hd;          /* 256 MiB of fp32 keys */
+    size_t row_cap = ((size_t)256 << 20) / ((size_t)8 * H * hd * 4); /* attn_rows' partials */
+    if (row_cap < 1)
+        row_cap = 1;
+    if (row_cap > 65535)
+        row_cap = 65535;
+    F->groups = malloc(sizeof(group_t) * (size_t)(R > 0 ? R : 1));
+    if (!F->groups)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    int *r_item = malloc(sizeof(int) * (size_t)R);
+    int *r_nwin = malloc(sizeof(int) * (size_t)R), *r_nsel = malloc(sizeof(int) * (size_t)R);
+    int *r_n128 = malloc(sizeof(int) * (size_t)R);
+    if (!r_item || !r_nwin || !r_nsel || !r_n128) {
+        free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    }
+    size_t GW = 0, G128 = 0;
+    for (int it = 0; it < F->n_items; it++) {
+        const duet_seq_t *s = F->items[it].seq;
+        int64_t P = s->n_past, base = P - (P < W - 1 ? P : W - 1);
+        for (int i = 0; i < F->items[it].n_tokens; i++) {
+            int r = F->row0[it] + i;
+            int64_t p = P + i, lo = p - span > base ? p - span : base;
+            r_item[r] = it;
+            r_nwin[r] = (int)(p - lo + 1);
+            int nv4 = (int)((p + 1) / 4);
+            r_nsel[r] = F->has4 ? (nv4 < topk ? nv4 : topk) : 0;
+            r_n128[r] = F->has128 ? (int)((p + 1) / 128) : 0;
+            GW += (size_t)r_nwin[r];
+            G128 += (size_t)(r_nwin[r] + r_n128[r]);
+        }
+    }
+    {
+        int g = 0, r = 0;
+        size_t gw = 0, g128 = 0;
+        while (r < R) {
+            group_t *G = &F->groups[g++];
+            memset(G, 0, sizeof *G);
+            G->ra = r;
+            G->gw_off = gw;
+            G->g128_off = g128;
+            size_t k4 = 0, k128 = 0;
+            while (r < R && (size_t)(r - G->ra) < row_cap) {
+                size_t a = (size_t)(r_nwin[r] + r_nsel[r]), bb = (size_t)(r_nwin[r] + r_n128[r]);
+                if (r > G->ra && (k4 + a > key_cap || k128 + bb > key_cap))
+                    break;
+                k4 += a;
+                k128 += bb;
+                gw += (size_t)r_nwin[r];
+                g128 += bb;
+                if (r_nwin[r] > G->maxk0)
+                    G->maxk0 = r_nwin[r];
+                if ((int)a > G->maxk4)
+                    G->maxk4 = (int)a;
+                if ((int)bb > G->maxk128)
+                    G->maxk128 = (int)bb;
+                r++;
+            }
+            G->rb = r;
+            G->gw_cnt = gw - G->gw_off;
+            G->g128_cnt = g128 - G->g128_off;
+            size_t need = k4 > k128 ? k4 : k128;
+            if (need > F->max_group_keys)
+                F->max_group_keys = need;
+        }
+        F->n_groups = g;
+    }
+
+    /* allocate */
+    size_t R_ = (size_t)R;
+    F->o_tok = hb_alloc(b, 4 * R_);
+    F->o_pos = hb_alloc(b, 8 * R_);
+    F->o_pt = hb_alloc(b, 4 * F->NPT);
+    F->o_ld_unit = hb_alloc(b, 4 * F->NL);
+    F->o_ld_idx = hb_alloc(b, 4 * F->NL);
+    F->o_rt_unit = hb_alloc(b, 4 * R_);
+    F->o_rt_idx = hb_alloc(b, 4 * R_);
+    F->o_st_row = hb_alloc(b, 4 * F->NS);
+    F->o_st_unit = hb_alloc(b, 4 * F->NS);
+    F->o_st_idx = hb_alloc(b, 4 * F->NS);
+    F->o_c128_unit = hb_alloc(b, 4 * F->N128e);
+    F->o_c128_idx = hb_alloc(b, 4 * F->N128e);
+    F->o_ik_unit = hb_alloc(b, 4 * F->NIK);
+    F->o_ik_idx = hb_alloc(b, 4 * F->NIK);
+    F->o_ikoff = hb_alloc(b, 4 * R_);
+    F->o_nv = hb_alloc(b, 4 * R_);
+    F->o_score_off = hb_alloc(b, 4 * R_);
+    F->o_w4kv_unit = hb_alloc(b, 4 * F->NW4);
+    F->o_w4kv_idx = hb_alloc(b, 4 * F->NW4);
+    F->o_w4ik_unit = hb_alloc(b, 4 * F->NW4);
+    F->o_w4ik_idx = hb_alloc(b, 4 * F->NW4);
+    F->o_w4pos = hb_alloc(b, 8 * F->NW4);
+    F->o_desc4 = hb_alloc(b, sizeof(duet_comp_slot_t) * 8 * F->NW4);
+    F->o_sw4 = hb_alloc(b, sizeof(duet_comp_slot_t) * F->NSW4);
+    F->o_w128_unit = hb_alloc(b, 4 * F->NW128);
+    F->o_w128_idx = hb_alloc(b, 4 * F->NW128);
+    F->o_w128pos = hb_alloc(b, 8 * F->NW128);
+    F->o_desc128 = hb_alloc(b, sizeof(duet_comp_slot_t) * 128 * F->NW128);
+    F->o_sw128 = hb_alloc(b, sizeof(duet_comp_slot_t) * F->NSW128);
+    F->o_gw_dst = hb_alloc(b, 4 * GW);
+    F->o_gw_src = hb_alloc(b, 4 * GW);
+    F->o_g128_dst = hb_alloc(b, 4 * G128);
+    F->o_g128_src = hb_alloc(b, 4 * G128);
+    F->o_koff4 = hb_alloc(b, 4 * R_);
+    F->o_nk0 = hb_alloc(b, 4 * R_);
+    F->o_nk4 = hb_alloc(b, 4 * R_);
+    F->o_nsel = hb_alloc(b, 4 * R_);
+    F->o_dst4 = hb_alloc(b, 4 * R_);
+    F->o_page_off = hb_alloc(b, 4 * R_);
+    F->o_koff128 = hb_alloc(b, 4 * R_);
+    F->o_nk128 = hb_alloc(b, 4 * R_);
+    F->o_hrow = hb_alloc(b, 4 * (F->NLR ? F->NLR : 1));
+    if (b->oom) {
+        free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory for the forward plan");
+    }
+
+    /* fill */
+#define HB(T, off) ((T *)(b->p + (off)))
+    int32_t *tok = HB(int32_t, F->o_tok);
+    int64_t *pos = HB(int64_t, F->o_pos);
+    uint32_t *pt = HB(uint32_t, F->o_pt);
+    uint32_t *ld_unit = HB(uint32_t, F->o_ld_unit), *ld_idx = HB(uint32_t, F->o_ld_idx);
+    uint32_t *rt_unit = HB(uint32_t, F->o_rt_unit), *rt_idx = HB(uint32_t, F->o_rt_idx);
+    int32_t *st_row = HB(int32_t, F->o_st_row);
+    uint32_t *st_unit = HB(uint32_t, F->o_st_unit), *st_idx = HB(uint32_t, F->o_st_idx);
+    uint32_t *c128_unit = HB(uint32_t, F->o_c128_unit), *c128_idx = HB(uint32_t, F->o_c128_idx);
+    uint32_t *ik_unit = HB(uint32_t, F->o_ik_unit), *ik_idx = HB(uint32_t, F->o_ik_idx);
+    int32_t *ikoff = HB(int32_t, F->o_ikoff), *nvr = HB(int32_t, F->o_nv), *score_off = HB(int32_t, F->o_score_off);
+    uint32_t *w4kv_unit = HB(uint32_t, F->o_w4kv_unit), *w4kv_idx = HB(uint32_t, F->o_w4kv_idx);
+    uint32_t *w4ik_unit = HB(uint32_t, F->o_w4ik_unit), *w4ik_idx = HB(uint32_t, F->o_w4ik_idx);
+    int64_t *w4pos = HB(int64_t, F->o_w4pos);
+    duet_comp_slot_t *desc4 = HB(duet_comp_slot_t, F->o_desc4), *sw4 = HB(duet_comp_slot_t, F->o_sw4);
+    uint32_t *w128_unit = HB(uint32_t, F->o_w128_unit), *w128_idx = HB(uint32_t, F->o_w128_idx);
+    int64_t *w128pos = HB(int64_t, F->o_w128pos);
+    duet_comp_slot_t *desc128 = HB(duet_comp_slot_t, F->o_desc128), *sw128 = HB(duet_comp_slot_t, F->o_sw128);
+    int32_t *gw_dst = HB(int32_t, F->o_gw_dst), *gw_src = HB(int32_t, F->o_gw_src);
+    int32_t *g128_dst = HB(int32_t, F->o_g128_dst), *g128_src = HB(int32_t, F->o_g128_src);
+    int32_t *koff4 = HB(int32_t, F->o_koff4), *nk0 = HB(int32_t, F->o_nk0), *nk4 = HB(int32_t, F->o_nk4);
+    int32_t *nsel = HB(int32_t, F->o_nsel), *dst4 = HB(int32_t, F->o_dst4), *page_off = HB(int32_t, F->o_page_off);
+    int32_t *koff128 = HB(int32_t, F->o_koff128), *nk128 = HB(int32_t, F->o_nk128);
+    int32_t *hrow = HB(int32_t, F->o_hrow);
+#undef HB
+    size_t nl = 0, npt = 0, n128 = 0, nik = 0, nsc = 0, nw4 = 0, nw128 = 0, nsw4 = 0, nsw128 = 0, ns = 0, nlr = 0;
+    size_t *ld_off = malloc(sizeof(size_t) * (size_t)F->n_items), *c128_off = malloc(sizeof(size_t) * (size_t)F->n_items);
+    size_t *pt_off = malloc(sizeof(size_t) * (size_t)F->n_items), *ik_off = malloc(sizeof(size_t) * (size_t)F->n_items);
+    if (!ld_off || !c128_off || !pt_off || !ik_off) {
+        free(ld_off); free(c128_off); free(pt_off); free(ik_off);
+        free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    }
+    for (int it = 0; it < F->n_items; it++) {
+        duet_fwd_item_t *item = &F->items[it];
+        const duet_seq_t *s = item->seq;
+        int r0 = F->row0[it], n = item->n_tokens;
+        int64_t P = s->n_past, total = P + n, base = P - (P < W - 1 ? P : W - 1);
+        for (int i = 0; i < n; i++) {
+            tok[r0 + i] = item->tokens[i];
+            pos[r0 + i] = P + i;
+        }
+        pt_off[it] = npt;
+        memcpy(pt + npt, s->pages, sizeof(uint32_t) * s->n_pages);
+        npt += s->n_pages;
+        ld_off[it] = nl;
+        for (int64_t t = base; t < P; t++, nl++) {
+            ld_unit[nl] = s->slot;
+            ld_idx[nl] = (uint32_t)(t % W);
+        }
+        for (int i = (n > W ? n - W : 0); i < n; i++, ns++) {
+            st_row[ns] = r0 + i;
+            st_unit[ns] = s->slot;
+            st_idx[ns] = (uint32_t)((P + i) % W);
+        }
+        c128_off[it] = n128;
+        if (F->has128) {
+            for (int64_t e = 0; e < total / 128; e++, n128++) {
+                c128_unit[n128] = s->pages[e / epp128];
+                c128_idx[n128] = (uint32_t)(e % epp128);
+            }
+            for (int64_t p = P; p < total; p++) {
+                if ((p + 1) % 128)
+                    continue;
+                int64_t w = p / 128;
+                w128_unit[nw128] = s->pages[w / epp128];
+                w128_idx[nw128] = (uint32_t)(w % epp128);
+                w128pos[nw128] = w * 128;
+                for (int j = 0; j < 128; j++) {
+                    int64_t q = w * 128 + j;
+                    duet_comp_slot_t *d = &desc128[nw128 * 128 + (size_t)j];
+                    d->row = q >= P ? (int32_t)(r0 + (q - P)) : -1;
+                    d->slot = (int32_t)s->slot;
+                    d->pos = (int32_t)q;
+                    d->half = 0;
+                }
+                nw128++;
+            }
+            for (int i = (n > 128 ? n - 128 : 0); i < n; i++, nsw128++)
+                sw128[nsw128] = (duet_comp_slot_t){r0 + i, (int32_t)s->slot, (int32_t)(P + i), 0};
+        }
+        ik_off[it] = nik;
+        if (F->has4) {
+            for (int64_t e = 0; e < total / 4; e++, nik++) {
+                ik_unit[nik] = s->pages[e / eppi];
+                ik_idx[nik] = (uint32_t)(e % eppi);
+            }
+            for (int64_t p = P; p < total; p++) {
+                if ((p + 1) % 4)
+                    continue;
+                int64_t w = p / 4;
+                w4kv_unit[nw4] = s->pages[w / epp4];
+                w4kv_idx[nw4] = (uint32_t)(w % epp4);
+                w4ik_unit[nw4] = s->pages[w / eppi];
+                w4ik_idx[nw4] = (uint32_t)(w % eppi);
+                w4pos[nw4] = w * 4;
+                for (int j = 0; j < 8; j++) {
+                    duet_comp_slot_t *d = &desc4[nw4 * 8 + (size_t)j];
+                    /* slots 0..3: Ca of window w-1 (first half); 4..7: Cb of window w (second half) */
+                    int64_t q = j < 4 ? (w - 1) * 4 + j : w * 4 + (j - 4);
+                    if (j < 4 && (w == 0 || duet_forward_fault == DUET_FAULT_OVERLAP)) {
+                        *d = (duet_comp_slot_t){-2, 0, 0, 0};
+                        continue;
+                    }
+                    d->row = q >= P ? (int32_t)(r0 + (q - P)) : -1;
+                    d->slot = (int32_t)s->slot;
+                    d->pos = (int32_t)q;
+                    d->half = j < 4 ? 0 : 1;
+                }
+                nw4++;
+            }
+            for (int i = (n > 8 ? n - 8 : 0); i < n; i++, nsw4++)
+                sw4[nsw4] = (duet_comp_slot_t){r0 + i, (int32_t)s->slot, (int32_t)(P + i), 0};
+        }
+        for (int i = 0; i < n; i++) {
+            int r = r0 + i;
+            int64_t p = P + i;
+            ikoff[r] = (int32_t)ik_off[it];
+            nvr[r] = F->has4 ? (int32_t)((p + 1) / 4) : 0;
+            score_off[r] = (int32_t)nsc;
+            nsc += (size_t)nvr[r];
+            page_off[r] = (int32_t)pt_off[it];
+        }
+        if (item->logits_mode == DUET_LOGITS_LAST)
+            hrow[nlr++] = r0 + n - 1;
+        else if (item->logits_mode == DUET_LOGITS_ALL)
+            for (int i = 0; i < n; i++)
+                hrow[nlr++] = r0 + i;
+    }
+    /* key lists per group: layout 4 = [window | C4 selection], layout 128 = [window | C128 entries] */
+    for (int g = 0; g < F->n_groups; g++) {
+        group_t *G = &F->groups[g];
+        int32_t k4 = 0, k128 = 0;
+        size_t iw = G->gw_off, i128 = G->g128_off;
+        for (int r = G->ra; r < G->rb; r++) {
+            int it = r_item[r];
+            const duet_seq_t *s = F->items[it].seq;
+            int64_t P = s->n_past, base = P - (P < W - 1 ? P : W - 1);
+            int64_t p = P + (r - F->row0[it]), lo = p - r_nwin[r] + 1;
+            koff4[r] = k4;
+            nk0[r] = r_nwin[r];
+            nk4[r] = r_nwin[r] + r_nsel[r];
+            nsel[r] = r_nsel[r];
+            dst4[r] = k4 + r_nwin[r];
+            koff128[r] = k128;
+            nk128[r] = r_nwin[r] + r_n128[r];
+            for (int64_t t = lo; t <= p; t++) {
+                int32_t sr = t < P ? (int32_t)(ld_off[it] + (size_t)(t - base))
+                                   : (int32_t)(F->NL + (size_t)F->row0[it] + (size_t)(t - P));
+                gw_dst[iw] = k4 + (int32_t)(t - lo);
+                gw_src[iw++] = sr;
+                g128_dst[i128] = k128 + (int32_t)(t - lo);
+                g128_src[i128++] = sr;
+            }
+            for (int e = 0; e < r_n128[r]; e++) {
+                g128_dst[i128] = k128 + r_nwin[r] + e;
+                g128_src[i128++] = (int32_t)(F->NL + (size_t)R + c128_off[it] + (size_t)e);
+            }
+            k4 += nk4[r];
+            k128 += nk128[r];
+        }
+    }
+    uint32_t epp_swa = duet_kv_cache_layout(hc, DUET_POOL_SWA_KV)->entries_per_page;
+    for (int r = 0; r < R; r++) {
+        rt_unit[r] = (uint32_t)r / epp_swa;
+        rt_idx[r] = (uint32_t)r % epp_swa;
+    }
+    free(ld_off); free(c128_off); free(pt_off); free(ik_off);
+    free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
+    return DUET_OK;
+}
+
+/* ---- workspace ------------------------------------------------------------ */
+
+typedef struct {
+    size_t n;
+    int dry;
+    uint8_t *base;
+} bump_t;
+
+static void *bump(bump_t *b, size_t bytes)
+{
+    size_t off = (b->n + 255) & ~(size_t)255;
+    b->n = off + (bytes ? bytes : 16);
+    return b->dry ? NULL : b->base + off;
+}
+
+static void carve(fc_t *F, bump_t *b)
+{
+    const duet_model_config_t *c = F->c;
+    size_t R = (size_t)F->R, D = (size_t)c->hidden_size, hc = (size_t)c->hc_mult, H = (size_t)c->num_attention_heads;
+    size_t hd = (size_t)c->head_dim, qr = (size_t)c->q_lora_rank, ih = (size_t)c->index_n_heads;
+    size_t id = (size_t)c->index_head_dim, G = (size_t)c->o_groups, orank = (size_t)c->o_lora_rank;
+    size_t E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok, V = (size_t)c->vocab_size;
+    size_t I = 1;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const duet_layer_weights_t *lw = &F->m->layers[l];
+        if (E && (size_t)lw->experts[0].w1.rows > I)
+            I = (size_t)lw->experts[0].w1.rows;
+        if (c->n_shared_experts > 0 && (size_t)lw->shared.w1.rows > I)
+            I = (size_t)lw->shared.w1.rows;
+    }
+    const duet_cache_layout_t *swa_l = duet_kv_cache_layout(F->dc->host, DUET_POOL_SWA_KV);
+    size_t swa_pb = swa_l->page_bytes, swa_epp = swa_l->entries_per_page;
+    size_t gin = H * hd / G;
+    F->h = bump(b, 4 * R * hc * D);
+    F->x = bump(b, 4 * R * D);
+    F->xn = bump(b, 4 * R * D);
+    F->f = bump(b, 4 * R * D);
+    F->post = bump(b, 4 * R * hc);
+    F->comb = bump(b, 4 * R * hc * hc);
+    F->qlora = bump(b, 4 * R * qr);
+    F->q = bump(b, 4 * R * H * hd);
+    F->kv = bump(b, 4 * R * hd);
+    F->att = bump(b, 4 * R * H * hd);
+    F->ckv = bump(b, 4 * R * 2 * hd);
+    F->cg = bump(b, 4 * R * 2 * hd);
+    F->ikv = bump(b, F->has4 ? 4 * R * 2 * id : 0);
+    F->ig = bump(b, F->has4 ? 4 * R * 2 * id : 0);
+    F->iq = bump(b, F->has4 ? 4 * R * ih * id : 0);
+    F->iw = bump(b, F->has4 ? 4 * R * ih : 0);
+    F->rt_tmp = bump(b, ((R + swa_epp - 1) / swa_epp) * swa_pb);
+    F->src = bump(b, 4 * (F->NL + R + F->N128e) * hd);
+    F->ikeys = bump(b, 4 * F->NIK * id);
+    F->score = bump(b, 4 * F->NSC);
+    F->sel = bump(b, 4 * R * (size_t)(c->index_topk > 0 ? c->index_topk : 1));
+    size_t nd = F->NW4 * 8 > F->NW128 * 128 ? F->NW4 * 8 : F->NW128 * 128;
+    size_t nwin = F->NW4 > F->NW128 ? F->NW4 : F->NW128;
+    F->kvg = bump(b, 4 * nd * hd);
+    F->gg = bump(b, 4 * nd * hd);
+    F->ent = bump(b, 4 * nwin * hd);
+    F->keys = bump(b, 4 * F->max_group_keys * hd);
+    F->gx = bump(b, 4 * R * gin);
+    F->gy = bump(b, 4 * R * orank);
+    F->mid = bump(b, 4 * R * G * orank);
+    F->tmpv = bump(b, 4 * F->NS * hd);
+    F->logit = bump(b, 4 * R * E);
+    F->xg = bump(b, 4 * R * D);
+    F->eg = bump(b, 4 * R * I);
+    F->eu = bump(b, 4 * R * I);
+    F->yg = bump(b, 4 * R * D);
+    F->hx = bump(b, 4 * F->NLR * D);
+    F->logits = bump(b, 4 * F->NLR * V);
+    (void)K;
+}
+
+/* ---- the layer steps ------------------------------------------------------ */
+
+#define CU(expr)                                                                                                   \
+    do {                                                                                                           \
+        if ((expr) != DUET_OK)                                                                                     \
+            return cuda_fail(F->cu, DUET_ERR_CUDA, err);                                                           \
+    } while (0)
+
+static void count_mm(fc_t *F, const duet_weight_t *w, int rb, int re, int n)
+{
+    size_t rows = (size_t)(re - rb);
+    F->st.weight_bytes += (double)(rows * weight_row_bytes(w)) +
+                          (double)weight_scale_bytes(w) * (double)rows / (double)(w->rows ? w->rows : 1);
+    F->st.flops += 2.0 * (double)n * (double)rows * (double)w->cols;
+}
+
+static duet_status_t mm(fc_t *F, const duet_weight_t *w, int rb, int re, const float *x, int n, float *y,
+                        duet_err_t *err)
+{
+    if (n <= 0)
+        return DUET_OK;
+    count_mm(F, w, rb, re, n);
+    CU(duet_cuda_matmul(F->cu, w, rb, re, x, n, y));
+    return DUET_OK;
+}
+
+/* compressor_run for every item: closing windows pooled into the pool, then the state ring. */
+static duet_status_t compressor(fc_t *F, const duet_cache_layer_t *v, const duet_compressor_t *hcp, const float *ape,
+                                const float *norm, int row_off, const float *pkv, const float *pg,
+                                duet_pool_kind_t out_pool, size_t nwin, size_t o_desc, size_t o_unit, size_t o_idx,
+                                size_t o_pos, size_t nsw, size_t o_sw, duet_err_t *err)
+{
+    duet_pool_kind_t sk = hcp->ratio == 4 ? DUET_POOL_STATE_C4 : DUET_POOL_STATE_C128;
+    const duet_cache_layout_t *sl = v->layout[sk];
+    duet_comp_geom_t g = {.ratio = hcp->ratio, .ring = hcp->coff * hcp->ratio, .dim = hcp->dim,
+                          .width = hcp->coff * hcp->dim, .stride = (int)sl->vec_dim, .row_off = row_off,
+                          .slot_floats = sl->page_bytes / 4};
+    float *state = (float *)v->base[sk];
+    int ns = hcp->coff * hcp->ratio;
+    if (nwin) {
+        CU(duet_cuda_comp_gather(F->cu, &g, state, pkv, pg, ape, PD(F, duet_comp_slot_t, o_desc), (int)(nwin * ns),
+                                 F->kvg, F->gg));
+        CU(duet_cuda_compress_pool(F->cu, F->kvg, F->gg, ns, g.dim, g.dim, (int)nwin, (size_t)ns * g.dim, F->ent));
+        CU(duet_cuda_rmsnorm(F->cu, F->ent, norm, (int)nwin, g.dim, (float)F->c->rms_norm_eps, F->ent));
+        CU(duet_cuda_rope(F->cu, F->ent, (int)nwin, 1, g.dim, PD(F, int64_t, o_pos), &F->m->rope_compress, 1));
+        CU(duet_cuda_cache_store(F->cu, v->layout[out_pool], v->base[out_pool], PD(F, uint32_t, o_unit),
+                                 PD(F, uint32_t, o_idx), F->ent, (uint32_t)nwin));
+    }
+    CU(duet_cuda_comp_state_write(F->cu, &g, state, pkv, pg, ape, PD(F, duet_comp_slot_t, o_sw), (int)nsw));
+    return DUET_OK;
+}
+
+static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    const duet_layer_weights_t *hw = &F->m->layers[layer];
+    const layer_dev_t *lw = &F->mc->layers[layer];
+    int R = F->R, D = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, qr = c->q_lora_rank;
+    int G = c->o_groups, orank = c->o_lora_rank, ih = c->index_n_heads, id = c->index_head_dim;
+    float eps = (float)c->rms_norm_eps;
+    const duet_rope_t *rope = duet_model_layer_rope(F->m, layer);
+    if (duet_forward_fault == DUET_FAULT_ROPE)
+        rope = &F->m->rope_main;
+    duet_cache_layer_t v;
+    duet_status_t st = dev_layer(F->dc, layer, &v);
+    if (st != DUET_OK)
+        return duet_err_set(err, st, "layer %d cache is not available", layer);
+    const int64_t *pos = PD(F, int64_t, F->o_pos);
+
+    TRY(mm(F, &lw->wq_a, 0, qr, F->xn, R, F->qlora, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
+    TRY(mm(F, &lw->wq_b, 0, H * hd, F->qlora, R, F->q, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * H, hd, eps, F->q));
+    CU(duet_cuda_rope(F->cu, F->q, R, H, hd, pos, rope, 1));
+    TRY(mm(F, &lw->wkv, 0, hd, F->xn, R, F->kv, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
+    CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
+    if (hw->ratio) {
+        int w = hw->comp.coff * hd;
+        TRY(mm(F, &lw->comp_wkv, 0, w, F->xn, R, F->ckv, err));
+        TRY(mm(F, &lw->comp_wgate, 0, w, F->xn, R, F->cg, err));
+    }
+    if (hw->ratio == 4) {
+        TRY(mm(F, &lw->icomp_wkv, 0, 2 * id, F->xn, R, F->ikv, err));
+        TRY(mm(F, &lw->icomp_wgate, 0, 2 * id, F->xn, R, F->ig, err));
+        TRY(mm(F, &lw->idx_wq_b, 0, ih * id, F->qlora, R, F->iq, err));
+        CU(duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1));
+        TRY(mm(F, &lw->idx_wproj, 0, ih, F->xn, R, F->iw, err));
+        CU(duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)));
+    }
+    /* 1. compressors */
+    if (hw->ratio == 4) {
+        TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C4_KV, F->NW4,
+                       F->o_desc4, F->o_w4kv_unit, F->o_w4kv_idx, F->o_w4pos, F->NSW4, F->o_sw4, err));
+        TRY(compressor(F, &v, &hw->icomp, lw->icomp_ape, lw->icomp_norm, 4 * hd, F->ikv, F->ig, DUET_POOL_C4_INDEX_K,
+                       F->NW4, F->o_desc4, F->o_w4ik_unit, F->o_w4ik_idx, F->o_w4pos, F->NSW4, F->o_sw4, err));
+    } else if (hw->ratio == 128) {
+        TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C128_KV,
+                       F->NW128, F->o_desc128, F->o_w128_unit, F->o_w128_idx, F->o_w128pos, F->NSW128, F->o_sw128,
+                       err));
+    }
+    /* 2-3. keys decoded into src: cached window rows, this call's rows through the SWA encoding, C128 entries */
+    const duet_cache_layout_t *swa_l = v.layout[DUET_POOL_SWA_KV];
+    CU(duet_cuda_cache_load(F->cu, swa_l, v.base[DUET_POOL_SWA_KV], PD(F, uint32_t, F->o_ld_unit),
+                            PD(F, uint32_t, F->o_ld_idx), F->src, (uint32_t)F->NL));
+    CU(duet_cuda_cache_store(F->cu, swa_l, F->rt_tmp, PD(F, uint32_t, F->o_rt_unit), PD(F, uint32_t, F->o_rt_idx),
+                             F->kv, (uint32_t)R));
+    CU(duet_cuda_cache_load(F->cu, swa_l, F->rt_tmp, PD(F, uint32_t, F->o_rt_unit), PD(F, uint32_t, F->o_rt_idx),
+                            F->src + F->NL * (size_t)hd, (uint32_t)R));
+    F->st.cache_bytes += (double)F->NL * swa_l->entry_bytes;
+    if (hw->ratio == 128) {
+        const duet_cache_layout_t *l = v.layout[DUET_POOL_C128_KV];
+        CU(duet_cuda_cache_load(F->cu, l, v.base[DUET_POOL_C128_KV], PD(F, uint32_t, F->o_c128_unit),
+                                PD(F, uint32_t, F->o_c128_idx), F->src + (F->NL + (size_t)R) * hd,
+                                (uint32_t)F->N128e));
+        F->st.cache_bytes += (double)F->N128e * l->entry_bytes;
+    }
+    if (hw->ratio == 4 && F->NIK) {
+        const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_INDEX_K];
+        CU(duet_cuda_cache_load(F->cu, l, v.base[DUET_POOL_C4_INDEX_K], PD(F, uint32_t, F->o_ik_unit),
+                                PD(F, uint32_t, F->o_ik_idx), F->ikeys, (uint32_t)F->NIK));
+        F->st.cache_bytes += (double)F->NIK * l->entry_bytes;
+        CU(duet_cuda_index_score_rows(F->cu, F->iq, F->iw, R, ih, id, F->ikeys, PD(F, int32_t, F->o_ikoff),
+                                      PD(F, int32_t, F->o_nv), PD(F, int32_t, F->o_score_off), F->max_nv,
+                                      1.0f / sqrtf((float)id), F->score));
+        F->st.flops += 2.0 * (double)F->NSC * ih * id;
+        CU(duet_cuda_topk(F->cu, F->score, PD(F, int32_t, F->o_score_off), PD(F, int32_t, F->o_nv), R, F->max_nv,
+                          c->index_topk, F->sel));
+    }
+    /* 4. attention per row group */
+    const float *sinks = duet_forward_fault == DUET_FAULT_SINK ? F->mc->neg_inf : lw->attn_sink;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int g = 0; g < F->n_groups; g++) {
+        const group_t *Gp = &F->groups[g];
+        int ra = Gp->ra, nr = Gp->rb - Gp->ra, maxk;
+        const int32_t *koff, *nk;
+        if (hw->ratio == 128) {
+            CU(duet_cuda_gather_rows_to(F->cu, F->keys, PD(F, int32_t, F->o_g128_dst) + Gp->g128_off, F->src,
+                                        PD(F, int32_t, F->o_g128_src) + Gp->g128_off, (int)Gp->g128_cnt, hd));
+            koff = PD(F, int32_t, F->o_koff128);
+            nk = PD(F, int32_t, F->o_nk128);
+            maxk = Gp->maxk128;
+            F->st.flops += 4.0 * (double)Gp->g128_cnt * H * hd;
+        } else {
+            CU(duet_cuda_gather_rows_to(F->cu, F->keys, PD(F, int32_t, F->o_gw_dst) + Gp->gw_off, F->src,
+                                        PD(F, int32_t, F->o_gw_src) + Gp->gw_off, (int)Gp->gw_cnt, hd));
+            koff = PD(F, int32_t, F->o_koff4);
+            nk = PD(F, int32_t, hw->ratio == 4 ? F->o_nk4 : F->o_nk0);
+            maxk = hw->ratio == 4 ? Gp->maxk4 : Gp->maxk0;
+            F->st.flops += 4.0 * (double)Gp->gw_cnt * H * hd;
+            if (hw->ratio == 4) {
+                const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_KV];
+                CU(duet_cuda_cache_load_sel(F->cu, l, v.base[DUET_POOL_C4_KV], F->sel + (size_t)ra * c->index_topk,
+                                            c->index_topk, nr, PD(F, int32_t, F->o_nsel) + ra,
+                                            PD(F, uint32_t, F->o_pt), PD(F, int32_t, F->o_page_off) + ra,
+                                            PD(F, int32_t, F->o_dst4) + ra, F->keys));
+            }
+        }
+        CU(duet_cuda_attn_rows(F->cu, F->q + (size_t)ra * H * hd, nr, H, hd, F->keys, koff + ra, nk + ra,
+                               maxk > 0 ? maxk : 1, sinks, scale, F->att + (size_t)ra * H * hd));
+    }
+    if (hw->ratio == 4) {
+        /* selected entries: counted from the host-known selection sizes */
+        double nsel = 0;
+        for (int it = 0; it < F->n_items; it++) {
+            int64_t P = F->items[it].seq->n_past;
+            for (int i = 0; i < F->items[it].n_tokens; i++) {
+                int64_t nv = (P + i + 1) / 4;
+                nsel += (double)(nv < c->index_topk ? nv : c->index_topk);
+            }
+        }
+        F->st.cache_bytes += nsel * v.layout[DUET_POOL_C4_KV]->entry_bytes;
+        F->st.flops += 4.0 * nsel * H * hd;
+    }
+    /* 5. this call's K=V into the ring */
+    CU(duet_cuda_gather_rows(F->cu, F->tmpv, F->kv, PD(F, int32_t, F->o_st_row), (int)F->NS, hd));
+    CU(duet_cuda_cache_store(F->cu, swa_l, v.base[DUET_POOL_SWA_KV], PD(F, uint32_t, F->o_st_unit),
+                             PD(F, uint32_t, F->o_st_idx), F->tmpv, (uint32_t)F->NS));
+    CU(duet_cuda_rope(F->cu, F->att, R, H, hd, pos, rope, -1));
+    /* grouped output projection */
+    int gin = H * hd / G;
+    for (int g = 0; g < G; g++) {
+        CU(duet_cuda_copy_2d(F->cu, F->gx, (size_t)gin, F->att + (size_t)g * gin, (size_t)H * hd, R, gin));
+        TRY(mm(F, &lw->wo_a, g * orank, (g + 1) * orank, F->gx, R, F->gy, err));
+        CU(duet_cuda_copy_2d(F->cu, F->mid + (size_t)g * orank, (size_t)G * orank, F->gy, (size_t)orank, R, orank));
+    }
+    TRY(mm(F, &lw->wo_b, 0, D, F->mid, R, F->f, err));
+    return DUET_OK;
+}
+
+static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *y, duet_err_t *err)
+{
+    int D = F->c->hidden_size, I = w3[0].rows;
+    TRY(mm(F, &w3[0], 0, I, x, m, F->eg, err));
+    TRY(mm(F, &w3[2], 0, I, x, m, F->eu, err));
+    CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, m, I, (float)F->c->swiglu_limit, F->eg));
+    TRY(mm(F, &w3[1], 0, D, F->eg, m, y, err));
+    return DUET_OK;
+}
+
+/* MoE: gate logits on the device, routing on the host (forward.c's code), experts on the device. */
+static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    const duet_layer_weights_t *hw = &F->m->layers[layer];
+    const layer_dev_t *lw = &F->mc->layers[layer];
+    duet_model_cuda_t *mc = F->mc;
+    int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
+    float *logit = duet_malloc_array((size_t)R * E, sizeof(float));
+    int32_t *sel = malloc(sizeof(int32_t) * (size_t)R * K);
+    float *wt = duet_malloc_array((size_t)R * K, sizeof(float)), *biased = duet_malloc_array((size_t)E, sizeof(float));
+    int *cnt = calloc((size_t)E + 1, sizeof(int));
+    duet_status_t st = DUET_OK;
+    if (!logit || !sel || !wt || !biased || !cnt) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if (duet_cuda_download(F->cu, logit, F->logit, sizeof(float) * (size_t)R * E) != DUET_OK) {
+        st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+        goto out;
+    }
+    const duet_kernels_t *k = duet_kernels();
+    for (int r = 0; r < R; r++) {
+        float *sc = logit + (size_t)r * E;
+        for (int e = 0; e < E; e++) {
+            float z = sc[e];
+            sc[e] = c->scoring_func == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplusf_(z))
+                    : c->scoring_func == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
+                                                               : z;
+        }
+        if (c->scoring_func == DUET_SCORE_SOFTMAX) {
+            float mx = -INFINITY, s = 0.0f;
+            for (int e = 0; e < E; e++)
+                mx = sc[e] > mx ? sc[e] : mx;
+            for (int e = 0; e < E; e++)
+                s += (sc[e] = expf(sc[e] - mx));
+            for (int e = 0; e < E; e++)
+                sc[e] /= s;
+        }
+        int32_t *si = sel + (size_t)r * K;
+        if (hw->is_hash) {
+            memcpy(si, hw->tid2eid + (size_t)F->tok_h[r] * K, sizeof(int32_t) * K);
+        } else {
+            for (int e = 0; e < E; e++)
+                biased[e] = sc[e] + (hw->gate_bias ? hw->gate_bias[e] : 0.0f);
+            k->topk(biased, E, K, si);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < K; j++)
+            sum += sc[si[j]];
+        for (int j = 0; j < K; j++) {
+            float w = sc[si[j]];
+            if (c->norm_topk_prob)
+                w = w / (sum + 1e-20f);
+            wt[(size_t)r * K + j] = w * (float)c->routed_scaling_factor;
+        }
+    }
+    /* rows grouped by expert, ascending ids (the CPU's order of accumulation) */
+    for (size_t i = 0; i < (size_t)R * K; i++)
+        if (sel[i] >= 0 && sel[i] < E)
+            cnt[sel[i] + 1]++;
+    for (int e = 0; e < E; e++)
+        cnt[e + 1] += cnt[e];
+    size_t need = (size_t)R * K * 8;
+    if (need > mc->moe_bytes) {
+        duet_cuda_host_free(mc->c, mc->moe_host);
+        duet_cuda_free(mc->c, mc->moe_dev);
+        mc->moe_host = mc->moe_dev = NULL;
+        mc->moe_bytes = 0;
+        if (duet_cuda_host_alloc(mc->c, (void **)&mc->moe_host, need) != DUET_OK ||
+            duet_cuda_malloc(mc->c, (void **)&mc->moe_dev, need) != DUET_OK) {
+            st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+            goto out;
+        }
+        mc->moe_bytes = need;
+    }
+    int32_t *rows_h = (int32_t *)mc->moe_host;
+    float *rw_h = (float *)(mc->moe_host + (size_t)R * K * 4);
+    {
+        int *fill = malloc(sizeof(int) * (size_t)E);
+        if (!fill) {
+            st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        memcpy(fill, cnt, sizeof(int) * (size_t)E);
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < K; j++) {
+                int e = sel[(size_t)r * K + j];
+                if (e < 0 || e >= E)
+                    continue;
+                rows_h[fill[e]] = r;
+                rw_h[fill[e]] = wt[(size_t)r * K + j];
+                fill[e]++;
+            }
+        free(fill);
+    }
+    int32_t *rows_d = (int32_t *)mc->moe_dev;
+    float *rw_d = (float *)(mc->moe_dev + (size_t)R * K * 4);
+    if (duet_cuda_memcpy(F->cu, mc->moe_dev, mc->moe_host, need) != DUET_OK ||
+        duet_cuda_memset(F->cu, F->f, 0, sizeof(float) * (size_t)R * D) != DUET_OK) {
+        st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+        goto out;
+    }
+    for (int e = 0; e < E; e++) {
+        int m = cnt[e + 1] - cnt[e];
+        if (!m)
+            continue;
+        if (duet_cuda_gather_rows(F->cu, F->xg, F->xn, rows_d + cnt[e], m, D) != DUET_OK) {
+            st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+            goto out;
+        }
+        if ((st = expert_mlp(F, &lw->experts[3 * e], F->xg, m, F->yg, err)) != DUET_OK)
+            goto out;
+        if (duet_cuda_scale_add_rows(F->cu, F->f, rows_d + cnt[e], rw_d + cnt[e], F->yg, m, D) != DUET_OK) {
+            st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+            goto out;
+        }
+    }
+    if (c->n_shared_experts > 0) {
+        if ((st = expert_mlp(F, lw->sh, F->xn, R, F->yg, err)) != DUET_OK)
+            goto out;
+        if (duet_cuda_add(F->cu, F->f, F->yg, (size_t)R * D) != DUET_OK) {
+            st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+            goto out;
+        }
+    }
+out:
+    free(logit); free(sel); free(wt); free(biased); free(cnt);
+    return st;
+}
+
+/* ---- the call ------------------------------------------------------------- */
+
+duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,
+                                int n_items, duet_err_t *err)
+{
+    return duet_forward_cuda_ex(mc, dc, items, n_items, NULL, err);
+}
+
+static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    duet_model_cuda_t *mc = F->mc;
+    int R = F->R, D = c->hidden_size, hc = c->hc_mult;
+    float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
+    hbuf_t hb = {0};
+    duet_status_t st = build_plan(F, &hb, err);
+    if (st != DUET_OK)
+        goto out;
+    /* the plan: pinned staging, one copy */
+    if (hb.n > mc->plan_bytes) {
+        duet_cuda_host_free(mc->c, mc->plan_host);
+        duet_cuda_free(mc->c, mc->plan_dev);
+        mc->plan_host = mc->plan_dev = NULL;
+        mc->plan_bytes = 0;
+        size_t want = hb.n + hb.n / 2 + (1 << 20);
+        if (duet_cuda_host_alloc(mc->c, (void **)&mc->plan_host, want) != DUET_OK ||
+            duet_cuda_malloc(mc->c, (void **)&mc->plan_dev, want) != DUET_OK) {
+            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+            goto out;
+        }
+        mc->plan_bytes = want;
+    }
+    memcpy(mc->plan_host, hb.p, hb.n);
+    if (duet_cuda_memcpy(mc->c, mc->plan_dev, mc->plan_host, hb.n) != DUET_OK) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
+    }
+    F->pd = mc->plan_dev;
+    /* workspace */
+    {
+        bump_t b = {.dry = 1};
+        carve(F, &b);
+        if (b.n > mc->ws_bytes) {
+            if (duet_cuda_sync(mc->c) != DUET_OK) {
+                st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+                goto out;
+            }
+            duet_cuda_free(mc->c, mc->ws);
+            mc->ws = NULL;
+            mc->ws_bytes = 0;
+            size_t want = b.n + b.n / 4;
+            if (duet_cuda_malloc(mc->c, (void **)&mc->ws, want) != DUET_OK) {
+                st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+                goto out;
+            }
+            mc->ws_bytes = want;
+        }
+        bump_t w = {.base = mc->ws};
+        carve(F, &w);
+    }
+    if (duet_cuda_embed(mc->c, mc->embed.data, mc->embed.dtype, D, PD(F, int32_t, F->o_tok), R, hc, F->h) !=
+        DUET_OK) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
+    }
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const layer_dev_t *lw = &mc->layers[l];
+        if (duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale,
+                             c->hc_sinkhorn_iters, hc_eps, eps, F->post, F->comb, F->x) != DUET_OK ||
+            duet_cuda_rmsnorm(mc->c, F->x, lw->attn_norm, R, D, eps, F->xn) != DUET_OK) {
+            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+            goto out;
+        }
+        if ((st = attention(F, l, err)) != DUET_OK)
+            goto out;
+        if (opts && opts->layer_done) {
+            if (duet_cuda_sync(mc->c) != DUET_OK) {
+                st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+                goto out;
+            }
+            if ((st = opts->layer_done(opts->arg, l)) != DUET_OK) {
+                duet_err_set(err, st, "layer %d: the layer hook failed", l);
+                goto out;
+            }
+        }
+        if (duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK ||
+            duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale,
+                             c->hc_sinkhorn_iters, hc_eps, eps, F->post, F->comb, F->x) != DUET_OK ||
+            duet_cuda_rmsnorm(mc->c, F->x, lw->ffn_norm, R, D, eps, F->xn) != DUET_OK) {
+            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+            goto out;
+        }
+        if ((st = moe(F, l, err)) != DUET_OK)
+            goto out;
+        if (duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK) {
+            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+            goto out;
+        }
+    }
+    if (F->NLR) {
+        if (duet_cuda_hc_head(mc->c, F->h, R, hc, D, mc->hc_head_fn, mc->hc_head_base, F->m->hc_head_scale, hc_eps,
+                              eps, F->x) != DUET_OK ||
+            duet_cuda_rmsnorm(mc->c, F->x, mc->norm, R, D, eps, F->xn) != DUET_OK ||
+            duet_cuda_gather_rows(mc->c, F->hx, F->xn, PD(F, int32_t, F->o_hrow), (int)F->NLR, D) != DUET_OK) {
+            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+            goto out;
+        }
+        float *lg = opts && opts->logits_dev ? opts->logits_dev : F->logits;
+        if ((st = mm(F, &mc->head, 0, c->vocab_size, F->hx, (int)F->NLR, lg, err)) != DUET_OK)
+            goto out;
+        if (!(opts && opts->logits_dev)) {
+            size_t row = 0, V = (size_t)c->vocab_size;
+            for (int i = 0; i < F->n_items; i++) {
+                duet_fwd_item_t *it = &F->items[i];
+                size_t nr = it->logits_mode == DUET_LOGITS_ALL ? (size_t)it->n_tokens
+                            : it->logits_mode == DUET_LOGITS_LAST ? 1 : 0;
+                if (nr && duet_cuda_download(mc->c, it->logits, lg + row * V, sizeof(float) * nr * V) != DUET_OK) {
+                    st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+                    goto out;
+                }
+                row += nr;
+            }
+        }
+    }
+    if (duet_cuda_sync(mc->c) != DUET_OK) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
+    }
+    for (int i = 0; i < F->n_items; i++)
+        F->items[i].seq->n_past += F->items[i].n_tokens;
+out:
+    free(hb.p);
+    return st;
+}
+
+duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,
+                                   int n_items, const duet_fwd_cuda_opts_t *opts, duet_err_t *err)
+{
+    const duet_model_t *m = mc->m;
+    const duet_model_config_t *c = &m->cfg;
+    duet_kv_cache_t *cache = dc->host;
+    int64_t pt = duet_kv_cache_opts(cache)->page_tokens;
+    /* validate everything before touching any cache (forward.c's checks) */
+    int R = 0;
+    for (int i = 0; i < n_items; i++) {
+        duet_fwd_item_t *it = &items[i];
+        if (!it->seq || !it->seq->has_slot || it->n_tokens <= 0 || !it->tokens)
+            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: no sequence, slot or tokens", i);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == it->seq)
+                return duet_err_set(err, DUET_ERR_INVALID, "batch items %d and %d share a sequence", j, i);
+        int64_t total = it->seq->n_past + it->n_tokens;
+        if ((int64_t)it->seq->n_pages * pt < total)
+            return duet_err_set(err, DUET_ERR_NO_SPACE, "batch item %d: pages cover %lld tokens, %lld needed", i,
+                                (long long)it->seq->n_pages * pt, (long long)total);
+        if (total > c->max_position_embeddings)
+            return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: position %lld beyond the model's %lld", i,
+                                (long long)total, (long long)c->max_position_embeddings);
+        for (int j = 0; j < it->n_tokens; j++)
+            if (it->tokens[j] < 0 || it->tokens[j] >= c->vocab_size)
+                return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: token id %d outside [0, %d)", i,
+                                    it->tokens[j], c->vocab_size);
+        if (it->logits_mode != DUET_LOGITS_NONE && !it->logits && !(opts && opts->logits_dev))
+            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: logits requested without a buffer", i);
+        R += it->n_tokens;
+    }
+    if (opts && opts->stats)
+        memset(opts->stats, 0, sizeof *opts->stats);
+    if (R == 0)
+        return DUET_OK;
+    fc_t F;
+    memset(&F, 0, sizeof F);
+    F.mc = mc;
+    F.dc = dc;
+    F.m = m;
+    F.c = c;
+    F.cu = mc->c;
+    F.items = items;
+    F.n_items = n_items;
+    F.R = R;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        F.has4 |= m->layers[l].ratio == 4;
+        F.has128 |= m->layers[l].ratio == 128;
+    }
+    F.row0 = malloc(sizeof(int) * (size_t)n_items);
+    F.tok_h = malloc(sizeof(int32_t) * (size_t)R);
+    if (!F.row0 || !F.tok_h) {
+        free(F.row0);
+        free(F.tok_h);
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0, r = 0; i < n_items; i++) {
+        F.row0[i] = r;
+        memcpy(F.tok_h + r, items[i].tokens, sizeof(int32_t) * (size_t)items[i].n_tokens);
+        r += items[i].n_tokens;
+    }
+    F.st.rows = R;
+    duet_status_t st = run(&F, opts, err);
+    if (st == DUET_OK && opts && opts->stats)
+        *opts->stats = F.st;
+    free(F.row0);
+    free(F.tok_h);
+    free(F.groups);
+    return st;
+}

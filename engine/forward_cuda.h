@@ -1,0 +1,77 @@
+/* The forward pass on the GPU: engine/forward.c's algorithm step for step,
+ * on the CUDA backend's operations (kernels/cuda/duet_cuda.h), with the
+ * weights and the cache pools in device memory.
+ *
+ * - duet_model_cuda_t: device copies of a loaded model's weights (uploaded
+ *   once), plus the device workspace the forward reuses between calls.
+ * - duet_kv_cache_cuda_t: device pools beside a host duet_kv_cache_t, with
+ *   the same layouts byte for byte (duet_cache_layout_compute).  Pages and
+ *   slots are still allocated on the host cache (duet_seq_* and its page
+ *   lists); the host pools' memory is left untouched (the host cache
+ *   allocates it lazily zeroed, so it costs no resident memory).  Every
+ *   layer's device addresses come from duet_kv_cache_layer() (so the layer
+ *   gate still applies) by the offset of the host view in its pool.
+ * - duet_forward_cuda(): same items, validation, cache discipline and output
+ *   as duet_forward().  Positions are known on the host, so the host builds
+ *   the index lists (window keys, compressor windows, page tables) once per
+ *   call, uploads them in one copy and every layer reuses them; the top-k
+ *   selection of C4 entries stays on the device.  MoE routing is computed
+ *   on the host from the device's gate logits (one download per layer) with
+ *   the CPU engine's code, then the experts run on the device.
+ *
+ * Batch invariance: the context is switched to duet_cuda_set_invariant(),
+ * so a row's result does not depend on the other rows or on the chunking
+ * (docs/CUDA.md).  Against the CPU engine the logits agree to a stated
+ * normalized error (docs/CUDA.md, "The engine on the GPU"), not bit for bit. */
+#ifndef DUET_FORWARD_CUDA_H
+#define DUET_FORWARD_CUDA_H
+
+#include "duet_cuda.h"
+#include "forward.h"
+
+typedef struct duet_model_cuda duet_model_cuda_t;
+typedef struct duet_kv_cache_cuda duet_kv_cache_cuda_t;
+
+/* Upload every weight of `m` (which must outlive the result) to the device of `c`. */
+duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet_model_cuda_t **out,
+                                     duet_err_t *err);
+void duet_model_cuda_destroy(duet_model_cuda_t **mc);
+/* Device bytes held by the weights. */
+size_t duet_model_cuda_weight_bytes(const duet_model_cuda_t *mc);
+duet_cuda_t *duet_model_cuda_context(const duet_model_cuda_t *mc);
+
+/* Device pools for `host` (zeroed), which must outlive the result. */
+duet_status_t duet_kv_cache_cuda_create(duet_cuda_t *c, duet_kv_cache_t *host, duet_kv_cache_cuda_t **out,
+                                        duet_err_t *err);
+void duet_kv_cache_cuda_destroy(duet_kv_cache_cuda_t **dc);
+duet_kv_cache_t *duet_kv_cache_cuda_host(const duet_kv_cache_cuda_t *dc);
+/* Whole device memory of a pool (NULL when the pool is empty). */
+uint8_t *duet_kv_cache_cuda_pool_base(const duet_kv_cache_cuda_t *dc, duet_pool_kind_t kind);
+/* Copy `src`'s cached state (its pages in every paged pool, its slot in the ring and state
+ * pools) into `dst`, which holds a slot and at least as many pages; dst->n_past = src->n_past. */
+duet_status_t duet_kv_cache_cuda_copy_seq(duet_kv_cache_cuda_t *dc, const duet_seq_t *src, duet_seq_t *dst,
+                                          duet_err_t *err);
+
+/* What one forward call moved and computed (for roofline ratios). */
+typedef struct {
+    double weight_bytes; /* weight bytes the matmuls read (each routed expert once) */
+    double cache_bytes;  /* encoded cache entries read (window, compressed, indexer keys) */
+    double flops;        /* matmuls + attention + indexer, 2 per multiply-add */
+    int rows;
+} duet_fwd_cuda_stats_t;
+
+typedef struct {
+    duet_layer_done_fn layer_done; /* as duet_forward_hooked (called after a device sync) */
+    void *arg;
+    /* Non-NULL: the logits rows go here (device memory, the items' rows in item order:
+     * one for LAST, n_tokens for ALL) and the items' host buffers are not written. */
+    float *logits_dev;
+    duet_fwd_cuda_stats_t *stats; /* optional out */
+} duet_fwd_cuda_opts_t;
+
+duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,
+                                int n_items, duet_err_t *err);
+duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,
+                                   int n_items, const duet_fwd_cuda_opts_t *opts, duet_err_t *err);
+
+#endif

@@ -1,0 +1,116 @@
+/* Row movement and elementwise steps (contract in rows.cuh): one thread per element. */
+#include "common.cuh"
+
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n, int dim)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * dim)
+        return;
+    size_t r = i / dim, d = i % dim;
+    dst[i] = src[(size_t)idx[r] * dim + d];
+}
+
+__global__ void gather_rows_to_kernel(float *dst, const int32_t *dst_idx, const float *src, const int32_t *src_idx,
+                                      int n, int dim)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * dim)
+        return;
+    size_t r = i / dim, d = i % dim;
+    dst[(size_t)dst_idx[r] * dim + d] = src[(size_t)src_idx[r] * dim + d];
+}
+
+__global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, int cols)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * cols)
+        return;
+    size_t r = i / cols, c = i % cols;
+    dst[r * dst_ld + c] = src[r * src_ld + c];
+}
+
+__global__ void scale_add_rows_kernel(float *y, const int32_t *rows, const float *w, const float *x, int n, int dim)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * dim)
+        return;
+    size_t r = i / dim, d = i % dim;
+    float *o = y + (size_t)rows[r] * dim + d;
+    *o = __fadd_rn(*o, __fmul_rn(x[i], w[r]));
+}
+
+__global__ void add_kernel(float *y, const float *x, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = __fadd_rn(y[i], x[i]);
+}
+
+__global__ void scale_kernel(float *x, size_t n, float s)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+extern "C" duet_status_t duet_cuda_gather_rows(duet_cuda_t *c, float *dst, const float *src, const int32_t *idx,
+                                               int n, int dim)
+{
+    size_t total = (size_t)n * dim;
+    if (!total)
+        return DUET_OK;
+    gather_rows_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, src, idx, n, dim);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_gather_rows_to(duet_cuda_t *c, float *dst, const int32_t *dst_idx,
+                                                  const float *src, const int32_t *src_idx, int n, int dim)
+{
+    size_t total = (size_t)n * dim;
+    if (!total)
+        return DUET_OK;
+    gather_rows_to_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_copy_2d(duet_cuda_t *c, float *dst, size_t dst_ld, const float *src,
+                                           size_t src_ld, int rows, int cols)
+{
+    size_t total = (size_t)rows * cols;
+    if (!total)
+        return DUET_OK;
+    copy_2d_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_ld, src, src_ld, rows, cols);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_scale_add_rows(duet_cuda_t *c, float *y, const int32_t *rows, const float *w,
+                                                  const float *x, int n, int dim)
+{
+    size_t total = (size_t)n * dim;
+    if (!total)
+        return DUET_OK;
+    scale_add_rows_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(y, rows, w, x, n, dim);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_add(duet_cuda_t *c, float *y, const float *x, size_t n)
+{
+    if (!n)
+        return DUET_OK;
+    add_kernel<<<duet_cdiv(n, 256), 256, 0, c->stream>>>(y, x, n);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_scale(duet_cuda_t *c, float *x, size_t n, float s)
+{
+    if (!n)
+        return DUET_OK;
+    scale_kernel<<<duet_cdiv(n, 256), 256, 0, c->stream>>>(x, n, s);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}

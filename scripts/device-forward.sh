@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# device-forward.sh: the engine on the GPU, checked and timed, in one device call.
+#
+# Here (any machine with nvcc; no GPU needed):
+#   scripts/device-forward.sh --prepare
+#       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja duet-check-forward duet-check-ops
+#       duet-mkmodel duet-generate; scripts/make-bundle.sh
+# There (the device tool; carry the four binaries and the bundle):
+#   run(command="bash scripts/device-forward.sh",
+#       carry=["build-fwd/tools/duet-check-forward", "build-fwd/tools/duet-check-ops",
+#              "build-fwd/tools/duet-mkmodel", "build-fwd/tools/duet-generate", ".bundle"])
+#
+# On the GPU: unpacks .bundle (as device-check.sh), regenerates the fixtures
+# with duet-mkmodel the way the build does (tiny-bf16 seed 1, tiny-fp8-fp4
+# seed 2; the slice fixture in the background), runs the operation checks
+# (duet-check-ops --check-only), then duet-check-forward:
+#   - tiny-bf16, KV bf16 / index-K bf16: 20 prompts x 256 greedy tokens, GPU
+#     batch vs CPU (logits nmse, first greedy difference), plus the GPU
+#     batch-invariance check (alone vs batched, chunked vs single-shot);
+#   - tiny-bf16 with fp8 KV and fp8 index-K; tiny-fp8-fp4 with bf16 and fp8 caches;
+#   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1
+#     and 32 with a 4k context, each against its roofline.
+# Prints one table at the end; full logs go to $OUT (elsewhere
+# build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
+#
+# Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops,
+# --prompts N, --tokens N.  Exit status 0 when every check passed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 MB travel
+BIN="$BUILD/tools"
+RES="${OUT:-$BUILD/device-forward}"
+FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
+prompts=20 tokens=256 bench=1 ops=1
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare)
+      set -e
+      [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dtests=false -Dgpu_archs=90
+      ninja -C "$BUILD" tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate
+      "$ROOT/scripts/make-bundle.sh"
+      du -sh "$BIN"/duet-check-forward "$BIN"/duet-check-ops "$BIN"/duet-mkmodel "$BIN"/duet-generate "$ROOT/.bundle"
+      exit 0 ;;
+    --quick) prompts=4 tokens=32 ;;
+    --no-bench) bench=0 ;;
+    --no-ops) ops=0 ;;
+    --prompts) prompts="$2"; shift ;;
+    --tokens) tokens="$2"; shift ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+mkdir -p "$RES" "$FIX"
+LOG="$RES/device-forward.log"
+SUM="$RES/summary.txt"
+: >"$LOG"
+: >"$SUM"
+say() { echo "$@" | tee -a "$LOG"; }
+
+# Runtime libraries from the offline bundle; cuBLAS 13 from the toolkit or the Python wheel.
+if compgen -G "$ROOT/.bundle/*.deb" >/dev/null; then
+  mkdir -p /tmp/bundle
+  for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
+  export LD_LIBRARY_PATH="/tmp/bundle/usr/lib/x86_64-linux-gnu:/tmp/bundle/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
+         $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
+  if [ -e "$d/libcublasLt.so.13" ]; then
+    export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"
+    break
+  fi
+done
+
+for b in duet-check-forward duet-mkmodel; do
+  [ -x "$BIN/$b" ] || { say "device-forward: $BIN/$b is missing: run scripts/device-forward.sh --prepare and carry it"; exit 2; }
+  missing="$(ldd "$BIN/$b" 2>&1 | grep 'not found' || true)"
+  [ -z "$missing" ] || { say "device-forward: $b: unresolved libraries: $missing"; exit 2; }
+done
+say "== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
+
+# Fixtures, as tests/engine/meson.build makes them; the slice in the background.
+"$BIN/duet-mkmodel" --preset tiny --seed 1 --out "$FIX/tiny-bf16" >>"$LOG" 2>&1
+"$BIN/duet-mkmodel" --preset tiny --seed 2 --weights fp8 --experts fp4 --out "$FIX/tiny-fp8-fp4" >>"$LOG" 2>&1
+slice_pid=""
+if [ "$bench" = 1 ]; then
+  ( start=$SECONDS; "$BIN/duet-mkmodel" --preset slice --out "$FIX/slice" >"$RES/mkmodel-slice.log" 2>&1;
+    echo "slice fixture: exit $? in $((SECONDS - start)) s" >>"$RES/mkmodel-slice.log" ) &
+  slice_pid=$!
+fi
+
+fail=0
+if [ "$ops" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
+  say "== operation checks"
+  timeout 150 "$BIN/duet-check-ops" >"$RES/check-ops.txt" 2>>"$LOG"
+  rc=$?
+  p=$(grep -c ' ok ' "$RES/check-ops.txt" || true); f=$(grep -c ' FAIL' "$RES/check-ops.txt" || true)
+  echo "operation checks: $p passed, $f failed (exit $rc)" | tee -a "$LOG" "$SUM"
+  grep ' FAIL' "$RES/check-ops.txt" | cut -c1-200 | tee -a "$SUM"
+  [ "$rc" = 0 ] || fail=1
+fi
+
+# name, model, kv, index-k, tolerance
+run_check() {
+  local name="$1" model="$2" kv="$3" ik="$4" tol="$5"
+  say "== forward $name"
+  timeout 100 "$BIN/duet-check-forward" --model "$model" --prompts "$prompts" --tokens "$tokens" \
+    --kv-dtype "$kv" --index-k-dtype "$ik" --tol "$tol" >"$RES/forward-$name.txt" 2>>"$LOG"
+  local rc=$?
+  cat "$RES/forward-$name.txt" >>"$LOG"
+  { echo "[$name] exit $rc"; grep '^forward:\|^invariance' "$RES/forward-$name.txt"; } | tee -a "$SUM"
+  [ "$rc" = 0 ] || fail=1
+}
+run_check bf16 "$FIX/tiny-bf16" bf16 bf16 1e-4
+run_check fp8kv "$FIX/tiny-bf16" fp8 fp8 1e-3
+run_check fp8w-bf16kv "$FIX/tiny-fp8-fp4" bf16 bf16 1e-4
+run_check fp8w-fp8kv "$FIX/tiny-fp8-fp4" fp8 fp8 1e-3
+
+# duet-generate --device cuda against the CPU: the same greedy tokens on a short prompt
+if [ -x "$BIN/duet-generate" ]; then
+  say "== duet-generate --device cuda"
+  g_cpu="$(timeout 60 "$BIN/duet-generate" --model "$FIX/tiny-bf16" --prompt-ids 5,6,7,8,9,10,11 --max-tokens 32 2>>"$LOG")"
+  g_gpu="$(timeout 60 "$BIN/duet-generate" --model "$FIX/tiny-bf16" --prompt-ids 5,6,7,8,9,10,11 --max-tokens 32 --device cuda 2>>"$LOG")"
+  if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then r=same; else r=DIFFERENT; fail=1; fi
+  echo "duet-generate tiny-bf16, 32 tokens: cpu and cuda outputs $r" | tee -a "$SUM"
+  echo "cpu:  $g_cpu" >>"$LOG"; echo "cuda: $g_gpu" >>"$LOG"
+fi
+
+if [ -n "$slice_pid" ]; then
+  say "== slice timings"
+  wait "$slice_pid"
+  cat "$RES/mkmodel-slice.log" >>"$LOG"
+  tail -1 "$RES/mkmodel-slice.log" | tee -a "$SUM"
+  timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 \
+    >"$RES/bench-slice.txt" 2>>"$LOG"
+  rc=$?
+  cat "$RES/bench-slice.txt" >>"$LOG"
+  { echo "[slice bench] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice.txt"; } | tee -a "$SUM"
+  [ "$rc" = 0 ] || fail=1
+fi
+
+echo
+echo "== summary (logs: $RES)"
+cat "$SUM"
+exit $fail

@@ -1,0 +1,595 @@
+/* duet-check-forward: the GPU forward (engine/forward_cuda.h) against the CPU
+ * engine, and its timings.
+ *
+ * Check mode (default): N seeded prompts of varied lengths (short, past the
+ * sliding window, past several C128 windows).  The CPU engine generates T
+ * greedy tokens for each (prompts spread over threads).  The GPU then runs
+ * all prompts as one batch: one forward call prefills every prompt, then T-1
+ * decode steps of N rows each, fed the CPU's tokens, so that every step's
+ * logits are comparable.  Per prompt: the worst and mean normalized error
+ * ||gpu - cpu||^2 / ||cpu||^2 over the steps, and the first step where the
+ * GPU's greedy token differs from the CPU's (none: the GPU generates the same
+ * tokens).  The pass criterion is the per-prompt median over the steps: a
+ * top-k or routing decision that flips on a near-tie (the two backends sum in
+ * different orders) makes isolated steps far worse, so the worst step is
+ * reported, not bounded.  Batch invariance on the GPU: some prompts run again alone, with a
+ * single-shot and with a chunked prefill, for a few steps; their logits are
+ * compared bit for bit with each other and with the batched run.
+ *
+ * Bench mode (--bench): on a real-width model (the slice fixture), prefill
+ * tokens/s at a given context, decode step time at given batches with that
+ * context, each beside its roofline: max(bytes / copy bandwidth, FLOPs /
+ * bf16 GEMM rate), both ceilings measured in the same run.
+ *
+ * Exit status: 0 all within tolerance (check) / ran (bench), 1 a check
+ * failed, 2 usage or device error. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "forward_cuda.h"
+#include "log.h"
+#include "sampling.h"
+#include "time_util.h"
+
+typedef struct {
+    const char *model_dir;
+    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx;
+    int batches[8], n_batches;
+    uint64_t seed;
+    double tol;
+    duet_cache_opts_t opts;
+} args_t;
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int32_t argmax(const float *v, int n)
+{
+    int32_t best = 0;
+    float bv = -INFINITY;
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(v[i]))
+            continue;
+        if (!found || v[i] > bv) {
+            bv = v[i];
+            best = i;
+            found = 1;
+        }
+    }
+    return best;
+}
+
+static double nmse(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* ---- prompts ---- */
+
+static int prompt_len(int i, uint64_t seed)
+{
+    static const int lens[] = {1, 3, 7, 16, 17, 31, 64, 100, 129, 200, 255, 256, 257, 300, 390, 511, 5, 77, 140, 260};
+    int n = (int)(sizeof lens / sizeof lens[0]);
+    return i < n ? lens[i] : 1 + (int)(mix64(seed ^ (uint64_t)i) % 400);
+}
+
+static int32_t *make_prompt(int i, int len, int vocab, uint64_t seed)
+{
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)len);
+    for (int j = 0; j < len; j++)
+        p[j] = 2 + (int32_t)(mix64(seed * 1000003u + (uint64_t)i * 7919u + (uint64_t)j) % (uint64_t)(vocab - 2));
+    return p;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* ---- CPU reference ---- */
+
+typedef struct {
+    const duet_model_t *m;
+    const args_t *a;
+    int32_t **prompts;
+    int *lens;
+    int32_t **gen;  /* (n_tokens) greedy tokens */
+    float **logits; /* (n_tokens, vocab) */
+    atomic_int next;
+    atomic_int failed;
+} cpu_job_t;
+
+static void *cpu_worker(void *arg)
+{
+    cpu_job_t *J = arg;
+    const duet_model_t *m = J->m;
+    int V = m->cfg.vocab_size, T = J->a->n_tokens;
+    for (;;) {
+        int i = atomic_fetch_add(&J->next, 1);
+        if (i >= J->a->n_prompts)
+            break;
+        duet_err_t err = {0};
+        duet_kv_cache_t *cache = NULL;
+        duet_seq_t seq = {0};
+        int64_t total = J->lens[i] + T;
+        uint32_t np = (uint32_t)((total + J->a->opts.page_tokens - 1) / J->a->opts.page_tokens) + 1;
+        if (duet_kv_cache_create(&m->cfg, &J->a->opts, np, 1, &cache, &err) != DUET_OK ||
+            duet_seq_init(cache, &seq, &err) != DUET_OK || duet_seq_reserve(cache, &seq, total, &err) != DUET_OK) {
+            fprintf(stderr, "check-forward: CPU prompt %d: %s\n", i, duet_err_text(&err));
+            atomic_store(&J->failed, 1);
+            duet_kv_cache_destroy(&cache);
+            continue;
+        }
+        duet_fwd_item_t it = {.seq = &seq, .tokens = J->prompts[i], .n_tokens = J->lens[i],
+                              .logits_mode = DUET_LOGITS_LAST, .logits = J->logits[i]};
+        duet_status_t st = duet_forward(m, cache, &it, 1, &err);
+        for (int s = 0; st == DUET_OK && s < T; s++) {
+            float *lg = J->logits[i] + (size_t)s * V;
+            J->gen[i][s] = argmax(lg, V);
+            if (s + 1 == T)
+                break;
+            duet_fwd_item_t d = {.seq = &seq, .tokens = &J->gen[i][s], .n_tokens = 1,
+                                 .logits_mode = DUET_LOGITS_LAST, .logits = lg + V};
+            st = duet_forward(m, cache, &d, 1, &err);
+        }
+        if (st != DUET_OK) {
+            fprintf(stderr, "check-forward: CPU prompt %d: %s\n", i, duet_err_text(&err));
+            atomic_store(&J->failed, 1);
+        }
+        duet_seq_release(cache, &seq);
+        duet_kv_cache_destroy(&cache);
+    }
+    return NULL;
+}
+
+/* ---- GPU helpers ---- */
+
+typedef struct {
+    duet_cuda_t *cu;
+    duet_model_cuda_t *mc;
+    duet_kv_cache_t *hc;
+    duet_kv_cache_cuda_t *dc;
+} gpu_t;
+
+static int gpu_cache(gpu_t *g, const duet_model_t *m, const duet_cache_opts_t *o, uint32_t pages, uint32_t slots,
+                     duet_err_t *err)
+{
+    if (duet_kv_cache_create(&m->cfg, o, pages, slots, &g->hc, err) != DUET_OK ||
+        duet_kv_cache_cuda_create(g->cu, g->hc, &g->dc, err) != DUET_OK)
+        return -1;
+    return 0;
+}
+
+static void gpu_cache_free(gpu_t *g)
+{
+    duet_kv_cache_cuda_destroy(&g->dc);
+    duet_kv_cache_destroy(&g->hc);
+}
+
+/* Run prompt i alone (chunk 0: single shot) then `steps` decode steps fed `gen`; logits out (steps, V). */
+static int gpu_alone(gpu_t *g, const duet_model_t *m, const args_t *a, const int32_t *prompt, int len,
+                     const int32_t *gen, int steps, int chunk, float *out, duet_err_t *err)
+{
+    int V = m->cfg.vocab_size;
+    int64_t total = len + steps;
+    uint32_t np = (uint32_t)((total + a->opts.page_tokens - 1) / a->opts.page_tokens) + 1;
+    if (gpu_cache(g, m, &a->opts, np, 1, err))
+        return -1;
+    duet_seq_t seq = {0};
+    int rc = -1;
+    if (duet_seq_init(g->hc, &seq, err) != DUET_OK || duet_seq_reserve(g->hc, &seq, total, err) != DUET_OK)
+        goto out;
+    int step = chunk > 0 ? chunk : len;
+    for (int off = 0; off < len; off += step) {
+        int n = len - off < step ? len - off : step;
+        duet_fwd_item_t it = {.seq = &seq, .tokens = prompt + off, .n_tokens = n,
+                              .logits_mode = off + n == len ? DUET_LOGITS_LAST : DUET_LOGITS_NONE, .logits = out};
+        if (duet_forward_cuda(g->mc, g->dc, &it, 1, err) != DUET_OK)
+            goto out;
+    }
+    for (int s = 1; s < steps; s++) {
+        duet_fwd_item_t it = {.seq = &seq, .tokens = &gen[s - 1], .n_tokens = 1, .logits_mode = DUET_LOGITS_LAST,
+                              .logits = out + (size_t)s * V};
+        if (duet_forward_cuda(g->mc, g->dc, &it, 1, err) != DUET_OK)
+            goto out;
+    }
+    rc = 0;
+out:
+    duet_seq_release(g->hc, &seq);
+    gpu_cache_free(g);
+    return rc;
+}
+
+static size_t n_diff(const float *a, const float *b, size_t n, double *maxabs)
+{
+    size_t d = 0;
+    *maxabs = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4)) {
+            d++;
+            double x = fabs((double)a[i] - (double)b[i]);
+            if (x > *maxabs)
+                *maxabs = x;
+        }
+    return d;
+}
+
+static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
+{
+    int N = a->n_prompts, T = a->n_tokens, V = m->cfg.vocab_size;
+    duet_err_t err = {0};
+    int32_t **prompts = calloc((size_t)N, sizeof *prompts), **gen = calloc((size_t)N, sizeof *gen);
+    float **cl = calloc((size_t)N, sizeof *cl);
+    int *lens = calloc((size_t)N, sizeof *lens);
+    for (int i = 0; i < N; i++) {
+        lens[i] = prompt_len(i, a->seed);
+        prompts[i] = make_prompt(i, lens[i], V, a->seed);
+        gen[i] = calloc((size_t)T, sizeof(int32_t));
+        cl[i] = duet_malloc_array((size_t)T * V, sizeof(float));
+        if (!cl[i]) {
+            fprintf(stderr, "check-forward: out of memory for the CPU logits\n");
+            return 2;
+        }
+    }
+    /* CPU */
+    double t0 = duet_time_s();
+    cpu_job_t J = {.m = m, .a = a, .prompts = prompts, .lens = lens, .gen = gen, .logits = cl};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = (int)(ncpu < 1 ? 1 : ncpu > N ? N : ncpu);
+    pthread_t *th = calloc((size_t)nt, sizeof *th);
+    for (int i = 0; i < nt; i++)
+        pthread_create(&th[i], NULL, cpu_worker, &J);
+    for (int i = 0; i < nt; i++)
+        pthread_join(th[i], NULL);
+    free(th);
+    if (atomic_load(&J.failed))
+        return 2;
+    double t_cpu = duet_time_s() - t0;
+
+    /* GPU, all prompts in one batch */
+    t0 = duet_time_s();
+    uint32_t pages = 0;
+    for (int i = 0; i < N; i++)
+        pages += (uint32_t)((lens[i] + T + a->opts.page_tokens - 1) / a->opts.page_tokens) + 1;
+    if (gpu_cache(g, m, &a->opts, pages, (uint32_t)N, &err)) {
+        fprintf(stderr, "check-forward: %s\n", duet_err_text(&err));
+        return 2;
+    }
+    duet_seq_t *seqs = calloc((size_t)N, sizeof *seqs);
+    duet_fwd_item_t *items = calloc((size_t)N, sizeof *items);
+    float *gl = duet_malloc_array((size_t)N * V, sizeof(float));
+    int inv_n = a->inv_prompts < N ? a->inv_prompts : N, inv_s = a->inv_steps < T ? a->inv_steps : T;
+    float *keep = duet_malloc_array((size_t)(inv_n ? inv_n : 1) * (inv_s ? inv_s : 1) * V, sizeof(float));
+    double *worst = calloc((size_t)N, sizeof(double)), *sum = calloc((size_t)N, sizeof(double));
+    double *errs = calloc((size_t)N * T, sizeof(double));
+    int *first = malloc(sizeof(int) * (size_t)N), *worst_step = calloc((size_t)N, sizeof(int));
+    for (int i = 0; i < N; i++) {
+        first[i] = -1;
+        if (duet_seq_init(g->hc, &seqs[i], &err) != DUET_OK ||
+            duet_seq_reserve(g->hc, &seqs[i], lens[i] + T, &err) != DUET_OK) {
+            fprintf(stderr, "check-forward: %s\n", duet_err_text(&err));
+            return 2;
+        }
+    }
+    for (int s = 0; s < T; s++) {
+        for (int i = 0; i < N; i++)
+            items[i] = (duet_fwd_item_t){.seq = &seqs[i], .tokens = s ? &gen[i][s - 1] : prompts[i],
+                                         .n_tokens = s ? 1 : lens[i], .logits_mode = DUET_LOGITS_LAST,
+                                         .logits = gl + (size_t)i * V};
+        if (duet_forward_cuda(g->mc, g->dc, items, N, &err) != DUET_OK) {
+            fprintf(stderr, "check-forward: GPU step %d: %s\n", s, duet_err_text(&err));
+            return 2;
+        }
+        for (int i = 0; i < N; i++) {
+            const float *c = cl[i] + (size_t)s * V, *gp = gl + (size_t)i * V;
+            double e = nmse(gp, c, (size_t)V);
+            if (s == 0 || e > worst[i] || isnan(e)) {
+                worst[i] = e;
+                worst_step[i] = s;
+            }
+            sum[i] += e;
+            errs[(size_t)i * T + s] = e;
+            if (first[i] < 0 && argmax(gp, V) != gen[i][s])
+                first[i] = s;
+            if (i < inv_n && s < inv_s)
+                memcpy(keep + ((size_t)i * inv_s + s) * V, gp, sizeof(float) * V);
+        }
+    }
+    double t_gpu = duet_time_s() - t0;
+    for (int i = 0; i < N; i++)
+        duet_seq_release(g->hc, &seqs[i]);
+    gpu_cache_free(g);
+
+    int bad = 0, same = 0;
+    double all_worst = 0, all_sum = 0, all_med = 0;
+    printf("prompt  len  tokens  median_nmse  mean_nmse  worst_nmse (step)  first_greedy_diff\n");
+    for (int i = 0; i < N; i++) {
+        double mean = sum[i] / T;
+        qsort(errs + (size_t)i * T, (size_t)T, sizeof(double), cmp_double);
+        double med = errs[(size_t)i * T + T / 2];
+        int ok = med <= a->tol;
+        bad += !ok;
+        same += first[i] < 0;
+        if (worst[i] > all_worst || isnan(worst[i]))
+            all_worst = worst[i];
+        if (med > all_med || isnan(med))
+            all_med = med;
+        all_sum += mean;
+        char fd[32];
+        if (first[i] < 0)
+            snprintf(fd, sizeof fd, "none");
+        else
+            snprintf(fd, sizeof fd, "step %d", first[i]);
+        printf("%6d %5d %6d  %11.3e  %9.3e  %10.3e (%4d)  %s%s\n", i, lens[i], T, med, mean, worst[i], worst_step[i], fd,
+               ok ? "" : "  FAIL(tol)");
+    }
+    printf("forward: %d prompts x %d tokens, kv %s, index-k %s: greedy equal on %d/%d; per-prompt median nmse <= %.3e "
+           "(tolerance %.1e), mean %.3e, worst step %.3e; CPU %.1f s, GPU %.1f s\n",
+           N, T, duet_cache_dtype_name(a->opts.kv_dtype), duet_cache_dtype_name(a->opts.index_k_dtype), same, N,
+           all_med, a->tol, all_sum / N, all_worst, t_cpu, t_gpu);
+
+    /* batch invariance: alone single-shot vs batched, chunked vs single-shot */
+    int inv_bad = 0;
+    float *A = duet_malloc_array((size_t)inv_s * V, sizeof(float)), *B = duet_malloc_array((size_t)inv_s * V, sizeof(float));
+    for (int i = 0; i < inv_n && inv_s > 0; i++) {
+        if (gpu_alone(g, m, a, prompts[i], lens[i], gen[i], inv_s, 0, A, &err) ||
+            gpu_alone(g, m, a, prompts[i], lens[i], gen[i], inv_s, a->chunk, B, &err)) {
+            fprintf(stderr, "check-forward: GPU alone: %s\n", duet_err_text(&err));
+            return 2;
+        }
+        double m1, m2;
+        size_t d1 = n_diff(A, keep + (size_t)i * inv_s * V, (size_t)inv_s * V, &m1);
+        size_t d2 = n_diff(B, A, (size_t)inv_s * V, &m2);
+        printf("invariance prompt %d (len %d, %d steps): alone vs batch of %d: %zu values differ (max %.3g); "
+               "chunk %d vs single-shot: %zu differ (max %.3g)\n",
+               i, lens[i], inv_s, N, d1, m1, a->chunk, d2, m2);
+        inv_bad += d1 != 0 || d2 != 0;
+    }
+    printf("invariance: %s (%d prompts, %d steps each, bit-exact logits required)\n", inv_bad ? "FAIL" : "ok", inv_n,
+           inv_s);
+    for (int i = 0; i < N; i++) {
+        free(prompts[i]);
+        free(gen[i]);
+        free(cl[i]);
+    }
+    free(prompts); free(gen); free(cl); free(lens); free(seqs); free(items); free(gl); free(keep);
+    free(worst); free(sum); free(errs); free(first); free(worst_step); free(A); free(B);
+    return bad || inv_bad ? 1 : 0;
+}
+
+/* ---- bench ---- */
+
+static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
+{
+    duet_err_t err = {0};
+    int V = m->cfg.vocab_size, ctx = a->ctx;
+    double copy_gbps = 0, bf16_tf = 0;
+    if (duet_cuda_measure_copy(g->cu, (size_t)2 << 30, 10, &copy_gbps) != DUET_OK ||
+        duet_cuda_measure_gemm_bf16(g->cu, 8192, 8192, 8192, 5, &bf16_tf) != DUET_OK) {
+        fprintf(stderr, "check-forward: ceilings: %s\n", duet_err_text(duet_cuda_error(g->cu)));
+        return 2;
+    }
+    printf("ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s; weights on the device %.2f GB\n", copy_gbps, bf16_tf,
+           duet_model_cuda_weight_bytes(g->mc) / 1e9);
+    int maxb = 1;
+    for (int i = 0; i < a->n_batches; i++)
+        maxb = a->batches[i] > maxb ? a->batches[i] : maxb;
+    int steps = 8;
+    uint32_t per = (uint32_t)((ctx + steps + 2 + a->opts.page_tokens - 1) / a->opts.page_tokens) + 1;
+    if (gpu_cache(g, m, &a->opts, per * (uint32_t)(maxb + 2), (uint32_t)(maxb + 2), &err)) {
+        fprintf(stderr, "check-forward: %s\n", duet_err_text(&err));
+        return 2;
+    }
+    int32_t *prompt = make_prompt(999, ctx, V, a->seed);
+    float *ldev = NULL;
+    if (duet_cuda_malloc(g->cu, (void **)&ldev, sizeof(float) * (size_t)V * maxb) != DUET_OK)
+        return 2;
+    duet_seq_t *seqs = calloc((size_t)maxb + 2, sizeof *seqs);
+    duet_fwd_cuda_opts_t o = {.logits_dev = ldev};
+    duet_fwd_cuda_stats_t stt;
+    o.stats = &stt;
+    /* prefill: warm-up, then timed, in both matmul modes */
+    for (int mode = 0; mode < 2; mode++) {
+        duet_cuda_set_invariant(g->cu, mode == 0);
+        double best = 1e30;
+        for (int rep = 0; rep < 2; rep++) {
+            duet_seq_t s = {0};
+            if (duet_seq_init(g->hc, &s, &err) != DUET_OK || duet_seq_reserve(g->hc, &s, ctx, &err) != DUET_OK)
+                goto fail;
+            duet_fwd_item_t it = {.seq = &s, .tokens = prompt, .n_tokens = ctx, .logits_mode = DUET_LOGITS_LAST};
+            double t0 = duet_time_s();
+            if (duet_forward_cuda_ex(g->mc, g->dc, &it, 1, &o, &err) != DUET_OK)
+                goto fail;
+            double t = duet_time_s() - t0;
+            if (rep > 0 && t < best)
+                best = t;
+            duet_seq_release(g->hc, &s);
+        }
+        double t_bytes = (stt.weight_bytes + stt.cache_bytes) / (copy_gbps * 1e9);
+        double t_flops = stt.flops / (bf16_tf * 1e12);
+        double roof = t_bytes > t_flops ? t_bytes : t_flops;
+        printf("bench prefill %d tokens (%s matmul): %.1f ms, %.0f tok/s; %.2f TFLOP, %.2f GB weights; roofline %.1f "
+               "ms (%s) -> %.1f%% of roofline\n",
+               ctx, mode == 0 ? "batch-invariant" : "cuBLASLt for n>32", best * 1e3, ctx / best, stt.flops / 1e12,
+               stt.weight_bytes / 1e9, roof * 1e3, t_bytes > t_flops ? "bytes" : "FLOPs", 100.0 * roof / best);
+    }
+    duet_cuda_set_invariant(g->cu, 1);
+    /* decode: one sequence prefilled to ctx, copied to the others */
+    for (int i = 0; i < maxb; i++)
+        if (duet_seq_init(g->hc, &seqs[i], &err) != DUET_OK ||
+            duet_seq_reserve(g->hc, &seqs[i], ctx + steps + 2, &err) != DUET_OK)
+            goto fail;
+    {
+        duet_fwd_item_t it = {.seq = &seqs[0], .tokens = prompt, .n_tokens = ctx, .logits_mode = DUET_LOGITS_NONE};
+        if (duet_forward_cuda_ex(g->mc, g->dc, &it, 1, &o, &err) != DUET_OK)
+            goto fail;
+    }
+    for (int bi = 0; bi < a->n_batches; bi++) {
+        int b = a->batches[bi];
+        for (int i = 1; i < b; i++)
+            if (duet_kv_cache_cuda_copy_seq(g->dc, &seqs[0], &seqs[i], &err) != DUET_OK)
+                goto fail;
+        duet_fwd_item_t *items = calloc((size_t)b, sizeof *items);
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)b * steps);
+        for (int i = 0; i < b * steps; i++)
+            toks[i] = 2 + (int32_t)(mix64(a->seed + 77 + (uint64_t)i) % (uint64_t)(V - 2));
+        double tsum = 0, wb = 0, cb = 0, fl = 0;
+        int timed = 0;
+        for (int s = 0; s < steps; s++) {
+            for (int i = 0; i < b; i++)
+                items[i] = (duet_fwd_item_t){.seq = &seqs[i], .tokens = &toks[s * b + i], .n_tokens = 1,
+                                             .logits_mode = DUET_LOGITS_LAST};
+            double t0 = duet_time_s();
+            if (duet_forward_cuda_ex(g->mc, g->dc, items, b, &o, &err) != DUET_OK)
+                goto fail;
+            double t = duet_time_s() - t0;
+            if (s >= 2) {
+                tsum += t;
+                wb += stt.weight_bytes;
+                cb += stt.cache_bytes;
+                fl += stt.flops;
+                timed++;
+            }
+        }
+        double t = tsum / timed;
+        wb /= timed;
+        cb /= timed;
+        fl /= timed;
+        double t_bytes = (wb + cb) / (copy_gbps * 1e9), t_flops = fl / (bf16_tf * 1e12);
+        double roof = t_bytes > t_flops ? t_bytes : t_flops;
+        printf("bench decode batch %d at context %d: %.2f ms/step, %.0f tok/s; %.2f GB weights + %.3f GB cache, "
+               "%.3f TFLOP a step; roofline %.3f ms (%s) -> %.1f%% of roofline\n",
+               b, ctx, t * 1e3, b / t, wb / 1e9, cb / 1e9, fl / 1e12, roof * 1e3, t_bytes > t_flops ? "bytes" : "FLOPs",
+               100.0 * roof / t);
+        free(items);
+        free(toks);
+        /* rewind the copies for the next batch size */
+        for (int i = 0; i < b; i++)
+            seqs[i].n_past = ctx;
+    }
+    for (int i = 0; i < maxb; i++)
+        duet_seq_release(g->hc, &seqs[i]);
+    free(seqs);
+    free(prompt);
+    duet_cuda_free(g->cu, ldev);
+    gpu_cache_free(g);
+    return 0;
+fail:
+    fprintf(stderr, "check-forward: bench: %s\n", duet_err_text(&err));
+    return 2;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: duet-check-forward --model DIR [options]\n"
+               "  --prompts N --tokens T    check: N prompts, T greedy tokens each (default 20, 256)\n"
+               "  --kv-dtype fp8|bf16 --index-k-dtype fp8|bf16   cache encodings (default bf16)\n"
+               "  --tol X                   per-prompt median normalized logits error allowed (default 1e-5)\n"
+               "  --chunk N                 chunk size of the invariance check's chunked prefill (default 7)\n"
+               "  --invariance N,S          prompts and steps of the invariance check (default 4,8)\n"
+               "  --bench                   timings instead: --ctx N (default 4096), --batches 1,32\n"
+               "  --device N --seed S --page-tokens N\n");
+}
+
+int main(int argc, char **argv)
+{
+    args_t a = {.n_prompts = 20, .n_tokens = 256, .chunk = 7, .inv_prompts = 4, .inv_steps = 8, .ctx = 4096,
+                .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
+                .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
+    enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
+           O_HELP };
+    static const struct option lo[] = {
+        {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
+        {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
+        {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
+        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    int o;
+    duet_log_init_from_env();
+    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (o) {
+        case O_MODEL: a.model_dir = optarg; break;
+        case O_P: a.n_prompts = atoi(optarg); break;
+        case O_T: a.n_tokens = atoi(optarg); break;
+        case O_KV:
+        case O_IK: {
+            int d = duet_cache_dtype_parse(optarg);
+            if (d != DUET_CACHE_FP8 && d != DUET_CACHE_BF16) {
+                usage(stderr);
+                return 2;
+            }
+            if (o == O_KV)
+                a.opts.kv_dtype = (duet_cache_dtype_t)d;
+            else
+                a.opts.index_k_dtype = (duet_cache_dtype_t)d;
+            break;
+        }
+        case O_TOL: a.tol = strtod(optarg, NULL); break;
+        case O_CHUNK: a.chunk = atoi(optarg); break;
+        case O_INV: sscanf(optarg, "%d,%d", &a.inv_prompts, &a.inv_steps); break;
+        case O_BENCH: a.bench = 1; break;
+        case O_CTX: a.ctx = atoi(optarg); break;
+        case O_BATCH: {
+            a.n_batches = 0;
+            for (char *p = optarg; *p && a.n_batches < 8;) {
+                a.batches[a.n_batches++] = (int)strtol(p, &p, 10);
+                if (*p == ',')
+                    p++;
+                else
+                    break;
+            }
+            break;
+        }
+        case O_DEV: a.device = atoi(optarg); break;
+        case O_SEED: a.seed = strtoull(optarg, NULL, 10); break;
+        case O_PT: a.opts.page_tokens = atoi(optarg); break;
+        case O_HELP: usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!a.model_dir || a.n_prompts < 1 || a.n_tokens < 1) {
+        usage(stderr);
+        return 2;
+    }
+    duet_err_t err = {0};
+    duet_model_t *m = NULL;
+    gpu_t g = {0};
+    double t0 = duet_time_s();
+    if (duet_model_load(a.model_dir, &m, &err) != DUET_OK || duet_cuda_create(a.device, &g.cu, &err) != DUET_OK ||
+        duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-forward: %s\n", duet_err_text(&err));
+        duet_model_cuda_destroy(&g.mc);
+        duet_cuda_destroy(&g.cu);
+        duet_model_destroy(&m);
+        return 2;
+    }
+    duet_cuda_info_t info;
+    duet_cuda_info(g.cu, &info);
+    fprintf(stderr, "duet-check-forward: %s: loaded and uploaded in %.1f s (%.2f GB on %s)\n", a.model_dir,
+            duet_time_s() - t0, duet_model_cuda_weight_bytes(g.mc) / 1e9, info.name);
+    int rc = a.bench ? bench(&a, m, &g) : check(&a, m, &g);
+    duet_model_cuda_destroy(&g.mc);
+    duet_cuda_destroy(&g.cu);
+    duet_model_destroy(&m);
+    return rc;
+}
