@@ -276,6 +276,26 @@ static void fill_load(psrv_t *s, Duet__V1__Load *l)
     l->pages_used = duet_kv_cache_n_pages(s->cache) - l->pages_free;
     l->slots_free = duet_kv_cache_free_slot_count(s->cache);
     l->slots_used = duet_kv_cache_n_slots(s->cache) - l->slots_free;
+    if (s->hc && !l->prefix_cache && (l->prefix_cache = duet_msg_alloc(&duet__v1__prefix_cache_stats__descriptor))) {
+        duet_hicache_stats_t hs;
+        duet_hicache_stats(s->hc, &hs);
+        Duet__V1__PrefixCacheStats *p = l->prefix_cache;
+        p->lookups = hs.lookups;
+        p->hits = hs.hits;
+        p->misses = hs.misses;
+        p->device_hits = hs.device_hits;
+        p->host_hits = hs.host_hits;
+        p->hit_tokens = hs.hit_tokens;
+        p->inserts = hs.inserts;
+        p->loaded_pages = hs.loaded_pages;
+        p->backed_up_pages = hs.backed_up_pages;
+        p->evicted_device_pages = hs.evicted_device_pages;
+        p->evicted_host_pages = hs.evicted_host_pages;
+        p->nodes = hs.nodes;
+        p->device_pages = hs.device_pages;
+        p->host_pages_used = hs.host_pages_used;
+        p->host_pages_total = hs.host_pages_total;
+    }
     if (counts[PR_QUEUED])
         duet_msg_load_add_state(l, DUET__V1__REQUEST_STATE__REQUEST_STATE_QUEUED, counts[PR_QUEUED]);
     if (counts[PR_PREFILLING])
@@ -529,8 +549,10 @@ static void prefill_step(psrv_t *s)
         r->state = PR_TRANSFERRING;
         duet_msg_origin_t o = origin(s, r->rid, r->epoch);
         duet_envelope_t *ev = NULL;
-        if (duet_msg_new_transfer_done(&o, first, (uint32_t)r->n_tokens, 0, &ev) == DUET_OK)
+        if (duet_msg_new_transfer_done(&o, first, (uint32_t)r->n_tokens, 0, &ev) == DUET_OK) {
+            ev->transfer_done->cached_tokens = r->hreq.active ? (uint32_t)r->hreq.hit_tokens : 0;
             push_event(s, r, ev); /* the router's copy: the first token is known */
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -70,6 +71,8 @@ typedef struct {
     uint64_t tokens_in_flight, oldest_waiting_ms;
     char oldest_waiting_rid[65];
     uint32_t states[9]; /* RequestState -> count */
+    int have_pc;        /* prefill with a prefix cache: pc is its last report */
+    Duet__V1__PrefixCacheStats pc;
 } load_t;
 
 struct worker {
@@ -112,6 +115,7 @@ struct crq {
     qstate_t st;
     worker_t *P, *D;
     uint64_t epoch;
+    uint32_t cached_tokens; /* prompt tokens prefill served from its prefix cache (its TransferDone copy) */
     int calls;            /* jobs in flight */
     int reserve_inflight; /* Reserve sent, no answer yet */
     int reserved;         /* decode may hold it */
@@ -463,6 +467,12 @@ static void load_from_wire(worker_t *w, const Duet__V1__Load *l)
     for (size_t i = 0; i < l->n_requests; i++)
         if (l->requests[i]->state >= 0 && l->requests[i]->state < 9)
             d->states[l->requests[i]->state] = l->requests[i]->count;
+    d->have_pc = l->prefix_cache != NULL;
+    if (d->have_pc) {
+        d->pc = *l->prefix_cache;
+        d->pc.base.unknown_fields = NULL; /* a copy of the numbers only */
+        d->pc.base.n_unknown_fields = 0;
+    }
     w->pages_total = l->pages_free + l->pages_used + l->pages_quarantined;
     w->have_load = 1;
     w->pages_claimed = 0;
@@ -1145,7 +1155,8 @@ static void on_finished(core_t *c, crq_t *q, const duet_envelope_t *ev)
         if (q->r)
             duet_rreq_set_finished(q->r, f->reason == DUET__V1__FINISH_REASON__FINISH_REASON_STOP ? DUET_FIN_STOP
                                                                                                 : DUET_FIN_LENGTH,
-                                   0, f->prompt_tokens, f->completion_tokens, f->cached_tokens);
+                                   0, f->prompt_tokens, f->completion_tokens,
+                                   f->cached_tokens > q->cached_tokens ? f->cached_tokens : q->cached_tokens);
         /* decode freed its pages; prefill finished its transfer (decode decoded it) */
         q->reserved = 0;
         q->prefill_maybe = 0;
@@ -1191,7 +1202,10 @@ static void on_event(core_t *c, duet_envelope_t *ev)
     switch (KIND(ev)) {
     case B(TOKEN_CHUNK): on_token_chunk(c, q, ev); break;
     case B(REQUEST_FINISHED): on_finished(c, q, ev); break;
-    case B(TRANSFER_DONE): break; /* the first token comes from decode too */
+    case B(TRANSFER_DONE): /* the first token comes from decode too; this copy says what prefill had cached */
+        if (ev->transfer_done->cached_tokens > q->cached_tokens)
+            q->cached_tokens = ev->transfer_done->cached_tokens;
+        break;
     case B(ERROR):
         if (q->abort_reason)
             break;
@@ -1893,6 +1907,42 @@ void duet_core_render_metrics(duet_core_t *c, duet_text_t *t)
         duet_text_printf(t, "duet_worker_pages{worker=\"%s\",role=\"%s\",kind=\"used\"} %u\n", w->id, role, w->load.pages_used);
         duet_text_printf(t, "duet_worker_pages{worker=\"%s\",role=\"%s\",kind=\"quarantined\"} %u\n", w->id, role,
                          w->load.pages_quarantined);
+    }
+    /* prefix cache of each prefill worker that has one (counters since the worker started) */
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+        int u32;
+    } pcm[] = {
+#define PCM(n, t, h, f, u) {n, t, h, offsetof(Duet__V1__PrefixCacheStats, f), u}
+        PCM("lookups_total", "counter", "Requests looked up in the prefix cache.", lookups, 0),
+        PCM("hits_total", "counter", "Requests that continued from a cached prefix.", hits, 0),
+        PCM("misses_total", "counter", "Requests with no usable cached prefix.", misses, 0),
+        PCM("device_hits_total", "counter", "Hits served from the device tier alone.", device_hits, 0),
+        PCM("host_hits_total", "counter", "Hits that loaded pages from the host tier.", host_hits, 0),
+        PCM("hit_tokens_total", "counter", "Prompt tokens not computed thanks to prefix hits.", hit_tokens, 0),
+        PCM("loaded_pages_total", "counter", "Pages loaded from the host tier.", loaded_pages, 0),
+        PCM("backed_up_pages_total", "counter", "Pages written to the host tier.", backed_up_pages, 0),
+        PCM("evicted_device_pages_total", "counter", "Pages evicted from the device tier.", evicted_device_pages, 0),
+        PCM("evicted_host_pages_total", "counter", "Pages evicted from the host tier.", evicted_host_pages, 0),
+        PCM("device_pages", "gauge", "Pages of the worker's pool held by the prefix cache.", device_pages, 1),
+        PCM("host_pages", "gauge", "Host-tier pages in use.", host_pages_used, 1),
+#undef PCM
+    };
+    for (size_t m = 0; m < sizeof pcm / sizeof pcm[0]; m++) {
+        int any = 0;
+        for (int i = 0; i < c->n_workers; i++) {
+            worker_t *w = c->workers[i];
+            if (w->gone || !w->id[0] || !w->have_load || !w->load.have_pc)
+                continue;
+            if (!any++)
+                duet_text_printf(t, "# HELP duet_worker_prefix_cache_%s %s\n# TYPE duet_worker_prefix_cache_%s %s\n",
+                                 pcm[m].name, pcm[m].help, pcm[m].name, pcm[m].type);
+            const char *base = (const char *)&w->load.pc;
+            unsigned long long v = pcm[m].u32 ? *(const uint32_t *)(base + pcm[m].off)
+                                              : (unsigned long long)*(const uint64_t *)(base + pcm[m].off);
+            duet_text_printf(t, "duet_worker_prefix_cache_%s{worker=\"%s\"} %llu\n", pcm[m].name, w->id, v);
+        }
     }
     duet_text_printf(t, "# HELP duet_worker_requests Requests on each worker by state (from heartbeats).\n"
                         "# TYPE duet_worker_requests gauge\n");

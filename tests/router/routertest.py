@@ -699,11 +699,12 @@ def sc_router_restart(a, rep):
 
 def sc_affinity(a, rep):
     """Two prefill workers: every turn of a conversation goes to the one holding its prefix."""
-    c = Cluster(a.build, a.model)
+    hic = ["--hicache-device-pages", "32", "--hicache-host-gib", "0.01"]
+    c = Cluster(a.build, a.model, prefill_args=hic)
     try:
         p1 = f"ipc://{c.dir}/p1.sock"
         c.start("p1", [f"{a.build}/prefill/duet-prefill", "--listen", p1, "--id", "p1", "--model", a.model,
-                       "--pages", str(c.pages), "--events", c.events])
+                       "--pages", str(c.pages), "--events", c.events] + hic)
         c.kill("router", signal.SIGTERM)
         c.router_args += ["--prefill", p1]
         c.start_router()
@@ -733,6 +734,29 @@ def sc_affinity(a, rep):
         st, _, j, _ = c.post(CHAT, chat_body("a new conversation", session_id="conv-B", max_tokens=2))
         b = subprocess.run(redis + ["get", "duet:session:conv-B"], capture_output=True, text=True).stdout.strip()
         rep.check(st == 200 and b in ("p0", "p1"), f"a new conversation is recorded on the worker chosen ({b})")
+        # with HiCache on p1, a later turn resends the conversation: its prefix is served from the cache
+        system = "You are a careful agent. " + " ".join("rule %d: check the facts twice." % i for i in range(120))
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "first question"}]
+        body = {"messages": msgs, "max_tokens": 8, "temperature": 0, "session_id": "conv-A", "return_token_ids": True}
+        st, _, j1, _ = c.post(CHAT, body)
+        msgs2 = msgs + [{"role": "assistant", "content": j1["choices"][0]["message"]["content"] or "ok"},
+                        {"role": "user", "content": "second question"}]
+        outs = []
+        for i in range(2):
+            st, _, j2, _ = c.post(CHAT, dict(body, messages=msgs2))
+            outs.append(j2 if st == 200 else {})
+        cached = [o.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0) for o in outs]
+        rep.check(st == 200 and cached[0] > 0 and cached[1] >= cached[0],
+                  f"HiCache: the next turn's prefix came from the cache (cached_tokens {cached} of "
+                  f"{outs[0].get('usage', {}).get('prompt_tokens')})")
+        rep.check(outs[0].get("choices", [{}])[0].get("token_ids") == outs[1].get("choices", [{}])[0].get("token_ids")
+                  and outs[0]["choices"][0]["token_ids"], "HiCache: the same turn twice gives the same tokens")
+        end = time.time() + 10
+        hits = 0
+        while time.time() < end and hits < 2:
+            hits = c.metric('duet_worker_prefix_cache_hits_total{worker="p1"}') or 0
+            time.sleep(0.3)
+        rep.check(hits >= 2, f"HiCache: hits in /metrics ({hits})")
     finally:
         c.stop()
 
