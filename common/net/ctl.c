@@ -497,10 +497,53 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
 
 /* ------------------------------------------------------------------ client */
 
+/* Contexts are opened on demand and kept until the socket closes, never
+ * closed one by one: libnng 1.5.2 can free a context while its timer thread
+ * still holds it (nng_ctx_close racing the aio expiry: a use after free seen
+ * under valgrind, and a router crash in nng:aio:expire).  A req context whose
+ * last call timed out is safe to reuse: the next send abandons the old
+ * request and a late reply to it is discarded. */
+#define CTL_CTX_POOL_MAX 1024
+
 struct duet_ctl_client {
     common_t c;
     nng_socket sock;
+    pthread_mutex_t mu;   /* guards the context pool */
+    nng_ctx *pool;
+    int n_pool, cap_pool;
 };
+
+static int client_ctx_get(duet_ctl_client_t *c, nng_ctx *ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->n_pool > 0) {
+        *ctx = c->pool[--c->n_pool];
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return nng_ctx_open(ctx, c->sock);
+}
+
+static void client_ctx_put(duet_ctl_client_t *c, nng_ctx ctx)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->n_pool == c->cap_pool && c->cap_pool < CTL_CTX_POOL_MAX) {
+        int cap = c->cap_pool ? c->cap_pool * 2 : 8;
+        nng_ctx *np = realloc(c->pool, sizeof(nng_ctx) * (size_t)cap);
+        if (np) {
+            c->pool = np;
+            c->cap_pool = cap;
+        }
+    }
+    if (c->n_pool < c->cap_pool) {
+        c->pool[c->n_pool++] = ctx;
+        ctx.id = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (ctx.id)
+        nng_ctx_close(ctx); /* more calls at once than the pool keeps: rare */
+}
 
 duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t **out, duet_err_t *err)
 {
@@ -510,6 +553,7 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
     duet_ctl_client_t *c = DUET_NEW(duet_ctl_client_t);
     if (!c)
         return duet_err_set(err, DUET_ERR_NOMEM, "ctl client: out of memory");
+    pthread_mutex_init(&c->mu, NULL);
     if ((st = common_init(&c->c, o, err)))
         goto err_free;
     if ((rv = nng_req0_open(&c->sock))) {
@@ -555,7 +599,7 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         nng_msg_free(m);
         return nng_fail(err, rv, c->c.url, "cannot allocate an aio");
     }
-    if ((rv = nng_ctx_open(&ctx, c->sock))) {
+    if ((rv = client_ctx_get(c, &ctx))) {
         nng_msg_free(m);
         st = nng_fail(err, rv, c->c.url, "cannot open a context");
         goto err_aio;
@@ -587,9 +631,12 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
     *reply = rep;
     st = DUET_OK;
 err_ctx:
-    nng_ctx_close(ctx);
+    nng_aio_free(aio); /* waits for the aio to be done with the context */
+    aio = NULL;
+    client_ctx_put(c, ctx);
 err_aio:
-    nng_aio_free(aio);
+    if (aio)
+        nng_aio_free(aio);
     return st;
 }
 
@@ -622,8 +669,11 @@ void duet_ctl_client_destroy(duet_ctl_client_t **cp)
     if (!c)
         return;
     *cp = NULL;
-    if (close_bounded(c->sock, c->c.url) == 0)
+    if (close_bounded(c->sock, c->c.url) == 0) { /* closes the pooled contexts too */
+        free(c->pool);
+        pthread_mutex_destroy(&c->mu);
         free(c);
+    }
 }
 
 /* ------------------------------------------------------------------ events
@@ -655,11 +705,16 @@ struct duet_ctl_pusher {
     uint32_t cap, head, n;
     int stopping;
     nng_aio *inflight;   /* the delivery's aio while one is running (under mu) */
+    nng_ctx ctx;         /* the delivery thread's context, kept until the socket closes */
+    int have_ctx;
 };
 
 struct duet_ctl_puller {
     common_t c;
     nng_socket sock;
+    pthread_mutex_t mu;  /* one receive at a time on the one context */
+    nng_ctx ctx;         /* kept until the socket closes (see CTL_CTX_POOL_MAX) */
+    int have_ctx;
 };
 
 /* Start one operation of a delivery unless the pusher is stopping, then
@@ -686,18 +741,19 @@ static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, n
 /* Deliver one event (consumed) and wait for the puller's answer. */
 static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
 {
-    nng_ctx ctx;
     nng_aio *aio;
     int rv = nng_aio_alloc(&aio, NULL, NULL);
     if (rv) {
         nng_msg_free(m);
         return rv;
     }
-    if ((rv = nng_ctx_open(&ctx, p->sock))) {
+    if (!p->have_ctx && (rv = nng_ctx_open(&p->ctx, p->sock))) {
         nng_msg_free(m);
         nng_aio_free(aio);
         return rv;
     }
+    p->have_ctx = 1;
+    nng_ctx ctx = p->ctx;
     pthread_mutex_lock(&p->mu);
     p->inflight = aio;
     pthread_mutex_unlock(&p->mu);
@@ -719,7 +775,6 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
     p->inflight = NULL;
     pthread_cond_broadcast(&p->idle);
     pthread_mutex_unlock(&p->mu);
-    nng_ctx_close(ctx);
     nng_aio_free(aio);
     return rv;
 }
@@ -883,6 +938,7 @@ duet_status_t duet_ctl_puller_create(const duet_ctl_opts_t *o, duet_ctl_puller_t
     duet_ctl_puller_t *p = DUET_NEW(duet_ctl_puller_t);
     if (!p)
         return duet_err_set(err, DUET_ERR_NOMEM, "ctl puller: out of memory");
+    pthread_mutex_init(&p->mu, NULL);
     if ((st = common_init(&p->c, o, err)))
         goto err_free;
     if ((rv = nng_rep0_open(&p->sock))) {
@@ -909,17 +965,20 @@ err_free:
 duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, duet_envelope_t **ev,
                                    duet_err_t *err)
 {
-    nng_ctx ctx;
     nng_aio *aio;
     duet_envelope_t *e = NULL, *answer = NULL;
     duet_status_t st;
     int rv = nng_aio_alloc(&aio, NULL, NULL);
     if (rv)
         return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
-    if ((rv = nng_ctx_open(&ctx, p->sock))) {
+    pthread_mutex_lock(&p->mu);
+    if (!p->have_ctx && (rv = nng_ctx_open(&p->ctx, p->sock))) {
+        pthread_mutex_unlock(&p->mu);
         nng_aio_free(aio);
         return nng_fail(err, rv, p->c.url, "cannot open a context");
     }
+    p->have_ctx = 1;
+    nng_ctx ctx = p->ctx;
     if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_recv, &ctx))) {
         st = nng_fail(err, rv, p->c.url, "no event");
         goto out;
@@ -950,8 +1009,8 @@ duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, d
     if (st == DUET_OK)
         *ev = e;
 out:
-    nng_ctx_close(ctx);
     nng_aio_free(aio);
+    pthread_mutex_unlock(&p->mu);
     return st;
 }
 
@@ -966,6 +1025,8 @@ void duet_ctl_puller_destroy(duet_ctl_puller_t **pp)
     if (!p)
         return;
     *pp = NULL;
-    if (close_bounded(p->sock, p->c.url) == 0)
+    if (close_bounded(p->sock, p->c.url) == 0) {
+        pthread_mutex_destroy(&p->mu);
         free(p);
+    }
 }
