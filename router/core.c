@@ -30,6 +30,7 @@
 
 #define MAX_WORKERS 256
 #define HASH_BUCKETS 4096
+#define CLEANUP_ATTEMPTS 5      /* a timed-out cleanup Abort is sent again this many times */
 #define PROBE_MS 1000          /* a worker silent this long gets a StateDump */
 #define ORPHAN_RESOLVE_MS 15000 /* an orphan whose workers stay unknown is dropped after this */
 #define SESSIONS 4096           /* local session-affinity cache */
@@ -62,6 +63,8 @@ typedef struct job {
     duet_status_t st;
     duet_envelope_t *reply; /* owned once the call ends */
     duet_err_t err;
+    int attempt;            /* OP_CLEANUP: how many times it was sent before */
+    uint64_t incarnation;   /* the worker's when the job was queued */
 } job_t;
 
 /* ---- workers ------------------------------------------------------------ */
@@ -92,6 +95,7 @@ struct worker {
     int stop;
     /* core only */
     uint64_t last_seen_ns, last_probe_ns;
+    uint64_t incarnation;   /* the worker process's, from its heartbeats and state dumps; 0: not yet known */
     int probing, healthy, have_load;
     load_t load;
     uint32_t page_tokens, pages_total;
@@ -374,7 +378,7 @@ static worker_t *worker_add(core_t *c, const char *url, const char *id, int role
             duet_error("worker %s: %s", w->url, duet_err_text(&err));
             goto fail;
         }
-        uint32_t n = c->o.calls_per_worker ? c->o.calls_per_worker : 8;
+        uint32_t n = c->o.calls_per_worker ? c->o.calls_per_worker : 64;
         w->threads = calloc(n, sizeof(pthread_t));
         if (!w->threads)
             goto fail;
@@ -492,7 +496,7 @@ static void worker_seen(core_t *c, worker_t *w)
 
 /* ---- sending commands ----------------------------------------------------- */
 
-static void send_job(core_t *c, worker_t *w, crq_t *q, op_t op, duet_envelope_t *req, int urgent)
+static void send_job_ex(core_t *c, worker_t *w, crq_t *q, op_t op, duet_envelope_t *req, int urgent, int attempt)
 {
     if (!req)
         return;
@@ -505,6 +509,8 @@ static void send_job(core_t *c, worker_t *w, crq_t *q, op_t op, duet_envelope_t 
         duet_envelope_free(&req);
         return;
     }
+    j->incarnation = w->incarnation;
+    j->attempt = attempt;
     j->op = op;
     j->w = w;
     j->q = q;
@@ -531,6 +537,11 @@ static void send_job(core_t *c, worker_t *w, crq_t *q, op_t op, duet_envelope_t 
     }
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+}
+
+static void send_job(core_t *c, worker_t *w, crq_t *q, op_t op, duet_envelope_t *req, int urgent)
+{
+    send_job_ex(c, w, q, op, req, urgent, 0);
 }
 
 static duet_msg_origin_t origin(core_t *c, crq_t *q, uint64_t epoch)
@@ -1058,6 +1069,36 @@ static void close_request(core_t *c, crq_t *q)
 
 /* ---- events ------------------------------------------------------------------ */
 
+/* The requests that depend on worker w fail now: decode's at any point, prefill's until
+ * decode has the first token. */
+static void fail_worker_requests(core_t *c, worker_t *w, const char *why)
+{
+    for (crq_t *q = c->head, *next; q; q = next) {
+        next = q->next; /* begin_abort may close q */
+        if (q->abort_reason || q->finished || !q->r)
+            continue;
+        if (q->D == w || (q->P == w && !q->first_seen && q->st >= Q_PREFILLING)) {
+            fail(q, 502, "worker_failed", "%s worker %s %s", q->D == w ? "decode" : "prefill", wname(w), why);
+            begin_abort(c, q, AR(PEER_FAILURE));
+        }
+    }
+}
+
+/* A heartbeat or state dump told the worker's incarnation: a new one under a known id
+ * means the process restarted, and whatever the old one held is gone with it. */
+static void worker_incarnation(core_t *c, worker_t *w, uint64_t inc)
+{
+    if (!inc || inc == w->incarnation)
+        return;
+    if (w->incarnation) {
+        duet_warn("worker %s (%s) restarted: a new process answers under its id; its requests fail now", wname(w),
+                  w->url[0] ? w->url : "no control URL");
+        fail_worker_requests(c, w, "restarted");
+        w->pages_claimed = 0;
+    }
+    w->incarnation = inc;
+}
+
 static void on_heartbeat(core_t *c, const duet_envelope_t *ev)
 {
     const char *id = ev->header->sender_id;
@@ -1075,6 +1116,7 @@ static void on_heartbeat(core_t *c, const duet_envelope_t *ev)
     }
     if (!w->role)
         w->role = role;
+    worker_incarnation(c, w, ev->heartbeat->incarnation);
     load_from_wire(w, ev->heartbeat->load);
     worker_seen(c, w);
 }
@@ -1244,6 +1286,7 @@ static void on_probe_done(core_t *c, job_t *j)
         duet_warn("worker %s was configured as %s but is a %s worker", w->url,
                   w->role == ROLE_PREFILL ? "prefill" : "decode", role == ROLE_PREFILL ? "prefill" : "decode");
     w->role = role;
+    worker_incarnation(c, w, j->reply->state_dump->incarnation);
     load_from_wire(w, j->reply->state_dump->load);
     worker_seen(c, w);
 }
@@ -1427,7 +1470,18 @@ static void on_done(core_t *c, job_t *j)
     case OP_ABORT_P:
     case OP_ABORT_D: on_abort_done(c, q, j); break;
     case OP_PROBE: on_probe_done(c, j); break;
-    case OP_CLEANUP: break;
+    case OP_CLEANUP:
+        /* the reservation must not outlive the router's interest in it: try again while the decode
+         * worker is the same process and the call only timed out (a failed process frees it anyway) */
+        if (j->st == DUET_ERR_TIMEOUT && j->attempt < CLEANUP_ATTEMPTS && j->w->healthy && !c->shutting_down &&
+            j->incarnation == j->w->incarnation) {
+            duet_log_rid(DUET_LOG_INFO, duet_msg_rid(j->req), "the cleanup Abort to %s timed out; sending it again",
+                         wname(j->w));
+            duet_envelope_t *again = j->req;
+            j->req = NULL;
+            send_job_ex(c, j->w, NULL, OP_CLEANUP, again, 1, j->attempt + 1);
+        }
+        break;
     }
     /* a request whose last call just ended may now close */
     if (q && find_rid(c, rid) == q && q->calls == 0 && (q->abort_reason || q->finished)) {
@@ -1457,16 +1511,7 @@ static void tick(core_t *c)
             duet_warn("worker %s (%s) has been silent for %llu ms: not used until it is heard from again", wname(w),
                       w->url, (unsigned long long)(silent / 1000000ull));
             /* its requests that wait on it fail now rather than at their deadline */
-            for (crq_t *q = c->head, *next; q; q = next) {
-                next = q->next; /* begin_abort may close q */
-                if (q->abort_reason || q->finished || !q->r)
-                    continue;
-                if (q->D == w || (q->P == w && !q->first_seen && q->st >= Q_PREFILLING)) {
-                    fail(q, 502, "worker_failed", "%s worker %s stopped answering", q->D == w ? "decode" : "prefill",
-                         wname(w));
-                    begin_abort(c, q, AR(PEER_FAILURE));
-                }
-            }
+            fail_worker_requests(c, w, "stopped answering");
         }
         if (w->client && !w->probing && !c->shutting_down &&
             (silent > (uint64_t)PROBE_MS * 1000000ull || !w->id[0]) &&
@@ -1608,7 +1653,7 @@ duet_status_t duet_core_create(const duet_core_opts_t *o, duet_core_t **out, due
     if (!c->o.wait_ms)
         c->o.wait_ms = 30000;
     if (!c->o.call_ms)
-        c->o.call_ms = 5000;
+        c->o.call_ms = 30000;
     pthread_mutex_init(&c->in_mu, NULL);
     pthread_mutex_init(&c->state_mu, NULL);
     pthread_cond_init(&c->admin_cv, NULL);

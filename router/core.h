@@ -51,13 +51,13 @@ typedef struct {
     size_t n_prefill;
     const char *const *decode_urls;
     size_t n_decode;
-    uint32_t calls_per_worker;      /* concurrent commands per worker (8) */
+    uint32_t calls_per_worker;      /* concurrent commands per worker (64) */
     uint32_t max_inflight;          /* requests holding workers at once (256) */
     uint32_t queue_size;            /* requests waiting beyond that; more get 429 (0: none wait) */
     uint32_t worker_timeout_ms;     /* silent this long: unhealthy, its requests fail (10000; a
                                      * prefill worker is silent during a long step) */
     uint32_t wait_ms;               /* decode's WAITING_FOR_INPUT deadline (30000) */
-    uint32_t call_ms;               /* one command's deadline (5000) */
+    uint32_t call_ms;               /* one command's deadline, queueing included (30000) */
     const char *decode_policy;      /* "free-pages" (default), "least-loaded", "round-robin" */
     const char *prefill_policy;     /* "affinity" (default), "shortest-queue", "round-robin" */
     uint32_t session_ttl_s;         /* Redis session affinity TTL (3600) */

@@ -63,9 +63,9 @@ static void usage(void)
             "  --queue-size N            requests waiting beyond that before 429 (1024)\n"
             "  --request-timeout-ms N    a request's whole life; then 504 and abort (600000)\n"
             "  --wait-ms N               decode's WAITING_FOR_INPUT deadline (30000)\n"
-            "  --call-ms N               one command to a worker (5000)\n"
+            "  --call-ms N               one command to a worker, queueing included (30000)\n"
             "  --worker-timeout-ms N     a worker silent this long is not used, its requests fail (10000)\n"
-            "  --calls-per-worker N      concurrent commands per worker (8)\n"
+            "  --calls-per-worker N      concurrent commands per worker (64)\n"
             "  --decode-policy P         free-pages | least-loaded | round-robin (free-pages)\n"
             "  --prefill-policy P        affinity | shortest-queue | round-robin (affinity)\n"
             "  --default-max-tokens N    chat completions without max_tokens (4096)\n"
@@ -117,12 +117,12 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->request_timeout_ms = 600000;
     o->wait_ms = 30000;
     o->worker_timeout_ms = 10000;
-    o->calls_per_worker = 8;
+    o->calls_per_worker = 64;
     o->default_max_tokens = 4096;
     o->max_connections = 1024;
     o->session_ttl_s = 3600;
     o->shutdown_grace_ms = 5000;
-    o->call_ms = 5000;
+    o->call_ms = 30000;
     o->effort_profile = "preview";
     struct {
         const char *name;

@@ -2,9 +2,13 @@
 #include "msg.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "model_config.h"
@@ -1059,10 +1063,28 @@ duet_status_t duet_msg_new_request_finished(const duet_msg_origin_t *o, Duet__V1
            e->request_finished->completion_tokens = completion_tokens, DUET_OK));
 }
 
+static uint64_t g_incarnation;
+static pthread_once_t g_incarnation_once = PTHREAD_ONCE_INIT;
+
+static void incarnation_init(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v || !v)
+        v = duet_wall_us() ^ ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&v;
+    g_incarnation = v ? v : 1;
+}
+
+uint64_t duet_msg_incarnation(void)
+{
+    pthread_once(&g_incarnation_once, incarnation_init);
+    return g_incarnation;
+}
+
 duet_status_t duet_msg_new_heartbeat(const duet_msg_origin_t *o, Duet__V1__Role role, duet_envelope_t **out)
 {
     BUILD(DUET__V1__ENVELOPE__BODY_HEARTBEAT, o, out,
-          (e->heartbeat->role = role, ALLOC_SUB(e->heartbeat->load, &duet__v1__load__descriptor)));
+          (e->heartbeat->role = role, e->heartbeat->incarnation = duet_msg_incarnation(),
+           ALLOC_SUB(e->heartbeat->load, &duet__v1__load__descriptor)));
 }
 
 static duet_status_t fill_register(Duet__V1__WorkerRegister *w, Duet__V1__Role role, const char *worker_id,
@@ -1099,7 +1121,8 @@ duet_status_t duet_msg_new_state_dump_request(const duet_msg_origin_t *o, int in
 duet_status_t duet_msg_new_state_dump(const duet_msg_origin_t *o, Duet__V1__Role role, duet_envelope_t **out)
 {
     BUILD(DUET__V1__ENVELOPE__BODY_STATE_DUMP, o, out,
-          (e->state_dump->role = role, ALLOC_SUB(e->state_dump->load, &duet__v1__load__descriptor)));
+          (e->state_dump->role = role, e->state_dump->incarnation = duet_msg_incarnation(),
+           ALLOC_SUB(e->state_dump->load, &duet__v1__load__descriptor)));
 }
 
 duet_status_t duet_msg_descriptor_add_pool(Duet__V1__TransferDescriptor *d, const duet_cache_layout_t *layout,

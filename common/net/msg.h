@@ -171,6 +171,10 @@ duet_status_t duet_msg_new_request_finished(const duet_msg_origin_t *o, Duet__V1
                                             uint32_t prompt_tokens, uint32_t completion_tokens,
                                             duet_envelope_t **out);
 /* Heartbeat with an empty Load for the caller to fill. */
+/* This process's incarnation: random, fixed for its life, never 0.  Heartbeats
+ * and state dumps carry it, so a router tells a restarted worker (same id,
+ * same URL) from the one whose requests it was tracking. */
+uint64_t duet_msg_incarnation(void);
 duet_status_t duet_msg_new_heartbeat(const duet_msg_origin_t *o, Duet__V1__Role role, duet_envelope_t **out);
 /* WorkerRegister with a Capacity (pages, slots, page_tokens) to which
  * duet_msg_capacity_add_pool() adds the pool layouts. */

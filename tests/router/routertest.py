@@ -662,6 +662,52 @@ def sc_redis_restart(a, rep):
         c.stop()
 
 
+def sc_worker_restart(a, rep):
+    """A decode worker killed and started again at once under the same id and URL: the router
+    sees the new process (its incarnation) and fails what the old one held, well before the
+    worker-silence timeout; new requests then work."""
+    c = Cluster(a.build, a.model)
+    try:
+        conns = [open_stream(c, chat_body(max_tokens=3000, ignore_eos=True, stream=True)) for _ in range(2)]
+        busy = c.wait_busy()
+        rep.check(busy and len(busy["requests"]) == 2, "two requests decoding")
+        c.kill("d0")
+        c.start("d0", [f"{a.build}/decode/duet-decode", "--listen", c.decode_url, "--id", "d0", "--model", a.model,
+                       "--pages", str(c.pages), "--events", c.events])
+        t0 = time.time()
+        ended = []
+        for conn, r in conns:
+            try:
+                body = r.read().decode(errors="replace")  # the stream ends: an error event, then [DONE]
+            except Exception as e:  # noqa: BLE001 - a dropped connection also ends it
+                body = str(e)
+            ended.append((time.time() - t0, "error" in body))
+            conn.close()
+        took = max(t for t, _ in ended)
+        rep.check(all(err for _, err in ended), "both streams end with an error event")
+        rep.check(took < 8, f"they end {took:.1f} s after the restart (the silence timeout is 10 s)")
+        end = time.time() + 30
+        st = None
+        while time.time() < end:
+            st, _, j, _ = c.post(CHAT, chat_body(max_tokens=4))
+            if st == 200:
+                break
+            time.sleep(0.3)
+        rep.check(st == 200, "a new request works on the restarted worker")
+        end = time.time() + 15
+        held = None
+        while time.time() < end:
+            held = sum(c.metric(f'duet_router_requests{{state="{s}"}}')
+                       for s in ("queued", "reserving", "prefilling", "running", "aborting"))
+            if held == 0:
+                break
+            time.sleep(0.2)
+        rep.check(held == 0, f"the router holds no request afterwards ({held})")
+        rep.check(c.wait_clean() is not None, "the restarted decode worker holds nothing")
+    finally:
+        c.stop()
+
+
 def sc_router_restart(a, rep):
     c = Cluster(a.build, a.model)
     try:
@@ -1088,7 +1134,7 @@ def main():
         sys.exit(SKIP)
     rep = Report()
     fn = {"api": sc_api, "errors": sc_errors, "disconnect": sc_disconnect, "limits": sc_limits,
-          "no-workers": sc_no_workers, "redis-restart": sc_redis_restart, "router-restart": sc_router_restart,
+          "no-workers": sc_no_workers, "redis-restart": sc_redis_restart, "router-restart": sc_router_restart, "worker-restart": sc_worker_restart,
           "openai": sc_openai, "tools": sc_tools, "affinity": sc_affinity,
           "two-routers": sc_two_routers}[a.scenario]
     fn(a, rep)
