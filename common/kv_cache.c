@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 
@@ -136,6 +137,21 @@ static duet_status_t ua_move(unit_alloc_t *a, const uint32_t *ids, uint32_t n, d
 
 /* ---- create / destroy ---- */
 
+/* A pool owns whole memory pages (page-aligned, its size rounded up to pages), zeroed: so that
+ * registering it with a transport or pinning it for a device (cudaHostRegister works on whole
+ * pages and refuses pages registered twice) touches nothing but the pool. */
+static void *pool_alloc(size_t bytes)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096, total = (bytes + page - 1) / page * page;
+    if (total < bytes)
+        return NULL;
+    void *p = aligned_alloc(page, total);
+    if (p)
+        memset(p, 0, total);
+    return p;
+}
+
 static void cache_free(duet_kv_cache_t *c)
 {
     for (int k = 0; k < DUET_POOL_COUNT; k++)
@@ -180,7 +196,7 @@ duet_status_t duet_kv_cache_create(const duet_model_config_t *cfg, const duet_ca
         }
         if (total == 0)
             continue;
-        c->mem[k] = duet_alloc_aligned(total, 1);
+        c->mem[k] = pool_alloc(total);
         if (!c->mem[k]) {
             st = duet_err_set(err, DUET_ERR_NOMEM, "kv cache: cannot allocate %zu bytes for the %s pool", total,
                               duet_pool_kind_name((duet_pool_kind_t)k));

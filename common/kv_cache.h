@@ -34,7 +34,7 @@ typedef enum {
 typedef duet_status_t (*duet_layer_gate_fn)(void *arg, int layer);
 
 /* Allocate the pools for `n_pages` token pages and `n_slots` request slots
- * (zeroed host memory, 64-byte aligned).  Layouts come from
+ * (zeroed host memory; each pool owns whole memory pages).  Layouts come from
  * duet_cache_layout_compute(); a pool with no layers has no memory. */
 duet_status_t duet_kv_cache_create(const duet_model_config_t *cfg, const duet_cache_opts_t *opts,
                                    uint32_t n_pages, uint32_t n_slots, duet_kv_cache_t **out,

@@ -20,6 +20,7 @@
 #include "requests.h"
 #include "sampling.h"
 #include "time_util.h"
+#include "worker_engine.h"
 #include "worker_net.h"
 #include "xfer.h"
 
@@ -42,8 +43,11 @@ typedef struct {
     duet_kv_cache_t *cache;
     duet_dreq_table_t *tab;
     duet_worker_net_t net;
-    float *logits;           /* (max_batch, vocab) */
-    uint64_t steps, step_ns_total, step_ns_max, tokens_out;
+    duet_worker_engine_t eng; /* where the forward runs (--device) */
+    float *logits;           /* (max_batch, vocab): eng's */
+    uint64_t steps, step_ns_total, step_ns_max, tokens_out, tokens_stepped;
+    uint32_t top_rows;        /* the largest batch a step has run, and the steps of that size */
+    uint64_t top_steps, top_ns;
 } dsrv_t;
 
 static volatile int g_stop;
@@ -374,6 +378,22 @@ static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
         if (duet_dreq_transfer_done(s->tab, r->rid, r->epoch, &r) != DUET_OK)
             return;
         r->seq.n_past = r->prompt_len;
+        if (duet_worker_engine_on_gpu(&s->eng)) {
+            /* what arrived (verified) in the host pools: the prompt's pages and the slot -> device pools */
+            const dd_t *u = r->user;
+            duet_err_t err = {0};
+            uint32_t np = u && u->n_prompt_pages <= r->seq.n_pages ? u->n_prompt_pages : r->seq.n_pages;
+            duet_status_t st = duet_worker_engine_to_device(&s->eng, &r->seq, np, &err);
+            if (st != DUET_OK) {
+                duet_log_rid(DUET_LOG_ERROR, r->rid, "copy of the received pages to the device failed: %s",
+                             duet_err_text(&err));
+                emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ERROR,
+                              DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, st);
+                free_dd(s, r);
+                duet_dreq_finish(s->tab, r->rid);
+                return;
+            }
+        }
         duet_log_rid(DUET_LOG_DEBUG, r->rid, "input arrived, first token %d", ev->first_token);
         deliver_token(s, r, ev->first_token);
         return;
@@ -447,12 +467,21 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
     }
     duet_err_t err = {0};
     uint64_t t0 = duet_time_ns();
-    duet_status_t st = duet_forward(s->model, s->cache, items, (int)p.n, &err);
+    duet_status_t st = duet_worker_engine_forward(&s->eng, items, (int)p.n, NULL, NULL, &err);
     uint64_t dt = duet_time_ns() - t0;
     s->steps++;
     s->step_ns_total += dt;
     if (dt > s->step_ns_max)
         s->step_ns_max = dt;
+    if (p.n > s->top_rows) {
+        s->top_rows = p.n;
+        s->top_steps = 0;
+        s->top_ns = 0;
+    }
+    if (p.n == s->top_rows) {
+        s->top_steps++;
+        s->top_ns += dt;
+    }
     if (st != DUET_OK) {
         duet_error("decode step failed: %s", duet_err_text(&err));
         for (uint32_t i = 0; i < p.n; i++) {
@@ -463,6 +492,7 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
         }
         return DUET_OK;
     }
+    s->tokens_stepped += p.n;
     for (uint32_t i = 0; i < p.n; i++) {
         dd_t *u = batch[i]->user;
         int32_t tok = duet_sample(s->logits + (size_t)i * V, V, &u->sp, batch[i]->seq.n_past);
@@ -506,15 +536,17 @@ int main(int argc, char **argv)
     }
     if (duet_dreq_table_create(S.cache, S.o.slots, &S.tab, &err) != DUET_OK)
         goto fail;
-    S.logits = duet_malloc_array((size_t)S.o.max_batch * S.model->cfg.vocab_size, sizeof(float));
-    if (!S.logits) {
-        duet_err_set(&err, DUET_ERR_NOMEM, "out of memory for logits");
+    if (duet_worker_engine_open(&S.eng, &S.o, S.model, S.cache, S.o.max_batch < 1024 ? S.o.max_batch : 1024,
+                                &err) != DUET_OK)
         goto fail;
-    }
+    S.logits = S.eng.logits;
     if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
         goto fail;
-    duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s)", S.o.id, S.o.listen, S.o.pages,
-              S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype), duet_cache_dtype_name(S.o.cache.index_k_dtype));
+    char dev[32];
+    duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, device %s%s)", S.o.id, S.o.listen,
+              S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
+              duet_cache_dtype_name(S.o.cache.index_k_dtype), duet_worker_device_name(&S.o, dev, sizeof dev),
+              duet_worker_engine_on_gpu(&S.eng) ? "; transfers staged through the host pools" : "");
     duet_worker_notify_ready(&S.o);
     while (!g_stop) {
         int busy = 0;
@@ -531,9 +563,14 @@ int main(int argc, char **argv)
         duet_worker_notify_watchdog(&S.net);
     }
     duet_worker_notify_stopping();
-    duet_info("%s: shutting down: %llu steps, mean %.2f ms, max %.2f ms, %llu tokens", S.o.id,
-              (unsigned long long)S.steps, S.steps ? S.step_ns_total / 1e6 / S.steps : 0.0, S.step_ns_max / 1e6,
-              (unsigned long long)S.tokens_out);
+    duet_info("%s: shutting down: %llu steps, mean %.2f ms, max %.2f ms, %llu tokens, %.1f decoded tokens/s of step "
+              "time; at the largest batch (%u rows) %llu steps, mean %.2f ms, %.1f tokens/s",
+              S.o.id, (unsigned long long)S.steps, S.steps ? S.step_ns_total / 1e6 / S.steps : 0.0,
+              S.step_ns_max / 1e6, (unsigned long long)S.tokens_out,
+              S.step_ns_total ? S.tokens_stepped / (S.step_ns_total / 1e9) : 0.0, S.top_rows,
+              (unsigned long long)S.top_steps, S.top_steps ? S.top_ns / 1e6 / S.top_steps : 0.0,
+              S.top_ns ? (double)S.top_rows * S.top_steps / (S.top_ns / 1e9) : 0.0);
+    duet_worker_engine_log_stats(&S.eng, S.o.id);
     duet_dreq_foreach(S.tab, shutdown_one, &S);
     rc = 0;
     goto done;
@@ -542,7 +579,7 @@ fail:
 done:
     duet_worker_net_close(&S.net);
     duet_dreq_table_destroy(&S.tab);
-    free(S.logits);
+    duet_worker_engine_close(&S.eng); /* before the cache: it unmaps the host pools */
     duet_kv_cache_destroy(&S.cache);
     duet_model_destroy(&S.model);
     duet_worker_opts_fini(&S.o);

@@ -272,6 +272,8 @@ struct duet_kv_cache_cuda {
     duet_kv_cache_t *host;
     uint8_t *mem[DUET_POOL_COUNT];
     size_t bytes[DUET_POOL_COUNT];
+    uint8_t *hmap[DUET_POOL_COUNT]; /* the host pools as the device sees them (duet_kv_cache_cuda_map_host) */
+    int mapped;
 };
 
 duet_status_t duet_kv_cache_cuda_create(duet_cuda_t *c, duet_kv_cache_t *host, duet_kv_cache_cuda_t **out,
@@ -310,8 +312,11 @@ void duet_kv_cache_cuda_destroy(duet_kv_cache_cuda_t **pdc)
         return;
     duet_kv_cache_cuda_t *dc = *pdc;
     duet_cuda_sync(dc->c);
-    for (int k = 0; k < DUET_POOL_COUNT; k++)
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
         duet_cuda_free(dc->c, dc->mem[k]);
+        if (dc->hmap[k])
+            duet_cuda_host_unregister(dc->c, duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)k));
+    }
     free(dc);
     *pdc = NULL;
 }
@@ -365,6 +370,130 @@ duet_status_t duet_kv_cache_cuda_copy_seq(duet_kv_cache_cuda_t *dc, const duet_s
     if (duet_cuda_sync(dc->c) != DUET_OK)
         return cuda_fail(dc->c, DUET_ERR_CUDA, err);
     dst->n_past = src->n_past;
+    return DUET_OK;
+}
+
+duet_status_t duet_kv_cache_cuda_map_host(duet_kv_cache_cuda_t *dc, duet_err_t *err)
+{
+    if (dc->mapped)
+        return DUET_OK;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        uint8_t *hb = duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)k);
+        size_t b = duet_kv_cache_pool_bytes(dc->host, (duet_pool_kind_t)k);
+        if (!hb || !b || !dc->mem[k])
+            continue;
+        void *dev = NULL;
+        if (duet_cuda_host_register(dc->c, hb, b, &dev) != DUET_OK) {
+            duet_status_t st = cuda_fail(dc->c, DUET_ERR_CUDA, err);
+            for (int j = 0; j < k; j++)
+                if (dc->hmap[j]) {
+                    duet_cuda_host_unregister(dc->c, duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)j));
+                    dc->hmap[j] = NULL;
+                }
+            return st;
+        }
+        dc->hmap[k] = dev;
+    }
+    dc->mapped = 1;
+    return DUET_OK;
+}
+
+/* One pool's unit ids of the sequences over `n_layers` layers of `units` units each (layer-major). */
+static duet_status_t stage_ids(const duet_cache_layout_t *l, uint32_t units, uint32_t n_layers,
+                               const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n, uint32_t **out,
+                               uint32_t *count, duet_err_t *err)
+{
+    size_t per = 0;
+    for (uint32_t i = 0; i < n; i++)
+        per += l->paged ? (n_pages ? n_pages[i] : seqs[i]->n_pages) : 1;
+    *out = NULL;
+    *count = 0;
+    if (!per)
+        return DUET_OK;
+    if (per * n_layers > UINT32_MAX / 2)
+        return duet_err_set(err, DUET_ERR_RANGE, "staging: %zu units in one copy", per * n_layers);
+    uint32_t *ids = malloc(sizeof(uint32_t) * per * n_layers);
+    if (!ids)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    size_t j = 0;
+    for (uint32_t ly = 0; ly < n_layers; ly++)
+        for (uint32_t i = 0; i < n; i++) {
+            const duet_seq_t *s = seqs[i];
+            if (!l->paged) {
+                if (s->slot >= units) {
+                    free(ids);
+                    return duet_err_set(err, DUET_ERR_RANGE, "staging: slot %u of %u", s->slot, units);
+                }
+                ids[j++] = ly * units + s->slot;
+                continue;
+            }
+            uint32_t np = n_pages ? n_pages[i] : s->n_pages;
+            for (uint32_t p = 0; p < np; p++) {
+                if (s->pages[p] >= units) {
+                    free(ids);
+                    return duet_err_set(err, DUET_ERR_RANGE, "staging: page %u of %u", s->pages[p], units);
+                }
+                ids[j++] = ly * units + s->pages[p];
+            }
+        }
+    *out = ids;
+    *count = (uint32_t)j;
+    return DUET_OK;
+}
+
+duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
+                                       const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
+                                       uint64_t *bytes, duet_err_t *err)
+{
+    if (bytes)
+        *bytes = 0;
+    if (!dc->mapped)
+        return duet_err_set(err, DUET_ERR_INVALID, "staging: the host pools are not mapped");
+    for (uint32_t i = 0; i < n; i++) {
+        if (!seqs[i] || !seqs[i]->has_slot)
+            return duet_err_set(err, DUET_ERR_INVALID, "staging: sequence %u has no slot", i);
+        if (n_pages && n_pages[i] > seqs[i]->n_pages)
+            return duet_err_set(err, DUET_ERR_INVALID, "staging: %u pages asked of a sequence holding %u",
+                                n_pages[i], seqs[i]->n_pages);
+    }
+    if (!n)
+        return DUET_OK;
+    duet_cache_layer_t v;
+    if (layer >= 0 && duet_kv_cache_layer(dc->host, layer, &v) != DUET_OK)
+        return duet_err_set(err, DUET_ERR_RANGE, "staging: no layer %d", layer);
+    uint32_t np = duet_kv_cache_n_pages(dc->host), ns = duet_kv_cache_n_slots(dc->host);
+    uint64_t moved = 0;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(dc->host, (duet_pool_kind_t)k);
+        uint8_t *hb = duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)k);
+        if (!dc->mem[k] || !dc->hmap[k] || !hb || !l->n_layers)
+            continue;
+        size_t off = 0;
+        uint32_t n_layers = l->n_layers, units = l->paged ? np : ns;
+        if (layer >= 0) {
+            if (!v.base[k])
+                continue; /* this layer has no such pool */
+            off = (size_t)(v.base[k] - hb);
+            n_layers = 1;
+            units = v.n_units[k];
+        }
+        uint32_t *ids = NULL, cnt = 0;
+        TRY(stage_ids(l, units, n_layers, seqs, n_pages, n, &ids, &cnt, err));
+        if (!cnt)
+            continue;
+        uint8_t *dev = dc->mem[k] + off, *host = dc->hmap[k] + off;
+        duet_status_t st = dir == DUET_STAGE_TO_HOST
+                               ? duet_cuda_pages_copy(dc->c, host, ids, dev, ids, cnt, l->page_bytes)
+                               : duet_cuda_pages_copy(dc->c, dev, ids, host, ids, cnt, l->page_bytes);
+        free(ids);
+        if (st != DUET_OK)
+            return cuda_fail(dc->c, st, err);
+        moved += (uint64_t)cnt * l->page_bytes;
+    }
+    if (duet_cuda_sync(dc->c) != DUET_OK)
+        return cuda_fail(dc->c, DUET_ERR_CUDA, err);
+    if (bytes)
+        *bytes = moved;
     return DUET_OK;
 }
 

@@ -52,6 +52,29 @@ uint8_t *duet_kv_cache_cuda_pool_base(const duet_kv_cache_cuda_t *dc, duet_pool_
 duet_status_t duet_kv_cache_cuda_copy_seq(duet_kv_cache_cuda_t *dc, const duet_seq_t *src, duet_seq_t *dst,
                                           duet_err_t *err);
 
+/* The data plane through staging (docs/SERVERS.md, "On the GPU").  Where UCX cannot register
+ * device memory, the host pools stay the transfer's memory and mirror the device pools unit for
+ * unit: a sender copies a finished layer's units device -> host before putting them, a receiver
+ * copies what arrived host -> device before decoding.  The copies are batched page-copy kernels
+ * (one launch per pool per call, never one cudaMemcpy per page) that write or read the host
+ * pools through the device's mapping of them. */
+
+/* Pin and map every host pool (cudaHostRegister), once, before any staging copy; undone by
+ * duet_kv_cache_cuda_destroy().  Idempotent. */
+duet_status_t duet_kv_cache_cuda_map_host(duet_kv_cache_cuda_t *dc, duet_err_t *err);
+
+typedef enum { DUET_STAGE_TO_HOST = 0, DUET_STAGE_TO_DEVICE = 1 } duet_stage_dir_t;
+
+/* Copy the units of `n` sequences between the device pools and the mapped host pools: the first
+ * n_pages[i] pages of seqs[i] (n_pages NULL: all of its pages) in every paged pool and its slot
+ * in the ring and state pools.  layer >= 0: that layer's units only (the pools it has), one
+ * launch per pool; layer < 0: every layer, one launch per pool.  Returns once the copy is
+ * complete; *bytes (optional) gets the bytes moved.  INVALID before duet_kv_cache_cuda_map_host,
+ * for a sequence without a slot, or for more pages than it holds; RANGE for a unit out of range. */
+duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
+                                       const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
+                                       uint64_t *bytes, duet_err_t *err);
+
 /* What one forward call moved and computed (for roofline ratios). */
 typedef struct {
     double weight_bytes; /* weight bytes the matmuls read (each routed expert once) */

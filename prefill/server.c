@@ -21,6 +21,7 @@
 #include "msg.h"
 #include "sampling.h"
 #include "time_util.h"
+#include "worker_engine.h"
 #include "worker_net.h"
 #include "xfer.h"
 
@@ -54,13 +55,14 @@ typedef struct {
     duet_worker_opts_t o;
     duet_model_t *model;
     duet_kv_cache_t *cache;
+    duet_worker_engine_t eng; /* where the forward runs (--device) */
     duet_hicache_t *hc;       /* prefix cache, NULL when off */
     uint64_t hc_logged;       /* lookups at the last stats line */
     uint64_t hc_log_ns;
     duet_worker_net_t net;
     preq_t *head, *tail;
     uint32_t n_queued, n_live;
-    float *logits;            /* (MAX_FINALS, vocab): last-token logits of the requests finishing this step */
+    float *logits;            /* (MAX_FINALS, vocab): last-token logits of the requests finishing this step (eng's) */
     /* step scratch for the layer hook */
     preq_t **finals;
     uint32_t n_finals;
@@ -372,6 +374,19 @@ static duet_status_t layer_done(void *arg, int layer)
     duet_worker_notify_watchdog(&s->net);
     const duet_model_config_t *c = &s->model->cfg;
     int ratio = c->compress_ratios[layer], ri = duet_cfg_ratio_layer_index(c, layer);
+    if (duet_worker_engine_on_gpu(&s->eng) && s->n_finals) {
+        /* the layer's units of the requests finishing now: device pools -> host pools (the data
+         * plane's memory), one batched copy, complete before any put reads them */
+        const duet_seq_t *seqs[MAX_FINALS];
+        duet_err_t err = {0};
+        for (uint32_t i = 0; i < s->n_finals; i++)
+            seqs[i] = &s->finals[i]->seq;
+        duet_status_t st = duet_worker_engine_to_host(&s->eng, layer, seqs, s->n_finals, &err);
+        if (st != DUET_OK) {
+            duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
+            return st;
+        }
+    }
     for (uint32_t i = 0; i < s->n_finals; i++) {
         preq_t *r = s->finals[i];
         duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_SWA_KV, (uint32_t)layer);
@@ -520,7 +535,7 @@ static void prefill_step(psrv_t *s)
     for (uint32_t i = 0; i < n; i++)
         owners[i]->in_step = 1;
     duet_err_t err = {0};
-    duet_status_t st = duet_forward_hooked(s->model, s->cache, items, (int)n, layer_done, s, &err);
+    duet_status_t st = duet_worker_engine_forward(&s->eng, items, (int)n, layer_done, s, &err);
     for (uint32_t i = 0; i < n; i++)
         owners[i]->in_step = 0;
     if (st != DUET_OK) {
@@ -580,9 +595,11 @@ int main(int argc, char **argv)
             return 2;
         goto fail;
     }
-    S.logits = duet_malloc_array(MAX_FINALS, (size_t)S.model->cfg.vocab_size * sizeof(float));
+    if (duet_worker_engine_open(&S.eng, &S.o, S.model, S.cache, MAX_FINALS, &err) != DUET_OK)
+        goto fail;
+    S.logits = S.eng.logits;
     S.finals = duet_calloc(MAX_FINALS, sizeof(preq_t *));
-    if (!S.logits || !S.finals) {
+    if (!S.finals) {
         duet_err_set(&err, DUET_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -601,9 +618,12 @@ int main(int argc, char **argv)
     }
     if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
         goto fail;
-    duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, budget %u tokens/step)", S.o.id,
-              S.o.listen, S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
-              duet_cache_dtype_name(S.o.cache.index_k_dtype), S.o.token_budget);
+    char dev[32];
+    duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, budget %u tokens/step, device %s%s)",
+              S.o.id, S.o.listen, S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
+              duet_cache_dtype_name(S.o.cache.index_k_dtype), S.o.token_budget,
+              duet_worker_device_name(&S.o, dev, sizeof dev),
+              duet_worker_engine_on_gpu(&S.eng) ? "; transfers staged through the host pools" : "");
     duet_worker_notify_ready(&S.o);
     while (!g_stop) {
         int busy = 0;
@@ -642,7 +662,8 @@ done:
         unlink_req(&S, S.head);
     hicache_log(&S, 1);
     duet_hicache_destroy(&S.hc); /* after every request ended: the tree's pages go back to the cache */
-    free(S.logits);
+    duet_worker_engine_log_stats(&S.eng, S.o.id ? S.o.id : "prefill");
+    duet_worker_engine_close(&S.eng); /* before the cache: it unmaps the host pools */
     free(S.finals);
     duet_kv_cache_destroy(&S.cache);
     duet_model_destroy(&S.model);

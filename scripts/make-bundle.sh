@@ -16,9 +16,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUNDLE="$ROOT/.bundle"
 
 # Runtime packages of duet-check-ops and the other duet binaries (sonames:
-# libjansson.so.4, libxxhash.so.0).  CUDA's own libraries (cudart is linked
+# libjansson.so.4, libxxhash.so.0), and of duet-prefill, duet-decode and
+# duet-driver (scripts/device-pd.sh): UCX, NNG (with mbedtls), protobuf-c,
+# libsystemd and what those link.  The device scripts put on the library path
+# only the sonames the image lacks.  CUDA's own libraries (cudart is linked
 # statically; cuBLAS/cuBLASLt 13) come from the device image.
-PACKAGES=(libjansson4 libxxhash0)
+PACKAGES=(libjansson4 libxxhash0
+          libucx0 libnuma1 libnng1 libmbedtls14 libmbedx509-1 libmbedcrypto7 libprotobuf-c1
+          libsystemd0 libcap2 libgcrypt20 libgpg-error0 liblz4-1 liblzma5 libzstd1)
 [ $# -gt 0 ] && PACKAGES=("$@")
 
 command -v apt-get >/dev/null || { echo "make-bundle: apt-get is missing (Debian/Ubuntu only)" >&2; exit 1; }

@@ -21,6 +21,13 @@
  * context, each beside its roofline: max(bytes / copy bandwidth, FLOPs /
  * bf16 GEMM rate), both ceilings measured in the same run.
  *
+ * Staging mode (--staging N): the workers' data-plane copies (forward_cuda.h,
+ * duet_kv_cache_cuda_stage) for one N-token sequence: device pools -> mapped
+ * host pools layer by layer (what duet-prefill does from its layer hook) and
+ * in one call, host -> device in one call (what duet-decode does on
+ * TransferDone), each checked byte for byte and timed (median of 7) beside
+ * pinned cudaMemcpy in both directions measured in the same run.
+ *
  * Exit status: 0 all within tolerance (check) / ran (bench), 1 a check
  * failed, 2 usage or device error. */
 #include <errno.h>
@@ -41,7 +48,7 @@
 
 typedef struct {
     const char *model_dir;
-    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx;
+    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging;
     int batches[8], n_batches;
     uint64_t seed;
     double tol;
@@ -500,6 +507,136 @@ fail:
     return 2;
 }
 
+/* ---- staging ---- */
+
+/* 1 when every unit of `s` (its pages, its slot) is equal in the host and device pools. */
+static int stage_equal(gpu_t *g, const duet_seq_t *s, duet_err_t *err)
+{
+    uint32_t np = duet_kv_cache_n_pages(g->hc), ns = duet_kv_cache_n_slots(g->hc);
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(g->hc, (duet_pool_kind_t)k);
+        const uint8_t *hb = duet_kv_cache_pool_base(g->hc, (duet_pool_kind_t)k);
+        const uint8_t *db = duet_kv_cache_cuda_pool_base(g->dc, (duet_pool_kind_t)k);
+        size_t bytes = duet_kv_cache_pool_bytes(g->hc, (duet_pool_kind_t)k);
+        if (!hb || !db || !bytes || !l->n_layers)
+            continue;
+        uint8_t *buf = malloc(bytes);
+        if (!buf || duet_cuda_download(g->cu, buf, db, bytes) != DUET_OK) {
+            free(buf);
+            *err = *duet_cuda_error(g->cu);
+            return -1;
+        }
+        uint32_t units = l->paged ? np : ns, per = l->paged ? s->n_pages : 1;
+        for (uint32_t ly = 0; ly < l->n_layers; ly++)
+            for (uint32_t j = 0; j < per; j++) {
+                size_t off = ((size_t)ly * units + (l->paged ? s->pages[j] : s->slot)) * l->page_bytes;
+                if (memcmp(hb + off, buf + off, l->page_bytes) != 0) {
+                    fprintf(stderr, "check-forward: staging: pool %d layer %u unit %u differs\n", k, ly, j);
+                    free(buf);
+                    return 0;
+                }
+            }
+        free(buf);
+    }
+    return 1;
+}
+
+static int staging(const args_t *a, const duet_model_t *m, gpu_t *g)
+{
+    duet_err_t err = {0};
+    int tokens = a->staging, L = m->cfg.num_hidden_layers, reps = 7, bad = 0;
+    uint32_t per = (uint32_t)((tokens + a->opts.page_tokens - 1) / a->opts.page_tokens);
+    double h2d_pin = 0, d2h_pin = 0;
+    if (duet_cuda_measure_host_copy(g->cu, (size_t)1 << 30, 0, 5, &d2h_pin) != DUET_OK ||
+        duet_cuda_measure_host_copy(g->cu, (size_t)1 << 30, 1, 5, &h2d_pin) != DUET_OK) {
+        fprintf(stderr, "check-forward: ceilings: %s\n", duet_err_text(duet_cuda_error(g->cu)));
+        return 2;
+    }
+    /* two sequences: the timed one (the second) holds pages per..2*per-1 and slot 1 */
+    duet_seq_t s0 = {0}, s1 = {0};
+    if (gpu_cache(g, m, &a->opts, 2 * per + 1, 2, &err) || duet_kv_cache_cuda_map_host(g->dc, &err) != DUET_OK ||
+        duet_seq_init(g->hc, &s0, &err) != DUET_OK || duet_seq_reserve(g->hc, &s0, tokens, &err) != DUET_OK ||
+        duet_seq_init(g->hc, &s1, &err) != DUET_OK || duet_seq_reserve(g->hc, &s1, tokens, &err) != DUET_OK)
+        goto fail;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        uint8_t *db = duet_kv_cache_cuda_pool_base(g->dc, (duet_pool_kind_t)k);
+        size_t bytes = duet_kv_cache_pool_bytes(g->hc, (duet_pool_kind_t)k);
+        if (db && bytes && duet_cuda_fill_random(g->cu, db, bytes, DUET_DT_U8, 1234 + (uint64_t)k) != DUET_OK) {
+            err = *duet_cuda_error(g->cu);
+            goto fail;
+        }
+    }
+    const duet_seq_t *one[1] = {&s1};
+    double t_layer[16], t_all[16], t_up[16];
+    uint64_t bytes = 0, b = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = duet_time_s();
+        bytes = 0;
+        for (int l = 0; l < L; l++) {
+            if (duet_kv_cache_cuda_stage(g->dc, DUET_STAGE_TO_HOST, l, one, NULL, 1, &b, &err) != DUET_OK)
+                goto fail;
+            bytes += b;
+        }
+        t_layer[r] = duet_time_s() - t0;
+        t0 = duet_time_s();
+        if (duet_kv_cache_cuda_stage(g->dc, DUET_STAGE_TO_HOST, -1, one, NULL, 1, &b, &err) != DUET_OK)
+            goto fail;
+        t_all[r] = duet_time_s() - t0;
+        if (b != bytes) {
+            fprintf(stderr, "check-forward: staging: %llu bytes layer by layer, %llu in one call\n",
+                    (unsigned long long)bytes, (unsigned long long)b);
+            bad = 1;
+        }
+        int eq = stage_equal(g, &s1, &err);
+        if (eq < 0)
+            goto fail;
+        bad |= !eq;
+        /* the way back: clobber the device copy, then host -> device */
+        for (int k = 0; k < DUET_POOL_COUNT; k++) {
+            uint8_t *db = duet_kv_cache_cuda_pool_base(g->dc, (duet_pool_kind_t)k);
+            size_t pb = duet_kv_cache_pool_bytes(g->hc, (duet_pool_kind_t)k);
+            if (db && pb && duet_cuda_fill_random(g->cu, db, pb, DUET_DT_U8, 99 + (uint64_t)r) != DUET_OK) {
+                err = *duet_cuda_error(g->cu);
+                goto fail;
+            }
+        }
+        if (duet_cuda_sync(g->cu) != DUET_OK) {
+            err = *duet_cuda_error(g->cu);
+            goto fail;
+        }
+        t0 = duet_time_s();
+        if (duet_kv_cache_cuda_stage(g->dc, DUET_STAGE_TO_DEVICE, -1, one, NULL, 1, &b, &err) != DUET_OK)
+            goto fail;
+        t_up[r] = duet_time_s() - t0;
+        eq = stage_equal(g, &s1, &err);
+        if (eq < 0)
+            goto fail;
+        bad |= !eq;
+    }
+    qsort(t_layer, (size_t)reps, sizeof(double), cmp_double);
+    qsort(t_all, (size_t)reps, sizeof(double), cmp_double);
+    qsort(t_up, (size_t)reps, sizeof(double), cmp_double);
+    double tl = t_layer[reps / 2], ta = t_all[reps / 2], tu = t_up[reps / 2];
+    printf("staging ceilings: pinned cudaMemcpy device->host %.1f GB/s, host->device %.1f GB/s (1 GiB)\n", d2h_pin,
+           h2d_pin);
+    printf("staging %d tokens (%u pages, %d layers, kv %s, index-k %s): %.2f MB a request; bytes %s\n", tokens, per, L,
+           duet_cache_dtype_name(a->opts.kv_dtype), duet_cache_dtype_name(a->opts.index_k_dtype), bytes / 1e6,
+           bad ? "DIFFER" : "equal both ways");
+    printf("staging device->host, layer by layer (%d calls, as prefill): %.3f ms, %.1f GB/s = %.0f%% of pinned\n", L,
+           tl * 1e3, bytes / tl / 1e9, 100.0 * bytes / tl / 1e9 / d2h_pin);
+    printf("staging device->host, one call: %.3f ms, %.1f GB/s = %.0f%% of pinned\n", ta * 1e3, bytes / ta / 1e9,
+           100.0 * bytes / ta / 1e9 / d2h_pin);
+    printf("staging host->device, one call (as decode): %.3f ms, %.1f GB/s = %.0f%% of pinned\n", tu * 1e3,
+           bytes / tu / 1e9, 100.0 * bytes / tu / 1e9 / h2d_pin);
+    duet_seq_release(g->hc, &s0);
+    duet_seq_release(g->hc, &s1);
+    gpu_cache_free(g);
+    return bad ? 1 : 0;
+fail:
+    fprintf(stderr, "check-forward: staging: %s\n", duet_err_text(&err));
+    return 2;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: duet-check-forward --model DIR [options]\n"
@@ -509,6 +646,7 @@ static void usage(FILE *f)
                "  --chunk N                 chunk size of the invariance check's chunked prefill (default 7)\n"
                "  --invariance N,S          prompts and steps of the invariance check (default 4,8)\n"
                "  --bench                   timings instead: --ctx N (default 4096), --batches 1,32\n"
+               "  --staging N               the workers' staging copies for an N-token sequence, checked and timed\n"
                "  --device N --seed S --page-tokens N\n");
 }
 
@@ -518,12 +656,13 @@ int main(int argc, char **argv)
                 .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
                 .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
     enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
-           O_HELP };
+           O_STAGE, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
-        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -563,11 +702,12 @@ int main(int argc, char **argv)
         case O_DEV: a.device = atoi(optarg); break;
         case O_SEED: a.seed = strtoull(optarg, NULL, 10); break;
         case O_PT: a.opts.page_tokens = atoi(optarg); break;
+        case O_STAGE: a.staging = atoi(optarg); break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (!a.model_dir || a.n_prompts < 1 || a.n_tokens < 1) {
+    if (!a.model_dir || a.n_prompts < 1 || a.n_tokens < 1 || a.staging < 0 || a.staging > (1 << 24)) {
         usage(stderr);
         return 2;
     }
@@ -576,7 +716,7 @@ int main(int argc, char **argv)
     gpu_t g = {0};
     double t0 = duet_time_s();
     if (duet_model_load(a.model_dir, &m, &err) != DUET_OK || duet_cuda_create(a.device, &g.cu, &err) != DUET_OK ||
-        duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK) {
+        (!a.staging && duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK)) {
         fprintf(stderr, "duet-check-forward: %s\n", duet_err_text(&err));
         duet_model_cuda_destroy(&g.mc);
         duet_cuda_destroy(&g.cu);
@@ -586,8 +726,8 @@ int main(int argc, char **argv)
     duet_cuda_info_t info;
     duet_cuda_info(g.cu, &info);
     fprintf(stderr, "duet-check-forward: %s: loaded and uploaded in %.1f s (%.2f GB on %s)\n", a.model_dir,
-            duet_time_s() - t0, duet_model_cuda_weight_bytes(g.mc) / 1e9, info.name);
-    int rc = a.bench ? bench(&a, m, &g) : check(&a, m, &g);
+            duet_time_s() - t0, g.mc ? duet_model_cuda_weight_bytes(g.mc) / 1e9 : 0.0, info.name);
+    int rc = a.staging ? staging(&a, m, &g) : a.bench ? bench(&a, m, &g) : check(&a, m, &g);
     duet_model_cuda_destroy(&g.mc);
     duet_cuda_destroy(&g.cu);
     duet_model_destroy(&m);

@@ -310,6 +310,8 @@ duet_status_t duet_worker_start(const char *role, int argc, char **argv, duet_wo
         *exit_code = 2;
         return DUET_ERR_INVALID;
     }
+    if ((st = duet_worker_opts_check_device(o, err)) != DUET_OK)
+        return st; /* before the model loads: a build or option that cannot serve says so at once */
     g_stop_flag = stop_flag;
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);

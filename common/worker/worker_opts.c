@@ -8,9 +8,10 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "duet_config.h"
 #include "hicache.h"
 
-typedef enum { OPT_STR, OPT_U32, OPT_BOOL, OPT_DTYPE, OPT_F64, OPT_POLICY } opt_type_t;
+typedef enum { OPT_STR, OPT_U32, OPT_BOOL, OPT_DTYPE, OPT_F64, OPT_POLICY, OPT_DEVICE } opt_type_t;
 
 typedef struct {
     const char *name;
@@ -44,6 +45,7 @@ static const opt_def_t defs[] = {
     {"hicache-host-gib", OPT_F64, OFF(hicache_host_gib), "prefill: prefix cache host tier in GiB (default 0)"},
     {"hicache-policy", OPT_POLICY, OFF(hicache_policy),
      "prefill: write-through|write-through-selective:N|write-back (default write-through)"},
+    {"device", OPT_DEVICE, OFF(device), "where the forward runs: cpu|cuda[:N] (default cpu; cuda needs a CUDA build)"},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -112,6 +114,25 @@ static duet_status_t set_value(duet_worker_opts_t *o, const opt_def_t *d, const 
         o->hicache_selective_hits = n;
         return DUET_OK;
     }
+    case OPT_DEVICE: {
+        int dev = -1;
+        if (strcmp(sval, "cpu") != 0) {
+            char *end = NULL;
+            unsigned long v = 0;
+            if (strncmp(sval, "cuda", 4) != 0 || (sval[4] != 0 && sval[4] != ':'))
+                return duet_err_set(err, DUET_ERR_CONFIG, "option \"%s\": \"%s\" is not cpu, cuda or cuda:N",
+                                    d->name, sval);
+            if (sval[4] == ':') {
+                v = strtoul(sval + 5, &end, 10);
+                if (!sval[5] || *end || v > 1023)
+                    return duet_err_set(err, DUET_ERR_CONFIG, "option \"%s\": \"%s\" names no device number",
+                                        d->name, sval);
+            }
+            dev = (int)v;
+        }
+        *(int *)(void *)base = dev;
+        return DUET_OK;
+    }
     case OPT_DTYPE: {
         int dt = duet_cache_dtype_parse(sval);
         if (dt != DUET_CACHE_FP8 && dt != DUET_CACHE_BF16)
@@ -147,6 +168,7 @@ duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, in
     o->cache.page_tokens = 256;
     o->cache.kv_dtype = DUET_CACHE_FP8;
     o->cache.index_k_dtype = DUET_CACHE_FP8;
+    o->device = -1;
     duet_status_t st;
     /* config file first */
     for (int i = 1; i + 1 < argc; i++)
@@ -206,6 +228,31 @@ duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, in
     if (o->pages == 0 || o->slots == 0 || o->max_batch == 0 || o->token_budget == 0)
         return duet_err_set(err, DUET_ERR_CONFIG, "pages, slots, max-batch and token-budget must be positive");
     return DUET_OK;
+}
+
+duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_err_t *err)
+{
+    if (o->device < 0)
+        return DUET_OK;
+    if (!DUET_HAVE_CUDA)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                            "--device cuda:%d: this build has no CUDA backend (configure with -Dcuda=enabled)",
+                            o->device);
+    if (o->hicache_device_pages || o->hicache_host_gib > 0)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                            "--device cuda:%d with the prefix cache (--hicache-*): HiCache does not run on the "
+                            "GPU yet (docs/HICACHE.md)",
+                            o->device);
+    return DUET_OK;
+}
+
+const char *duet_worker_device_name(const duet_worker_opts_t *o, char *buf, size_t len)
+{
+    if (o->device < 0)
+        snprintf(buf, len, "cpu");
+    else
+        snprintf(buf, len, "cuda:%d", o->device);
+    return buf;
 }
 
 void duet_worker_opts_fini(duet_worker_opts_t *o)

@@ -31,6 +31,7 @@ typedef struct {
     double hicache_host_gib;        /* host tier size in GiB (fractional allowed) */
     int hicache_policy;             /* duet_hicache_policy_t */
     uint32_t hicache_selective_hits;/* write-through-selective: N */
+    int device;                     /* where the forward runs: -1 the CPU, N >= 0 CUDA device N */
 } duet_worker_opts_t;
 
 /* Defaults, then the config file (if --config), then the flags.  Returns
@@ -38,6 +39,11 @@ typedef struct {
 duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, int argc, char **argv,
                                      duet_err_t *err);
 void duet_worker_opts_fini(duet_worker_opts_t *o);
+/* What the options ask of this build: --device cuda needs the CUDA backend, and the prefix
+ * cache is not on the GPU yet (DUET_ERR_UNSUPPORTED with the reason). */
+duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_err_t *err);
+/* "cpu" or "cuda:N" */
+const char *duet_worker_device_name(const duet_worker_opts_t *o, char *buf, size_t len);
 void duet_worker_opts_usage(const char *role);
 
 #endif

@@ -233,6 +233,30 @@ extern "C" void duet_cuda_host_free(duet_cuda_t *c, void *p)
         cudaFreeHost(p);
 }
 
+extern "C" duet_status_t duet_cuda_host_register(duet_cuda_t *c, void *p, size_t bytes, void **dev)
+{
+    *dev = NULL;
+    if (!p || !bytes)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "host_register: empty range");
+    DUET_CUDA_CHECK(c, cudaSetDevice(c->device));
+    DUET_CUDA_CHECK(c, cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    cudaError_t e = cudaHostGetDevicePointer(dev, p, 0);
+    if (e != cudaSuccess) {
+        cudaHostUnregister(p);
+        *dev = NULL;
+        return duet_cuda_failf(c, DUET_ERR_CUDA, "cudaHostGetDevicePointer() on device %d: %s", c->device,
+                               cudaGetErrorString(e));
+    }
+    return DUET_OK;
+}
+
+extern "C" void duet_cuda_host_unregister(duet_cuda_t *c, void *p)
+{
+    (void)c;
+    if (p)
+        cudaHostUnregister(p);
+}
+
 extern "C" duet_status_t duet_cuda_timer_start(duet_cuda_t *c)
 {
     DUET_CUDA_CHECK(c, cudaEventRecord(c->t0, c->stream));

@@ -62,6 +62,10 @@ duet_status_t duet_cuda_memset(duet_cuda_t *c, void *p, int byte, size_t bytes);
 /* Pinned host memory, mapped into the device's address space (usable by kernels directly: the host tier). */
 duet_status_t duet_cuda_host_alloc(duet_cuda_t *c, void **p, size_t bytes);
 void duet_cuda_host_free(duet_cuda_t *c, void *p);
+/* Pin and map existing host memory (cudaHostRegister, mapped and portable) so kernels can read and
+ * write it; *dev is its address on the device.  Unregister before the memory is freed. */
+duet_status_t duet_cuda_host_register(duet_cuda_t *c, void *p, size_t bytes, void **dev);
+void duet_cuda_host_unregister(duet_cuda_t *c, void *p);
 /* Plain stream-ordered copy (any direction; cudaMemcpyAsync). */
 duet_status_t duet_cuda_memcpy(duet_cuda_t *c, void *dst, const void *src, size_t bytes);
 

@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """Integration tests of duet-prefill + duet-decode (DESIGN §2, §3; issue acceptance).
 
-Real processes on loopback (NNG over ipc://, UCX over tcp), the CPU backend,
+Real processes on loopback (NNG over ipc://, UCX over tcp), the CPU backend
+(--device cuda[:N]: both workers and the oracle on the GPU, a CUDA build),
 duet-driver playing the router, duet-generate as the single-process oracle.
 
   pdtest.py --build BUILD --model MODEL SCENARIO [options]
 
 Scenarios: exact, abort-storm, mass-abort, kill-prefill, kill-decode,
-wait-deadline, two-by-two, bad-input, hicache.  Each prints what it checked and ends
-with "N passed, N failed"; the exit status is non-zero on any failure.
-Standard library only.
+wait-deadline, two-by-two, bad-input, hicache, decode-rate, device-flag.  Each prints what it
+checked and ends with "N passed, N failed"; the exit status is non-zero on any
+failure.  Standard library only.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +25,7 @@ import tempfile
 import time
 
 VOCAB = 129280
+DEVICE = "cpu"  # --device: where the workers and duet-generate run the forward
 
 
 class Cluster:
@@ -37,6 +41,8 @@ class Cluster:
         self.env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp,self"), DUET_LOG_LEVEL="info")
         common = ["--model", model, "--kv-dtype", kv, "--index-k-dtype", ik, "--pages", str(pages),
                   "--slots", str(slots), "--events", self.events, "--verify-checksums"]
+        if DEVICE != "cpu":
+            common += ["--device", DEVICE]
         self.prefill = [f"ipc://{self.dir}/p{i}.sock" for i in range(n_prefill)]
         self.decode = [f"ipc://{self.dir}/d{i}.sock" for i in range(n_decode)]
         for i, url in enumerate(self.prefill):
@@ -55,8 +61,8 @@ class Cluster:
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
 
-    def wait_ready(self, url, timeout=30):
-        end = time.time() + timeout
+    def wait_ready(self, url, timeout=None):
+        end = time.time() + (timeout or (120 if DEVICE != "cpu" else 30))  # a GPU worker uploads its weights first
         while time.time() < end:
             if self.state(url, quiet=True) is not None:
                 return
@@ -135,7 +141,24 @@ def make_requests(n, seed, lengths=None, max_tokens=12, sampled_share=0.5, prefi
     return out
 
 
+_REFS = {}
+
+
 def reference(build, model, r, kv, ik):
+    key = (model, kv, ik, DEVICE, json.dumps({k: r[k] for k in ("tokens", "max_tokens", "temperature", "top_p",
+                                                                 "top_k", "seed")}))
+    if key not in _REFS:
+        _REFS[key] = _reference(build, model, r, kv, ik)
+    return _REFS[key]
+
+
+def references(build, model, reqs, kv, ik):
+    """duet-generate for every request, several at a time (each is a process of its own)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as ex:
+        return list(ex.map(lambda r: reference(build, model, r, kv, ik), reqs))
+
+
+def _reference(build, model, r, kv, ik):
     with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
         f.write(",".join(map(str, r["tokens"])))
         path = f.name
@@ -143,6 +166,8 @@ def reference(build, model, r, kv, ik):
             str(r["max_tokens"]), "--kv-dtype", kv, "--index-k-dtype", ik, "--stop-at-eos",
             "--temperature", str(r["temperature"]), "--top-p", str(r["top_p"]), "--top-k", str(r["top_k"]),
             "--seed", str(r["seed"])]
+    if DEVICE != "cpu":
+        argv += ["--device", DEVICE]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     os.unlink(path)
     if p.returncode != 0:
@@ -169,10 +194,10 @@ class Report:
 def compare_all(rep, a, reqs, results, label, only_ok=False):
     mism = 0
     checked = 0
-    for r in reqs:
+    todo = [r for r in reqs if not only_ok or (results.get(r["rid"]) or {}).get("status") == "ok"]
+    references(a.build, a.model, todo, a.kv, a.ik)
+    for r in todo:
         got = results.get(r["rid"])
-        if only_ok and (not got or got["status"] != "ok"):
-            continue
         want = reference(a.build, a.model, r, a.kv, a.ik)
         checked += 1
         if not got or got["status"] != "ok" or got["tokens"] != want:
@@ -191,11 +216,48 @@ def sc_exact(a, rep):
     try:
         for conc in a.concurrency:
             res, err = c.run(reqs, concurrency=conc)
+            if len(res) < len(reqs) or any(r["status"] != "ok" for r in res.values()):
+                print("     duet-driver said:\n" + "\n".join("       " + l for l in err.splitlines()[-25:]), flush=True)
             compare_all(rep, a, reqs, res, f"kv={a.kv} index-k={a.ik} concurrency {conc}")
         ok, st = c.wait_clean(c.decode[0])
         rep.check(ok, f"decode holds nothing afterwards ({st and st['pages_free']}/{c.pages} pages free)")
     finally:
         c.stop()
+    print_staging(c)
+
+
+def print_staging(c):
+    """The workers' staging counters (--device cuda), logged as they exit."""
+    for name in ("p0", "d0"):
+        for line in c.log(name).splitlines():
+            if ": staging " in line or "tokens/s of step time" in line:
+                print(f"     {name}: {re.sub(r'^.*? [a-z_]+[.]c:[0-9]+ ', '', line)}", flush=True)
+
+
+def sc_decode_rate(a, rep):
+    """Decode throughput: `--rate-requests` requests (default 32) of --rate-prompt tokens, each
+    generating --rate-tokens tokens (ignore_eos), all at once after one warm-up request."""
+    n, plen, ntok = a.rate_requests, a.rate_prompt, a.rate_tokens
+    warm = make_requests(1, a.seed + 5, lengths=[plen], max_tokens=4, sampled_share=0.0, prefix="w")
+    reqs = make_requests(n, a.seed, lengths=[plen], max_tokens=ntok, sampled_share=0.0, prefix="q")
+    for r in reqs:
+        r["ignore_eos"] = True
+    c = Cluster(a.build, a.model, a.kv, a.ik, slots=max(64, n + 2),
+                pages=max(256, n * ((plen + ntok + 255) // 256) + 8))
+    try:
+        c.run(warm, concurrency=1)
+        t0 = time.time()
+        res, err = c.run(reqs, concurrency=n)
+        wall = time.time() - t0
+        done = [r for r in res.values() if r["status"] == "ok" and len(r["tokens"]) == ntok]
+        rep.check(len(done) == n, f"decode rate: {len(done)} of {n} requests generated {ntok} tokens")
+        print(f"     decode rate: {n} requests x {ntok} tokens (prompt {plen}) at concurrency {n}: wall {wall:.2f} s, "
+              f"{n * ntok / wall:.0f} tokens/s end to end (prefill included)", flush=True)
+        ok, st = c.wait_clean(c.decode[0])
+        rep.check(ok, "decode holds nothing afterwards")
+    finally:
+        c.stop()
+    print_staging(c)
 
 
 def sc_abort_storm(a, rep):
@@ -420,6 +482,25 @@ def sc_hicache(a, rep):
                   f"host {fields.get('evicted_host_pages')} pages)")
 
 
+def sc_device_flag(a, rep):
+    """--device: a bad value is a usage error; cuda without the CUDA backend, and cuda with the prefix
+    cache, are refused at start with UNSUPPORTED (before the model loads: nothing listens)."""
+    cfg = open(os.path.join(a.build, "duet_config.h")).read()
+    has_cuda = "DUET_HAVE_CUDA 1" in cfg
+    d = tempfile.mkdtemp(prefix="duet-pd-dev-")
+    cases = [("prefill", ["--device", "gpu"], 2, "CONFIG"),
+             ("decode", ["--device", "cuda:x"], 2, "CONFIG"),
+             ("prefill", ["--device", "cuda", "--hicache-device-pages", "4"], 1, "UNSUPPORTED")]
+    if not has_cuda:
+        cases += [("prefill", ["--device", "cuda"], 1, "UNSUPPORTED"), ("decode", ["--device", "cuda:1"], 1, "UNSUPPORTED")]
+    for role, extra, want_rc, want in cases:
+        argv = [f"{a.build}/{role}/duet-{role}", "--model", a.model, "--listen", f"ipc://{d}/{role}.sock"] + extra
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        first = (p.stderr.splitlines() or [""])[0]
+        rep.check(p.returncode == want_rc and want in first,
+                  f"duet-{role} {' '.join(extra)}: exit {p.returncode}, \"{first[:110]}\"")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -431,12 +512,19 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--random-lengths", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]: workers and duet-generate (a CUDA build)")
+    ap.add_argument("--rate-requests", type=int, default=32)
+    ap.add_argument("--rate-prompt", type=int, default=128)
+    ap.add_argument("--rate-tokens", type=int, default=128)
     a = ap.parse_args()
     a.concurrency = [int(x) for x in a.concurrency.split(",")]
+    global DEVICE
+    DEVICE = a.device
     rep = Report()
     fn = {"exact": sc_exact, "abort-storm": sc_abort_storm, "mass-abort": sc_mass_abort,
           "kill-prefill": sc_kill_prefill, "kill-decode": sc_kill_decode, "wait-deadline": sc_wait_deadline,
-          "two-by-two": sc_two_by_two, "bad-input": sc_bad_input, "hicache": sc_hicache}[a.scenario]
+          "two-by-two": sc_two_by_two, "bad-input": sc_bad_input, "hicache": sc_hicache,
+          "decode-rate": sc_decode_rate, "device-flag": sc_device_flag}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 

@@ -1,0 +1,68 @@
+/* Where a worker's forward runs (--device cpu|cuda[:N]), behind one interface
+ * for duet-prefill and duet-decode.
+ *
+ * CPU: duet_forward_hooked() over the host cache; the staging calls do nothing.
+ * CUDA: the weights are uploaded once (duet_model_cuda_t), the forward runs on
+ * the GPU (duet_forward_cuda_ex) over device pools that mirror the host cache
+ * unit for unit (same pages, same slots: allocation stays on the host cache).
+ * The host pools remain the data plane's registered memory, so transfers go
+ * through them (docs/SERVERS.md, "On the GPU"): prefill copies each finished
+ * layer of the requests completing in a step device -> host before its puts
+ * (duet_worker_engine_to_host, from the layer hook), decode copies a request's
+ * received pages and slot host -> device once its TransferDone has been
+ * verified (duet_worker_engine_to_device).  Both are batched page-copy
+ * kernels, one launch per pool, and return once the copy is complete.
+ *
+ * Sampling stays on the host (the logits buffer is pinned on the GPU), so a
+ * token is the same function of (logits, seed, position) on both backends. */
+#ifndef DUET_WORKER_ENGINE_H
+#define DUET_WORKER_ENGINE_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "forward.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "worker_opts.h"
+
+typedef struct {
+    const duet_model_t *model;
+    duet_kv_cache_t *cache;
+    int device;         /* -1: the CPU */
+    void *gpu;          /* CUDA state (context, device weights, device pools); NULL on the CPU */
+    float *logits;      /* (logit_rows, vocab) host rows the forward writes; pinned on the GPU */
+    uint32_t logit_rows;
+    /* staging counters: bytes moved and wall time of the copies (launch to completion) */
+    uint64_t d2h_bytes, d2h_ns, d2h_calls;
+    uint64_t h2d_bytes, h2d_ns, h2d_calls;
+} duet_worker_engine_t;
+
+/* Set up the forward for --device (o->device), over `cache`, with a logits buffer of
+ * `logit_rows` rows.  CUDA: opens the device, uploads the weights, creates the device pools
+ * and maps the host pools for the staging copies. */
+duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker_opts_t *o,
+                                      const duet_model_t *model, duet_kv_cache_t *cache, uint32_t logit_rows,
+                                      duet_err_t *err);
+/* Release everything (safe on a zeroed or half-opened engine). */
+void duet_worker_engine_close(duet_worker_engine_t *e);
+
+static inline int duet_worker_engine_on_gpu(const duet_worker_engine_t *e) { return e->gpu != NULL; }
+
+/* duet_forward_hooked() on the chosen backend (layer_done may be NULL). */
+duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_t *items, int n_items,
+                                         duet_layer_done_fn layer_done, void *arg, duet_err_t *err);
+
+/* GPU: copy layer `layer`'s units of the sequences (all their pages in every paged pool the
+ * layer has, and their slot) from the device pools into the host pools.  CPU: nothing. */
+duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
+                                         uint32_t n, duet_err_t *err);
+/* GPU: copy the first `n_pages` pages (every layer) and the slot of `seq` from the host pools
+ * into the device pools.  CPU: nothing. */
+duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_seq_t *seq, uint32_t n_pages,
+                                           duet_err_t *err);
+
+/* One log line with the staging counters (GPU only). */
+void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who);
+
+#endif

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# device-pd.sh: duet-prefill and duet-decode on the GPU, checked and timed, in one device call.
+#
+# Here (any machine with nvcc; no GPU needed):
+#   scripts/device-pd.sh --prepare
+#       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja the six binaries below;
+#       scripts/make-bundle.sh (UCX, NNG, protobuf-c, ... as Debian packages)
+# There (the device tool; carry the binaries and the bundle):
+#   run(command="bash scripts/device-pd.sh",
+#       carry=["build-fwd/prefill/duet-prefill", "build-fwd/decode/duet-decode",
+#              "build-fwd/tools/duet-driver", "build-fwd/tools/duet-generate",
+#              "build-fwd/tools/duet-mkmodel", "build-fwd/tools/duet-check-forward", ".bundle"])
+#
+# On the GPU: unpacks .bundle and puts on the library path only the sonames the
+# image lacks, regenerates the fixtures (tiny-bf16 seed 1 as the build does; the
+# slice in the background), then:
+#   - staging: duet-check-forward --staging 2000 (the workers' device<->host
+#     copies for a 2000-token request, checked byte for byte, against pinned
+#     cudaMemcpy measured in the same run), tiny and slice;
+#   - tests/pd/pdtest.py --device cuda: `exact` (12 prompts, concurrency 1 and
+#     32) with bf16/bf16 and fp8/fp8 caches, then `abort-storm`: both workers on
+#     the one GPU, every output equal to `duet-generate --device cuda`;
+#   - pdtest `decode-rate`: 32 requests x 128 tokens on tiny and on the slice.
+# Prints one table at the end; logs go to $OUT (elsewhere build-fwd/device-pd/).
+# DUET_CUDA_BUILD names another build directory.
+#
+# Options: --prepare, --no-slice, --quick (exact with 4 prompts, no abort-storm),
+# --rate-only (staging and decode-rate only).
+# Exit status 0 when every check passed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
+RES="${OUT:-$BUILD/device-pd}"
+FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
+BINS="prefill/duet-prefill decode/duet-decode tools/duet-driver tools/duet-generate tools/duet-mkmodel tools/duet-check-forward"
+slice=1 quick=0 checks=1
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare)
+      set -e
+      [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dtests=false -Dgpu_archs=90
+      ninja -C "$BUILD" $BINS
+      "$ROOT/scripts/make-bundle.sh"
+      (cd "$BUILD" && du -ch $BINS) ; du -sh "$ROOT/.bundle"
+      exit 0 ;;
+    --no-slice) slice=0 ;;
+    --quick) quick=1 ;;
+    --rate-only) checks=0 ;;
+    *) echo "usage: scripts/device-pd.sh [--prepare] [--no-slice] [--quick] [--rate-only]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+mkdir -p "$RES" "$FIX"
+LOG="$RES/device-pd.log"
+SUM="$RES/summary.txt"
+: >"$LOG"
+: >"$SUM"
+say() { echo "$@" | tee -a "$LOG"; }
+row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$SUM"; }
+T0=$SECONDS
+
+# Libraries: cuBLAS 13 from the toolkit or the Python wheel; from the bundle only what the image lacks.
+LIBS=/tmp/duet-libs
+mkdir -p "$LIBS" /tmp/bundle
+for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
+export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
+         $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
+  if [ -e "$d/libcublasLt.so.13" ]; then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+    break
+  fi
+done
+for pass in 1 2 3 4 5; do
+  missing="$(for b in $BINS; do ldd "$BUILD/$b" 2>/dev/null | awk '/not found/ {print $1}'; done | sort -u)"
+  [ -z "$missing" ] && break
+  for so in $missing; do
+    f="$(find /tmp/bundle -name "$so" | head -1)"
+    if [ -n "$f" ]; then cp -L "$f" "$LIBS/$so"; else say "device-pd: $so is in neither the image nor the bundle"; fi
+  done
+done
+say "== libraries taken from the bundle: $(ls "$LIBS" | tr '\n' ' ')"
+for b in $BINS; do
+  [ -x "$BUILD/$b" ] || { say "device-pd: $BUILD/$b is missing: run scripts/device-pd.sh --prepare and carry it"; exit 2; }
+  m="$(ldd "$BUILD/$b" 2>&1 | grep 'not found' || true)"
+  [ -z "$m" ] || { say "device-pd: $b: unresolved libraries: $m"; exit 2; }
+done
+say "== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
+nproc | sed 's/^/cpus: /' | tee -a "$LOG"
+
+BIN="$BUILD/tools"
+"$BIN/duet-mkmodel" --preset tiny --seed 1 --out "$FIX/tiny-bf16" >>"$LOG" 2>&1
+slice_pid=""
+if [ "$slice" = 1 ]; then
+  ( start=$SECONDS; "$BIN/duet-mkmodel" --preset slice --out "$FIX/slice" >"$RES/mkmodel-slice.log" 2>&1;
+    echo "slice fixture: exit $? in $((SECONDS - start)) s" >>"$RES/mkmodel-slice.log" ) &
+  slice_pid=$!
+fi
+
+fail=0
+export PYTHONUNBUFFERED=1 UCX_TLS="${UCX_TLS:-tcp,self}"
+
+# staging copies: name, model, kv, index-k
+staging() {
+  local name="$1" model="$2" kv="$3" ik="$4" out="$RES/staging-$1.txt"
+  say "== staging $name"
+  timeout 120 "$BIN/duet-check-forward" --model "$model" --staging 2000 --kv-dtype "$kv" --index-k-dtype "$ik" \
+    >"$out" 2>>"$LOG"
+  local rc=$?
+  cat "$out" >>"$LOG"
+  [ "$rc" = 0 ] || fail=1
+  row "staging $name: exit $rc" "$(grep '^staging [0-9]' "$out" | sed 's/^staging //')"
+  row "  pinned cudaMemcpy" "$(grep '^staging ceilings' "$out" | sed 's/^staging ceilings: pinned cudaMemcpy //')"
+  grep '^staging device\|^staging host' "$out" | sed 's/^staging //' | while read -r l; do row "  ${l%%:*}" "${l#*: }"; done
+}
+
+# pdtest: label, time limit, model, scenario and its options
+pd() {
+  local label="$1" limit="$2" model="$3"; shift 3
+  local out="$RES/pd-$label.txt"
+  if [ $((SECONDS - T0 + limit)) -gt 470 ]; then
+    row "pd $label" "skipped: $((SECONDS - T0)) s spent, it may take $limit s"
+    return
+  fi
+  say "== pdtest $label: $*"
+  timeout -s INT -k 20 "$limit" python3 "$ROOT/tests/pd/pdtest.py" --build "$BUILD" --model "$model" --device cuda "$@" >"$out" 2>&1
+  local rc=$?
+  cat "$out" >>"$LOG"
+  local dirs
+  dirs="$(grep -o '/tmp/duet-pd-[A-Za-z0-9_]*' "$out" | sort -u)"
+  for d in $dirs; do  # what the workers said about their device and data plane
+    grep -h 'device cuda\|CUDA memory\|serving on' "$d"/p0.log "$d"/d0.log 2>/dev/null | head -6 | cut -c1-240 \
+      >>"$RES/workers-$label.txt"
+  done
+  # workers of a run cut short by its limit: end them by id (their command lines name the cluster's directory)
+  for d in $dirs; do
+    for p in $(grep -l -- "$d" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3); do kill -9 "$p" 2>/dev/null; done
+  done
+  if [ "$rc" != 0 ]; then
+    fail=1
+    # keep the workers' logs of the failing clusters
+    [ -n "$dirs" ] && tar -czf "$RES/logs-$label.tgz" -C /tmp $(for d in $dirs; do basename "$d"; done) 2>/dev/null
+  fi
+  row "pd $label: exit $rc" "$(tail -1 "$out")"
+  grep '^ok\|^FAIL\|decode rate:\|: staging \|tokens/s of step time' "$out" | sed 's/^ */    /' | cut -c1-180 |
+    tee -a "$SUM"
+}
+
+staging tiny-fp8 "$FIX/tiny-bf16" fp8 fp8
+n=12; [ "$quick" = 1 ] && n=4
+if [ "$checks" = 1 ]; then
+  pd exact-bf16 150 "$FIX/tiny-bf16" exact --kv bf16 --ik bf16 --n "$n" --concurrency 1,32
+  pd exact-fp8 150 "$FIX/tiny-bf16" exact --kv fp8 --ik fp8 --n "$n" --concurrency 1,32
+  [ "$quick" = 1 ] || pd abort-storm 150 "$FIX/tiny-bf16" abort-storm --kv fp8 --ik fp8
+fi
+pd rate-tiny 90 "$FIX/tiny-bf16" decode-rate --kv fp8 --ik fp8 --rate-requests 32 --rate-prompt 128 --rate-tokens 128
+
+if [ -n "$slice_pid" ]; then
+  wait "$slice_pid"
+  cat "$RES/mkmodel-slice.log" >>"$LOG"
+  row "slice fixture" "$(tail -1 "$RES/mkmodel-slice.log")"
+  if [ $((SECONDS - T0)) -lt 360 ]; then
+    staging slice-bf16 "$FIX/slice" bf16 bf16
+    pd rate-slice 110 "$FIX/slice" decode-rate --kv bf16 --ik bf16 --rate-requests 32 --rate-prompt 512 --rate-tokens 128
+  else
+    row "slice runs" "skipped: $((SECONDS - T0)) s spent already"
+  fi
+fi
+
+echo
+echo "== what the workers logged at start (first run)"
+cat "$(ls "$RES"/workers-*.txt 2>/dev/null | head -1)" 2>/dev/null | sed 's/^[^ ]* //'
+echo
+echo "== summary ($((SECONDS - T0)) s; logs: $RES)"
+cat "$SUM"
+exit $fail
