@@ -20,6 +20,12 @@ static const char ctl_any_rid[] = "";
 #include "log.h"
 #include "time_util.h"
 
+/* Events queued on a pusher go out together, as one message: CTL_BATCH_MAGIC (a byte no
+ * protobuf message starts with: field 31, wire type 7), then per event a varint length and
+ * the encoded Envelope.  A single event goes as itself. */
+#define CTL_BATCH_MAGIC 0xFF
+#define CTL_BATCH_MAX 512
+#define CTL_BATCH_BYTES (1u << 20)
 #define CTL_POLL_BATCH 64          /* requests served per poll at most */
 #define CTL_REPLY_TIMEOUT_MS 100   /* a reply that cannot be queued by then is dropped */
 #define CTL_RECV_SLACK (1u << 20)  /* transport limit above max_message_bytes */
@@ -715,6 +721,8 @@ struct duet_ctl_puller {
     pthread_mutex_t mu;  /* one receive at a time on the one context */
     nng_ctx ctx;         /* kept until the socket closes (see CTL_CTX_POOL_MAX) */
     int have_ctx;
+    duet_envelope_t **pend; /* events of a batch not yet returned, in order */
+    size_t n_pend, i_pend;
 };
 
 /* Start one operation of a delivery unless the pusher is stopping, then
@@ -790,11 +798,58 @@ static void *pusher_main(void *arg)
             pthread_mutex_unlock(&p->mu);
             break;
         }
-        nng_msg *m = p->q[p->head];
-        p->head = (p->head + 1) % p->cap;
-        p->n--;
-        pthread_cond_signal(&p->room);
+        /* take what is queued, up to a batch: one round trip carries them all (a decode step's
+         * tokens for every request would otherwise cost one acknowledged round trip each) */
+        nng_msg *batch[CTL_BATCH_MAX] = {NULL};
+        size_t nb = 0, bytes = 0;
+        size_t budget = p->c.lim.max_message_bytes < CTL_BATCH_BYTES ? p->c.lim.max_message_bytes : CTL_BATCH_BYTES;
+        while (p->n && nb < CTL_BATCH_MAX) {
+            nng_msg *m = p->q[p->head];
+            size_t len = nng_msg_len(m) + 10;
+            if (nb && bytes + len + 1 > budget)
+                break;
+            batch[nb++] = m;
+            bytes += len;
+            p->head = (p->head + 1) % p->cap;
+            p->n--;
+        }
+        pthread_cond_broadcast(&p->room);
         pthread_mutex_unlock(&p->mu);
+
+        nng_msg *m = batch[0];
+        if (nb > 1) {
+            nng_msg *bm = NULL;
+            if (nng_msg_alloc(&bm, 0) == 0 && nng_msg_append(bm, (const uint8_t[]){CTL_BATCH_MAGIC}, 1) == 0) {
+                int ok = 1;
+                for (size_t i = 0; i < nb && ok; i++) {
+                    uint8_t v[10];
+                    size_t len = nng_msg_len(batch[i]), k = 0;
+                    do {
+                        v[k++] = (uint8_t)((len & 0x7f) | (len > 0x7f ? 0x80 : 0));
+                        len >>= 7;
+                    } while (len);
+                    ok = nng_msg_append(bm, v, k) == 0 && nng_msg_append(bm, nng_msg_body(batch[i]), nng_msg_len(batch[i])) == 0;
+                }
+                if (ok) {
+                    for (size_t i = 0; i < nb; i++)
+                        nng_msg_free(batch[i]);
+                    m = bm;
+                    nb = 1;
+                } else {
+                    nng_msg_free(bm);
+                }
+            } else if (bm) {
+                nng_msg_free(bm);
+            }
+            if (nb > 1) { /* no memory for a batch: one at a time */
+                int rv = 0;
+                for (size_t i = 0; i < nb; i++)
+                    rv = rv == NNG_ECLOSED || rv == NNG_ECANCELED ? (nng_msg_free(batch[i]), rv) : pusher_deliver(p, batch[i]);
+                if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
+                    break;
+                continue;
+            }
+        }
 
         int rv = pusher_deliver(p, m);
         if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
@@ -962,6 +1017,61 @@ err_free:
     return st;
 }
 
+/* Decode a batch (after its magic byte) into p->pend; every event must decode, or none is kept. */
+static duet_status_t puller_unbatch(duet_ctl_puller_t *p, const uint8_t *b, size_t len, duet_err_t *err)
+{
+    size_t off = 0, n = 0, cap = 0;
+    duet_envelope_t **v = NULL;
+    duet_status_t st = DUET_OK;
+    while (off < len && st == DUET_OK) {
+        uint64_t l = 0;
+        int shift = 0;
+        for (;;) {
+            if (off >= len || shift > 63) {
+                st = duet_err_set(err, DUET_ERR_PARSE, "%s: a batch of events ends inside a length", p->c.url);
+                break;
+            }
+            uint8_t c = b[off++];
+            l |= (uint64_t)(c & 0x7f) << shift;
+            shift += 7;
+            if (!(c & 0x80))
+                break;
+        }
+        if (st != DUET_OK)
+            break;
+        if (l > len - off) {
+            st = duet_err_set(err, DUET_ERR_PARSE, "%s: a batch of events ends inside an event (%llu bytes)",
+                              p->c.url, (unsigned long long)l);
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            duet_envelope_t **nv = realloc(v, sizeof *v * cap);
+            if (!nv) {
+                st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+                break;
+            }
+            v = nv;
+        }
+        duet_envelope_t *e = NULL;
+        st = duet_msg_decode(b + off, (size_t)l, &p->c.lim, &e, err);
+        if (st == DUET_OK)
+            v[n++] = e;
+        off += (size_t)l;
+    }
+    if (st != DUET_OK) {
+        for (size_t i = 0; i < n; i++)
+            duet_envelope_free(&v[i]);
+        free(v);
+        return st;
+    }
+    free(p->pend);
+    p->pend = v;
+    p->n_pend = n;
+    p->i_pend = 0;
+    return DUET_OK;
+}
+
 duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, duet_envelope_t **ev,
                                    duet_err_t *err)
 {
@@ -972,6 +1082,15 @@ duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, d
     if (rv)
         return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
     pthread_mutex_lock(&p->mu);
+    if (p->i_pend < p->n_pend) { /* the rest of a batch first */
+        *ev = p->pend[p->i_pend];
+        p->pend[p->i_pend++] = NULL;
+        if (p->i_pend == p->n_pend)
+            p->i_pend = p->n_pend = 0;
+        pthread_mutex_unlock(&p->mu);
+        nng_aio_free(aio);
+        return DUET_OK;
+    }
     if (!p->have_ctx && (rv = nng_ctx_open(&p->ctx, p->sock))) {
         pthread_mutex_unlock(&p->mu);
         nng_aio_free(aio);
@@ -986,7 +1105,20 @@ duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, d
     nng_msg *m = nng_aio_get_msg(aio);
     size_t len = nng_msg_len(m);
     duet_msg_origin_t o = {p->c.sender_id, NULL, 0};
-    st = duet_msg_decode(nng_msg_body(m), len, &p->c.lim, &e, err);
+    const uint8_t *body = nng_msg_body(m);
+    if (len > 0 && body[0] == CTL_BATCH_MAGIC) {
+        st = puller_unbatch(p, body + 1, len - 1, err);
+        if (st == DUET_OK && p->n_pend == 0)
+            st = duet_err_set(err, DUET_ERR_PARSE, "%s: an empty batch of events", p->c.url);
+        if (st == DUET_OK) {
+            e = p->pend[p->i_pend];
+            p->pend[p->i_pend++] = NULL;
+            if (p->i_pend == p->n_pend)
+                p->i_pend = p->n_pend = 0;
+        }
+    } else {
+        st = duet_msg_decode(body, len, &p->c.lim, &e, err);
+    }
     if (st) {
         duet_warn("ctl %s: dropped an event of %zu bytes: %s", p->c.url, len, duet_err_text(err));
         duet_msg_new_error(&o, st, err->msg, &answer);
@@ -1026,6 +1158,9 @@ void duet_ctl_puller_destroy(duet_ctl_puller_t **pp)
         return;
     *pp = NULL;
     if (close_bounded(p->sock, p->c.url) == 0) {
+        for (size_t i = p->i_pend; i < p->n_pend; i++)
+            duet_envelope_free(&p->pend[i]);
+        free(p->pend);
         pthread_mutex_destroy(&p->mu);
         free(p);
     }
