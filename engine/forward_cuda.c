@@ -22,6 +22,11 @@ typedef struct {
     float *hc_attn_fn, *hc_attn_base, *hc_attn_scale, *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
     float *attn_sink;
     float *comp_ape, *comp_norm, *icomp_ape, *icomp_norm;
+    /* MoE routing and grouped experts on the device */
+    float *gate_bias;     /* (E) or NULL */
+    int32_t *tid2eid;     /* (vocab, K) on hash layers */
+    const void **ex_ptr;  /* device (6, E): w1, w3, w2 data pointers, then their scale pointers */
+    int grouped;          /* every expert alike: duet_cuda_matmul_grouped applies */
 } layer_dev_t;
 
 struct duet_model_cuda {
@@ -40,6 +45,7 @@ struct duet_model_cuda {
     size_t plan_bytes;
     uint8_t *moe_host, *moe_dev;
     size_t moe_bytes;
+    int moe_host_route; /* DUET_MOE_HOST=1: routing on the host and one launch set per expert (the older path) */
 };
 
 static duet_status_t cuda_fail(duet_cuda_t *c, duet_status_t st, duet_err_t *err)
@@ -129,6 +135,48 @@ static duet_status_t dev_weight(duet_model_cuda_t *mc, const duet_weight_t *h, d
             return st_;                                                                                            \
     } while (0)
 
+static int same_shape(const duet_weight_t *a, const duet_weight_t *b)
+{
+    return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && a->scale_dtype == b->scale_dtype &&
+           a->scale_cols == b->scale_cols && !a->scale == !b->scale && a->data && b->data;
+}
+
+/* Routing tables (gate bias, tid2eid) and the experts' pointer table for the grouped matmuls. */
+static duet_status_t upload_moe_tables(duet_model_cuda_t *mc, int l, duet_err_t *err)
+{
+    const duet_model_config_t *c = &mc->m->cfg;
+    const duet_layer_weights_t *h = &mc->m->layers[l];
+    layer_dev_t *d = &mc->layers[l];
+    int E = c->n_routed_experts, K = c->num_experts_per_tok;
+    if (E <= 0 || K <= 0)
+        return DUET_OK;
+    if (h->gate_bias)
+        TRY(dev_floats(mc, h->gate_bias, (size_t)E, &d->gate_bias, err));
+    if (h->is_hash && h->tid2eid)
+        TRY(dev_copy(mc, h->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * (size_t)K, (void **)&d->tid2eid, err));
+    int ok = K <= DUET_CUDA_MOE_MAX_K && K <= E && (!h->is_hash || h->tid2eid) &&
+             same_shape(&d->experts[0], &d->experts[2]) && duet_cuda_matmul_grouped_ok(&d->experts[0], NULL) &&
+             duet_cuda_matmul_grouped_ok(&d->experts[1], NULL);
+    for (int e = 1; ok && e < E; e++)
+        for (int k = 0; k < 3; k++)
+            ok &= same_shape(&d->experts[3 * e + k], &d->experts[k]);
+    if (!ok)
+        return DUET_OK; /* the per-expert path */
+    const void **tab = duet_calloc((size_t)6 * E, sizeof(void *));
+    if (!tab)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    static const int order[3] = {0, 2, 1}; /* w1, w3, w2 */
+    for (int k = 0; k < 3; k++)
+        for (int e = 0; e < E; e++) {
+            tab[(size_t)k * E + e] = d->experts[3 * e + order[k]].data;
+            tab[(size_t)(3 + k) * E + e] = d->experts[3 * e + order[k]].scale;
+        }
+    duet_status_t st = dev_copy(mc, tab, sizeof(void *) * (size_t)6 * E, (void **)&d->ex_ptr, err);
+    free(tab);
+    d->grouped = st == DUET_OK;
+    return st;
+}
+
 static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
 {
     const duet_model_config_t *c = &mc->m->cfg;
@@ -182,7 +230,7 @@ static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
         TRY(dev_weight(mc, &h->shared.w2, &d->sh[1], err));
         TRY(dev_weight(mc, &h->shared.w3, &d->sh[2], err));
     }
-    return DUET_OK;
+    return upload_moe_tables(mc, l, err);
 }
 
 duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet_model_cuda_t **out,
@@ -201,6 +249,10 @@ duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
     mc->c = c;
     mc->m = m;
+    {
+        const char *ev = getenv("DUET_MOE_HOST");
+        mc->moe_host_route = ev && atoi(ev) != 0;
+    }
     duet_cuda_set_invariant(c, 1);
     duet_status_t st = DUET_OK;
     int L = cfg->num_hidden_layers, D = cfg->hidden_size, hc = cfg->hc_mult;
@@ -564,8 +616,8 @@ typedef struct {
     float *src, *ikeys, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv;
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
-    int32_t *moe_rows;
-    float *moe_w;
+    int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
+    float *m_wt;                                         /* (R,K) */
     duet_fwd_cuda_stats_t st;
 } fc_t;
 
@@ -967,14 +1019,20 @@ static void carve(fc_t *F, bump_t *b)
     F->gy = bump(b, 4 * R * orank);
     F->mid = bump(b, 4 * R * G * orank);
     F->tmpv = bump(b, 4 * F->NS * hd);
+    size_t RK = R * (K > 0 ? K : 1), L = (size_t)c->num_hidden_layers;
     F->logit = bump(b, 4 * R * E);
     F->xg = bump(b, 4 * R * D);
-    F->eg = bump(b, 4 * R * I);
-    F->eu = bump(b, 4 * R * I);
-    F->yg = bump(b, 4 * R * D);
+    F->eg = bump(b, 4 * RK * I);
+    F->eu = bump(b, 4 * RK * I);
+    F->yg = bump(b, 4 * RK * D);
+    F->m_sel = bump(b, 4 * RK);
+    F->m_wt = bump(b, 4 * RK);
+    F->m_xrow = bump(b, 4 * RK);
+    F->m_pos = bump(b, 4 * RK);
+    F->m_offs = bump(b, 4 * L * (E + 1));
+    F->m_tiles = bump(b, 4 * 2 * (E + 1));
     F->hx = bump(b, 4 * F->NLR * D);
     F->logits = bump(b, 4 * F->NLR * V);
-    (void)K;
 }
 
 /* ---- the layer steps ------------------------------------------------------ */
@@ -1179,9 +1237,101 @@ static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x
     return DUET_OK;
 }
 
-/* MoE: gate logits on the device, routing on the host (forward.c's code), experts on the device. */
+static int use_grouped(const fc_t *F, int layer)
+{
+    const layer_dev_t *lw = &F->mc->layers[layer];
+    return lw->grouped && !F->mc->moe_host_route && duet_cuda_matmul_grouped_ok(&lw->experts[0], F->xn) &&
+           duet_cuda_matmul_grouped_ok(&lw->experts[1], F->eg);
+}
+
+/* MoE all on the device: gate logits, routing (moe_route), a counting sort of the
+ * assignments by expert (moe_sort), w1 and w3 of every expert in one grouped launch,
+ * SwiGLU over all assignments, w2 grouped, the shared expert, then each row's sum
+ * over its experts in ascending id plus the shared expert (moe_combine: forward.c's
+ * order).  No host round trip; the expert counts stay on the device. */
+static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    const duet_layer_weights_t *hw = &F->m->layers[layer];
+    const layer_dev_t *lw = &F->mc->layers[layer];
+    int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    int I = lw->experts[0].rows;
+    TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
+    duet_cuda_moe_route_t rp = {
+        .n_experts = E,
+        .top_k = K,
+        .scoring = (int)c->scoring_func,
+        .norm_topk_prob = c->norm_topk_prob,
+        .routed_scale = (float)c->routed_scaling_factor,
+        .bias = hw->is_hash ? NULL : lw->gate_bias,
+        .tid2eid = hw->is_hash ? lw->tid2eid : NULL,
+        .tok = PD(F, int32_t, F->o_tok),
+        .vocab = c->vocab_size,
+    };
+    int32_t *offs = F->m_offs + (size_t)layer * (E + 1);
+    CU(duet_cuda_moe_route(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt));
+    CU(duet_cuda_moe_sort(F->cu, F->m_sel, R, K, E, offs, F->m_tiles, F->m_xrow, F->m_pos));
+    duet_cuda_moe_plan_t p = {.n_experts = E, .n_assign = R * K, .offs = offs, .tiles = F->m_tiles, .xrow = F->m_xrow};
+    const void **tab = lw->ex_ptr;
+    duet_cuda_expert_mats_t m1 = {&lw->experts[0], tab, lw->experts[0].scale ? tab + 3 * (size_t)E : NULL};
+    duet_cuda_expert_mats_t m3 = {&lw->experts[2], tab + (size_t)E, lw->experts[2].scale ? tab + 4 * (size_t)E : NULL};
+    duet_cuda_expert_mats_t m2 = {&lw->experts[1], tab + 2 * (size_t)E, lw->experts[1].scale ? tab + 5 * (size_t)E : NULL};
+    CU(duet_cuda_matmul_grouped(F->cu, &m1, &m3, &p, F->xn, 1, F->eg, F->eu));
+    CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, R * K, I, (float)c->swiglu_limit, F->eg));
+    CU(duet_cuda_matmul_grouped(F->cu, &m2, NULL, &p, F->eg, 0, F->yg, NULL));
+    const float *shared = NULL;
+    if (c->n_shared_experts > 0) {
+        TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
+        shared = F->xg;
+    }
+    CU(duet_cuda_moe_combine(F->cu, F->m_sel, F->m_wt, F->m_pos, R, K, F->yg, shared, D, F->f));
+    return DUET_OK;
+}
+
+/* The routed experts' bytes and FLOPs of the grouped layers (each used expert once), from
+ * the per-layer expert offsets: one download at the end of the call, for the stats only. */
+static duet_status_t count_grouped(fc_t *F, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    int L = c->num_hidden_layers, E = c->n_routed_experts;
+    int any = 0;
+    for (int l = 0; l < L; l++)
+        any |= use_grouped(F, l);
+    if (!any || E <= 0)
+        return DUET_OK;
+    size_t n = (size_t)L * (E + 1);
+    int32_t *offs = duet_malloc_array(n, sizeof(int32_t));
+    if (!offs)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    if (duet_cuda_download(F->cu, offs, F->m_offs, n * sizeof(int32_t)) != DUET_OK) {
+        free(offs);
+        return cuda_fail(F->cu, DUET_ERR_CUDA, err);
+    }
+    for (int l = 0; l < L; l++) {
+        if (!use_grouped(F, l))
+            continue;
+        const layer_dev_t *lw = &F->mc->layers[l];
+        const int32_t *o = offs + (size_t)l * (E + 1);
+        for (int e = 0; e < E; e++) {
+            int m = o[e + 1] - o[e];
+            if (m <= 0)
+                continue;
+            for (int k = 0; k < 3; k++)
+                count_mm(F, &lw->experts[3 * e + k], 0, lw->experts[3 * e + k].rows, m);
+        }
+    }
+    free(offs);
+    return DUET_OK;
+}
+
+/* MoE, the per-expert path: gate logits on the device, routing on the host (forward.c's
+ * code), one gather, MLP and accumulate per expert (experts that are not all alike, or
+ * DUET_MOE_HOST=1). */
 static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
 {
+    if (use_grouped(F, layer))
+        return moe_grouped(F, layer, err);
+
     const duet_model_config_t *c = F->c;
     const duet_layer_weights_t *hw = &F->m->layers[layer];
     const layer_dev_t *lw = &F->mc->layers[layer];
@@ -1439,6 +1589,8 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
     }
+    if (opts && opts->stats && (st = count_grouped(F, err)) != DUET_OK)
+        goto out;
     for (int i = 0; i < F->n_items; i++)
         F->items[i].seq->n_past += F->items[i].n_tokens;
 out:

@@ -24,7 +24,8 @@
 # build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
 #
 # Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops,
-# --prompts N, --tokens N.  Exit status 0 when every check passed.
+# --prompts N, --tokens N, --moe-host (time the slice a second time with
+# DUET_MOE_HOST=1: the per-expert MoE path with routing on the host).  Exit status 0 when every check passed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +33,7 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 
 BIN="$BUILD/tools"
 RES="${OUT:-$BUILD/device-forward}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,9 +47,10 @@ while [ $# -gt 0 ]; do
     --quick) prompts=4 tokens=32 ;;
     --no-bench) bench=0 ;;
     --no-ops) ops=0 ;;
+    --moe-host) moe_host=1 ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--moe-host] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -141,6 +143,15 @@ if [ -n "$slice_pid" ]; then
   cat "$RES/bench-slice.txt" >>"$LOG"
   { echo "[slice bench] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice.txt"; } | tee -a "$SUM"
   [ "$rc" = 0 ] || fail=1
+  if [ "$moe_host" = 1 ]; then
+    # the older MoE path (routing on the host, one launch set per expert) in the same run
+    DUET_MOE_HOST=1 timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 \
+      >"$RES/bench-slice-moe-host.txt" 2>>"$LOG"
+    rc=$?
+    cat "$RES/bench-slice-moe-host.txt" >>"$LOG"
+    { echo "[slice bench, DUET_MOE_HOST=1] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice-moe-host.txt"; } | tee -a "$SUM"
+    [ "$rc" = 0 ] || fail=1
+  fi
 fi
 
 echo

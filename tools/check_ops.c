@@ -13,6 +13,10 @@
  * ||gpu - cpu|| / ||cpu|| against the tolerance stated per operation for float
  * math (docs/CUDA.md says why each).  Large shapes are checked on sampled rows.
  * A failing case prints its parameters and the first differing elements.
+ * MoE (--op moe): moe_route's expert ids exactly and weights by normalized error;
+ * moe_experts (sort, grouped w1+w3, SwiGLU, grouped w2, combine) against forward.c's
+ * expert loop on the CPU ("cpu"), bit for bit against the per-expert device path
+ * ("1by1"), and bit for bit for three rows run alone ("solo": batch invariance).
  *
  * --bench also times each case on the device: 3 warm-up calls, then the
  * median of 21 calls each timed with events after a read of twice the L2 size
@@ -329,6 +333,12 @@ static row_t row_new(const char *op, const char *fmt, ...)
 /* ---- timing ---- */
 
 typedef duet_status_t (*op_fn)(ck_t *ck, void *arg);
+
+static int cmp_i32_(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
 
 static int cmp_f(const void *a, const void *b)
 {
@@ -1200,6 +1210,389 @@ static void group_topk(ck_t *ck)
     case_topk(ck, "128k ctx", 32, 32768, 512, 0);
 }
 
+/* ---- MoE: routing, sort, grouped experts, combine ---- */
+
+static float softplus_ref(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* forward.c's moe() routing for one row. */
+static void ref_route(const float *logit, int E, int K, int scoring, int norm, float scale, const float *bias,
+                      const int32_t *hash_ids, int32_t *si, float *w)
+{
+    float *sc = xmalloc(4 * (size_t)E), *biased = xmalloc(4 * (size_t)E);
+    for (int e = 0; e < E; e++) {
+        float z = logit[e];
+        sc[e] = scoring == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplus_ref(z))
+                : scoring == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
+                                                   : z;
+    }
+    if (scoring == DUET_SCORE_SOFTMAX) {
+        float mx = -INFINITY, s = 0.0f;
+        for (int e = 0; e < E; e++)
+            mx = sc[e] > mx ? sc[e] : mx;
+        for (int e = 0; e < E; e++)
+            s += (sc[e] = expf(sc[e] - mx));
+        for (int e = 0; e < E; e++)
+            sc[e] /= s;
+    }
+    if (hash_ids) {
+        memcpy(si, hash_ids, sizeof(int32_t) * (size_t)K);
+    } else {
+        for (int e = 0; e < E; e++)
+            biased[e] = sc[e] + (bias ? bias[e] : 0.0f);
+        duet_cpu_topk(biased, E, K, si);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++)
+        sum += sc[si[j]];
+    for (int j = 0; j < K; j++) {
+        float v = sc[si[j]];
+        if (norm)
+            v = v / (sum + 1e-20f);
+        w[j] = v * scale;
+    }
+    free(sc);
+    free(biased);
+}
+
+typedef struct {
+    duet_cuda_moe_route_t p;
+    float *dlogit, *dwt;
+    int32_t *dsel;
+    int rows;
+} route_arg_t;
+
+static duet_status_t route_call(ck_t *ck, void *p)
+{
+    route_arg_t *a = p;
+    return duet_cuda_moe_route(ck->c, &a->p, a->dlogit, a->rows, a->dsel, a->dwt);
+}
+
+static void case_moe_route(ck_t *ck, int rows, int E, int K, int scoring, int hash, int ties)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "moe_route/%d/%d/%d/%d/%d/%d", rows, E, K, scoring, hash, ties);
+    rng_init(&r, ck->seed, tag);
+    static const char *sn[] = {"smax", "sigm", "sqsp"};
+    int vocab = 1000;
+    float *logit = rand_f32(&r, (size_t)rows * E, 2.0f), *bias = rand_f32(&r, (size_t)E, 0.1f);
+    if (ties) /* coarse logits and no bias: many equal scores at the k-th */
+        for (size_t i = 0; i < (size_t)rows * E; i++)
+            logit[i] = (float)(int)(logit[i] * 2.0f);
+    int32_t *tok = xmalloc(4 * (size_t)rows), *tab = xmalloc(4 * (size_t)vocab * K);
+    for (int i = 0; i < rows; i++)
+        tok[i] = (int32_t)(rng_u64(&r) % (uint64_t)vocab);
+    for (size_t i = 0; i < (size_t)vocab * K; i++)
+        tab[i] = (int32_t)(rng_u64(&r) % (uint64_t)E);
+    route_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.rows = rows;
+    a.p.n_experts = E;
+    a.p.top_k = K;
+    a.p.scoring = scoring;
+    a.p.norm_topk_prob = scoring != DUET_SCORE_SOFTMAX;
+    a.p.routed_scale = 1.5f;
+    a.p.bias = ties ? NULL : dupload(ck, bias, 4 * (size_t)E);
+    a.p.tid2eid = hash ? dupload(ck, tab, 4 * (size_t)vocab * K) : NULL;
+    a.p.tok = dupload(ck, tok, 4 * (size_t)rows);
+    a.p.vocab = vocab;
+    a.dlogit = dupload(ck, logit, 4 * (size_t)rows * E);
+    a.dsel = dmalloc(ck, 4 * (size_t)rows * K);
+    a.dwt = dmalloc(ck, 4 * (size_t)rows * K);
+    dpoison(ck, a.dsel, 4 * (size_t)rows * K);
+    dpoison(ck, a.dwt, 4 * (size_t)rows * K);
+    CK(route_call(ck, &a));
+    int32_t *gs = xmalloc(4 * (size_t)rows * K), *cs = xmalloc(4 * (size_t)rows * K);
+    float *gw = xmalloc(4 * (size_t)rows * K), *cw = xmalloc(4 * (size_t)rows * K);
+    ddownload(ck, gs, a.dsel, 4 * (size_t)rows * K);
+    ddownload(ck, gw, a.dwt, 4 * (size_t)rows * K);
+    for (int i = 0; i < rows; i++)
+        ref_route(logit + (size_t)i * E, E, K, scoring, a.p.norm_topk_prob, 1.5f, ties ? NULL : bias,
+                  hash ? tab + (size_t)tok[i] * K : NULL, cs + (size_t)i * K, cw + (size_t)i * K);
+    const char *what = hash ? "hash" : ties ? "ties" : "topk";
+    row_t row = row_new("moe_route", "ids %s r%d E%d k%d %s", sn[scoring], rows, E, K, what);
+    row_i32(&row, gs, cs, (size_t)rows * K);
+    bench_row(ck, &row, route_call, &a, 4.0 * rows * E + 8.0 * rows * K, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    row = row_new("moe_route", "wts %s r%d E%d k%d %s", sn[scoring], rows, E, K, what);
+    row_float(&row, gw, cw, (size_t)rows * K, 1e-6);
+    print_row(ck, &row);
+    free(logit); free(bias); free(tok); free(tab); free(gs); free(cs); free(gw); free(cw);
+    duet_cuda_free(ck->c, (void *)a.p.bias); duet_cuda_free(ck->c, (void *)a.p.tid2eid);
+    duet_cuda_free(ck->c, (void *)a.p.tok); duet_cuda_free(ck->c, a.dlogit);
+    duet_cuda_free(ck->c, a.dsel); duet_cuda_free(ck->c, a.dwt);
+}
+
+/* The routed experts of a MoE layer: grouped (sort, w1+w3, SwiGLU, w2, combine) against
+ * the per-expert device path (bit for bit), the CPU (forward.c's loop) and each of a few
+ * rows run alone (bit for bit: batch invariance). */
+typedef struct {
+    int E, K, D, I, rows;
+    weight_t *W;            /* 3E: w1, w2, w3 per expert */
+    duet_weight_t proto[3]; /* device protos */
+    const void **dtab;      /* device (6, E) */
+    int32_t *dsel, *doffs, *dtiles, *dxrow, *dpos;
+    float *dwt, *dx, *dshared, *deg, *deu, *dy, *dout;
+    float limit;
+} gx_arg_t;
+
+#define GX_TRY(expr)                                                                                               \
+    do {                                                                                                           \
+        duet_status_t st_ = (expr);                                                                                \
+        if (st_ != DUET_OK)                                                                                        \
+            return st_;                                                                                            \
+    } while (0)
+
+static duet_status_t gx_call(ck_t *ck, void *p)
+{
+    gx_arg_t *a = p;
+    int E = a->E, K = a->K, n = a->rows * K;
+    GX_TRY(duet_cuda_moe_sort(ck->c, a->dsel, a->rows, K, E, a->doffs, a->dtiles, a->dxrow, a->dpos));
+    duet_cuda_moe_plan_t pl = {.n_experts = E, .n_assign = n, .offs = a->doffs, .tiles = a->dtiles, .xrow = a->dxrow};
+    const void **t = a->dtab;
+    int sc = a->proto[0].scale != NULL;
+    duet_cuda_expert_mats_t m1 = {&a->proto[0], t, sc ? t + 3 * (size_t)E : NULL};
+    duet_cuda_expert_mats_t m3 = {&a->proto[2], t + (size_t)E, sc ? t + 4 * (size_t)E : NULL};
+    duet_cuda_expert_mats_t m2 = {&a->proto[1], t + 2 * (size_t)E, sc ? t + 5 * (size_t)E : NULL};
+    GX_TRY(duet_cuda_matmul_grouped(ck->c, &m1, &m3, &pl, a->dx, 1, a->deg, a->deu));
+    GX_TRY(duet_cuda_swiglu(ck->c, a->deg, a->deu, n, a->I, a->limit, a->deg));
+    GX_TRY(duet_cuda_matmul_grouped(ck->c, &m2, NULL, &pl, a->deg, 0, a->dy, NULL));
+    return duet_cuda_moe_combine(ck->c, a->dsel, a->dwt, a->dpos, a->rows, K, a->dy, a->dshared, a->D, a->dout);
+}
+
+static void gx_buffers(ck_t *ck, gx_arg_t *a, int rows)
+{
+    size_t n = (size_t)rows * a->K;
+    a->rows = rows;
+    a->dsel = dmalloc(ck, 4 * n);
+    a->dwt = dmalloc(ck, 4 * n);
+    a->dxrow = dmalloc(ck, 4 * n);
+    a->dpos = dmalloc(ck, 4 * n);
+    a->doffs = dmalloc(ck, 4 * (size_t)(a->E + 1));
+    a->dtiles = dmalloc(ck, 8 * (size_t)(a->E + 1));
+    a->deg = dmalloc(ck, 4 * n * a->I);
+    a->deu = dmalloc(ck, 4 * n * a->I);
+    a->dy = dmalloc(ck, 4 * n * a->D);
+    a->dout = dmalloc(ck, 4 * (size_t)rows * a->D);
+    dpoison(ck, a->dxrow, 4 * n);
+    dpoison(ck, a->dpos, 4 * n);
+    dpoison(ck, a->dy, 4 * n * a->D);
+    dpoison(ck, a->dout, 4 * (size_t)rows * a->D);
+}
+
+static void gx_free_buffers(ck_t *ck, gx_arg_t *a)
+{
+    void *p[] = {a->dsel, a->dwt, a->dxrow, a->dpos, a->doffs, a->dtiles, a->deg, a->deu, a->dy, a->dout};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        duet_cuda_free(ck->c, p[i]);
+}
+
+static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int I, int rows, int check_alone)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "moe_experts/%d/%d/%d/%d/%d/%d", (int)dt, E, K, D, I, rows);
+    rng_init(&r, ck->seed, tag);
+    gx_arg_t a;
+    memset(&a, 0, sizeof a);
+    a.E = E;
+    a.K = K;
+    a.D = D;
+    a.I = I;
+    a.limit = 10.0f;
+    a.W = xmalloc(sizeof(weight_t) * 3 * (size_t)E);
+    for (int e = 0; e < E; e++) {
+        weight_make(ck, &r, &a.W[3 * e], dt, I, D, DUET_DT_F8_E8M0);     /* w1 */
+        weight_make(ck, &r, &a.W[3 * e + 1], dt, D, I, DUET_DT_F8_E8M0); /* w2 */
+        weight_make(ck, &r, &a.W[3 * e + 2], dt, I, D, DUET_DT_F8_E8M0); /* w3 */
+    }
+    for (int k = 0; k < 3; k++)
+        a.proto[k] = a.W[k].dw;
+    const void **tab = xmalloc(sizeof(void *) * 6 * (size_t)E);
+    static const int order[3] = {0, 2, 1};
+    for (int k = 0; k < 3; k++)
+        for (int e = 0; e < E; e++) {
+            tab[(size_t)k * E + e] = a.W[3 * e + order[k]].dw.data;
+            tab[(size_t)(3 + k) * E + e] = a.W[3 * e + order[k]].dw.scale;
+        }
+    a.dtab = dupload(ck, tab, sizeof(void *) * 6 * (size_t)E);
+    /* rows, their routing (distinct ids per row, ascending, as the router gives) and the shared expert's output */
+    float *x = rand_f32(&r, (size_t)rows * D, 1.0f), *sh = rand_f32(&r, (size_t)rows * D, 0.1f);
+    int32_t *sel = xmalloc(4 * (size_t)rows * K);
+    float *wt = xmalloc(4 * (size_t)rows * K);
+    for (int i = 0; i < rows; i++) {
+        int32_t *si = sel + (size_t)i * K;
+        for (int j = 0; j < K; j++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)(rng_u64(&r) % (uint64_t)E);
+                dup = 0;
+                for (int q = 0; q < j; q++)
+                    dup |= si[q] == e;
+            } while (dup);
+            si[j] = e;
+            wt[(size_t)i * K + j] = (float)(0.2 + rng_unit(&r));
+        }
+        qsort(si, (size_t)K, sizeof(int32_t), cmp_i32_);
+    }
+    a.dx = dupload(ck, x, 4 * (size_t)rows * D);
+    a.dshared = dupload(ck, sh, 4 * (size_t)rows * D);
+    gx_buffers(ck, &a, rows);
+    CK(duet_cuda_upload(ck->c, a.dsel, sel, 4 * (size_t)rows * K));
+    CK(duet_cuda_upload(ck->c, a.dwt, wt, 4 * (size_t)rows * K));
+    row_t row = row_new("moe_experts", "%s E%d k%d %dx%d r%d cpu", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
+                        rows);
+    duet_status_t st = gx_call(ck, &a);
+    if (st != DUET_OK) {
+        row.pass = 0;
+        snprintf(row.note, sizeof row.note, "%s", duet_err_text(duet_cuda_error(ck->c)));
+        print_row(ck, &row);
+        goto out;
+    }
+    float *g = xmalloc(4 * (size_t)rows * D);
+    ddownload(ck, g, a.dout, 4 * (size_t)rows * D);
+    /* the CPU: forward.c's loop over experts in ascending id */
+    {
+        float *ref = xmalloc(4 * (size_t)rows * D), *xg = xmalloc(4 * (size_t)rows * D);
+        float *gg = xmalloc(4 * (size_t)rows * I), *uu = xmalloc(4 * (size_t)rows * I), *yy = xmalloc(4 * (size_t)rows * D);
+        int *rr = xmalloc(sizeof(int) * (size_t)rows);
+        float *rw = xmalloc(4 * (size_t)rows);
+        memset(ref, 0, 4 * (size_t)rows * D);
+        for (int e = 0; e < E; e++) {
+            int m = 0;
+            for (int i = 0; i < rows; i++)
+                for (int j = 0; j < K; j++)
+                    if (sel[(size_t)i * K + j] == e) {
+                        rr[m] = i;
+                        rw[m] = wt[(size_t)i * K + j];
+                        memcpy(xg + (size_t)m * D, x + (size_t)i * D, 4 * (size_t)D);
+                        m++;
+                    }
+            if (!m)
+                continue;
+            ref_matmul(ck, &a.W[3 * e].hw, 0, I, xg, m, gg);
+            ref_matmul(ck, &a.W[3 * e + 2].hw, 0, I, xg, m, uu);
+            duet_cpu_swiglu(gg, uu, m, I, a.limit, gg);
+            ref_matmul(ck, &a.W[3 * e + 1].hw, 0, D, gg, m, yy);
+            for (int i = 0; i < m; i++)
+                for (int d = 0; d < D; d++)
+                    ref[(size_t)rr[i] * D + d] += yy[(size_t)i * D + d] * rw[i];
+        }
+        for (size_t i = 0; i < (size_t)rows * D; i++)
+            ref[i] += sh[i];
+        row_float(&row, g, ref, (size_t)rows * D, 1e-5);
+        double wbytes = 0;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (size_t i = 0; i < (size_t)rows * K; i++)
+                used |= sel[i] == e;
+            if (used)
+                for (int k = 0; k < 3; k++)
+                    wbytes += (double)a.W[3 * e + k].data_bytes + (double)a.W[3 * e + k].scale_bytes;
+        }
+        bench_row(ck, &row, gx_call, &a, wbytes, 6.0 * rows * K * (double)D * I, BOUND_BF16);
+        print_row(ck, &row);
+        free(ref); free(xg); free(gg); free(uu); free(yy); free(rr); free(rw);
+    }
+    /* the per-expert device path (routing lists from the host): bit for bit */
+    {
+        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d 1by1", dt_short(dt, DUET_DT_F8_E8M0), E, K, D,
+                      I, rows);
+        int32_t *rl = xmalloc(4 * (size_t)rows * K);
+        float *wl = xmalloc(4 * (size_t)rows * K), *ref = xmalloc(4 * (size_t)rows * D);
+        int *cnt = calloc((size_t)E + 1, sizeof(int));
+        for (size_t i = 0; i < (size_t)rows * K; i++)
+            cnt[sel[i] + 1]++;
+        for (int e = 0; e < E; e++)
+            cnt[e + 1] += cnt[e];
+        for (int e = 0, f = 0; e < E; e++)
+            for (int i = 0; i < rows; i++)
+                for (int j = 0; j < K; j++)
+                    if (sel[(size_t)i * K + j] == e) {
+                        rl[f] = i;
+                        wl[f] = wt[(size_t)i * K + j];
+                        f++;
+                    }
+        int32_t *drl = dupload(ck, rl, 4 * (size_t)rows * K);
+        float *dwl = dupload(ck, wl, 4 * (size_t)rows * K), *dref = dmalloc(ck, 4 * (size_t)rows * D);
+        float *dxg = dmalloc(ck, 4 * (size_t)rows * D), *dyg = dmalloc(ck, 4 * (size_t)rows * D);
+        CK(duet_cuda_memset(ck->c, dref, 0, 4 * (size_t)rows * D));
+        for (int e = 0; e < E; e++) {
+            int m = cnt[e + 1] - cnt[e];
+            if (!m)
+                continue;
+            CK(duet_cuda_gather_rows(ck->c, dxg, a.dx, drl + cnt[e], m, D));
+            CK(duet_cuda_matmul_invariant(ck->c, &a.W[3 * e].dw, 0, I, dxg, m, a.deg));
+            CK(duet_cuda_matmul_invariant(ck->c, &a.W[3 * e + 2].dw, 0, I, dxg, m, a.deu));
+            CK(duet_cuda_swiglu(ck->c, a.deg, a.deu, m, I, a.limit, a.deg));
+            CK(duet_cuda_matmul_invariant(ck->c, &a.W[3 * e + 1].dw, 0, D, a.deg, m, dyg));
+            CK(duet_cuda_scale_add_rows(ck->c, dref, drl + cnt[e], dwl + cnt[e], dyg, m, D));
+        }
+        CK(duet_cuda_add(ck->c, dref, a.dshared, (size_t)rows * D));
+        ddownload(ck, ref, dref, 4 * (size_t)rows * D);
+        row_bytes(&row, g, ref, 4 * (size_t)rows * D);
+        print_row(ck, &row);
+        free(rl); free(wl); free(ref); free(cnt);
+        duet_cuda_free(ck->c, drl); duet_cuda_free(ck->c, dwl); duet_cuda_free(ck->c, dref);
+        duet_cuda_free(ck->c, dxg); duet_cuda_free(ck->c, dyg);
+    }
+    /* rows alone: the same bits as inside the batch */
+    if (check_alone) {
+        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d solo", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
+                      rows);
+        gx_arg_t b = a;
+        gx_buffers(ck, &b, 1);
+        float *one = xmalloc(4 * (size_t)D);
+        size_t diff = 0;
+        int picks[3] = {0, rows / 2, rows - 1};
+        for (int q = 0; q < 3; q++) {
+            int i = picks[q];
+            b.dx = a.dx + (size_t)i * D;
+            b.dshared = a.dshared + (size_t)i * D;
+            CK(duet_cuda_upload(ck->c, b.dsel, sel + (size_t)i * K, 4 * (size_t)K));
+            CK(duet_cuda_upload(ck->c, b.dwt, wt + (size_t)i * K, 4 * (size_t)K));
+            CK(gx_call(ck, &b));
+            ddownload(ck, one, b.dout, 4 * (size_t)D);
+            diff += memcmp(one, g + (size_t)i * D, 4 * (size_t)D) != 0;
+        }
+        row.exact = 1;
+        row.err = (double)diff;
+        row.pass = diff == 0;
+        if (diff)
+            snprintf(row.note, sizeof row.note, "%zu of 3 rows differ from the batch", diff);
+        print_row(ck, &row);
+        free(one);
+        gx_free_buffers(ck, &b);
+    }
+    free(g);
+out:
+    gx_free_buffers(ck, &a);
+    for (int e = 0; e < 3 * E; e++)
+        weight_free(ck, &a.W[e]);
+    free(a.W);
+    free(tab);
+    free(x); free(sh); free(sel); free(wt);
+    duet_cuda_free(ck->c, (void *)a.dtab); duet_cuda_free(ck->c, a.dx); duet_cuda_free(ck->c, a.dshared);
+}
+
+static void group_moe(ck_t *ck)
+{
+    case_moe_route(ck, 32, 256, 6, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
+    case_moe_route(ck, 300, 256, 6, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
+    case_moe_route(ck, 32, 256, 6, DUET_SCORE_SQRTSOFTPLUS, 0, 1);
+    case_moe_route(ck, 32, 256, 6, DUET_SCORE_SQRTSOFTPLUS, 1, 0);
+    case_moe_route(ck, 32, 64, 8, DUET_SCORE_SIGMOID, 0, 0);
+    case_moe_route(ck, 32, 64, 8, DUET_SCORE_SOFTMAX, 0, 0);
+    case_moe_route(ck, 20, 8, 2, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1);   /* V4-Flash widths, decode */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1);   /* all 256 experts, batch 32 */
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1);
+    case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1);      /* 32-token tiles */
+    case_moe_experts(ck, DUET_DT_BF16, 8, 2, 128, 64, 20, 1);          /* the tiny fixture: w2 on the fp32 units */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 8, 2, 128, 64, 20, 1);
+}
+
 /* ---- attention ---- */
 
 typedef struct {
@@ -1637,7 +2030,7 @@ static const group_t GROUPS[] = {
     {"rmsnorm", group_rmsnorm}, {"rope", group_rope},           {"swiglu", group_swiglu},
     {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
     {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
-    {"argmax", group_argmax},   {"pages", group_pages},
+    {"argmax", group_argmax},   {"pages", group_pages},     {"moe", group_moe},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 

@@ -93,6 +93,7 @@ int duet_cuda_get_invariant(const duet_cuda_t *c);
 
 /* One header per operation. */
 #include "matmul.cuh"
+#include "moe_route.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "cache_entry.cuh"

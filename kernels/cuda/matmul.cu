@@ -99,14 +99,38 @@ __device__ __forceinline__ void decode_piece(const uint4 &v, int p, float s, flo
     }
 }
 
-template <int WT, int NT>
-__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
+/* Token rows of one launch.  tok_plain: token t is row t of x and of y, t < n.
+ * tok_group: the tokens are expert e's assignments, sorted positions [base, base + m):
+ * token t reads x row xrow[base + t] (the position itself when xrow is NULL) and
+ * writes y row base + t.  Out-of-range tokens read the last valid row and write nothing,
+ * so every token's arithmetic is the same whatever shares its tile. */
+struct tok_plain {
+    const float *x;
+    int n, cols;
+    __device__ __forceinline__ const float *xrow(int t) const { return x + (size_t)min(t, n - 1) * cols; }
+    __device__ __forceinline__ bool ok(int t) const { return t < n; }
+    __device__ __forceinline__ size_t yrow(int t) const { return (size_t)t; }
+};
+
+struct tok_group {
+    const float *x;
+    const int32_t *xr;
+    int base, m, cols;
+    __device__ __forceinline__ const float *xrow(int t) const
+    {
+        int p = base + min(t, m - 1);
+        return x + (size_t)(xr ? __ldg(xr + p) : p) * cols;
+    }
+    __device__ __forceinline__ bool ok(int t) const { return t < m; }
+    __device__ __forceinline__ size_t yrow(int t) const { return (size_t)(base + t); }
+};
+
+template <int WT, int NT, class TM>
+__device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int r0, int t0)
 {
     constexpr int R = GEMV_ROWS_PER_WARP, V = wt_traits<WT>::V, P = V < 8 ? V : 8;
     __shared__ float red[GEMV_MAX_SPLIT][R * NT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ksplit = blockDim.x >> 5;
-    int r0 = a.row_begin + blockIdx.x * R;
-    int t0 = blockIdx.y * GEMV_TOKENS;
 
     const uint8_t *wr[R];
     int rr[R];
@@ -118,7 +142,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
     const float *xt[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
-        xt[t] = a.x + (size_t)min(t0 + t, a.n - 1) * a.cols;
+        xt[t] = tm.xrow(t0 + t);
 
     float acc[R][NT];
 #pragma unroll
@@ -187,9 +211,16 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
         float v = 0.0f;
         for (int w = 0; w < ksplit; w++)
             v += red[w][threadIdx.x];
-        if (r0 + r < a.row_end && t0 + t < a.n)
-            a.y[(size_t)(t0 + t) * m + (r0 + r - a.row_begin)] = v;
+        if (r0 + r < a.row_end && tm.ok(t0 + t))
+            a.y[tm.yrow(t0 + t) * m + (r0 + r - a.row_begin)] = v;
     }
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
+{
+    tok_plain tm{a.x, a.n, a.cols};
+    gemv_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * GEMV_ROWS_PER_WARP, blockIdx.y * GEMV_TOKENS);
 }
 
 /* ---- decode kernel on the tensor cores ----
@@ -253,14 +284,12 @@ __device__ __forceinline__ void tc_row(const uint8_t *rowp, int col, float s4, u
     }
 }
 
-template <int WT, int NT>
-__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_kernel(gemv_args a)
+template <int WT, int NT, class TM>
+__device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int r0, int t0)
 {
     __shared__ float red[GEMV_MAX_SPLIT][2 * NT * 4][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ksplit = blockDim.x >> 5;
     int g = lane >> 2, tq = lane & 3;
-    int r0 = a.row_begin + blockIdx.x * TC_ROWS;
-    int t0 = blockIdx.y * (8 * NT);
     const uint8_t *rp[2][2];
     int rrow[2][2];
 #pragma unroll
@@ -273,7 +302,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_kernel(gemv_args 
     const float *xp[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
-        xp[nt] = a.x + (size_t)min(t0 + 8 * nt + g, a.n - 1) * a.cols;
+        xp[nt] = tm.xrow(t0 + 8 * nt + g);
 
     float acc[2][NT][4];
 #pragma unroll
@@ -368,9 +397,16 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_kernel(gemv_args 
             v += red[wi][e][ln];
         int row = r0 + 16 * mt + (ln >> 2) + 8 * (i >> 1);
         int tok = t0 + 8 * nt + 2 * (ln & 3) + (i & 1);
-        if (row < a.row_end && tok < a.n)
-            a.y[(size_t)tok * m_out + (row - a.row_begin)] = v;
+        if (row < a.row_end && tm.ok(tok))
+            a.y[tm.yrow(tok) * m_out + (row - a.row_begin)] = v;
     }
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_kernel(gemv_args a)
+{
+    tok_plain tm{a.x, a.n, a.cols};
+    gemv_tc_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * TC_ROWS, blockIdx.y * (8 * NT));
 }
 
 /* Shapes the tensor-core kernel takes: bf16/fp8/fp4 weights, columns a multiple of 128, rows
@@ -563,6 +599,173 @@ extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_wei
         gemv_tc_launch<WT_F8>(a, c->stream);
     else
         gemv_tc_launch<WT_F4>(a, c->stream);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+/* ---- grouped expert matmuls (MoE) ----
+ *
+ * One launch over every expert's assignments: blockIdx.x is a token tile of one
+ * expert (found in the tile prefix sums by binary search; tiles past the last
+ * one exit), blockIdx.y a row tile of one of up to two matrices (w1 and w3 in
+ * one launch).  Each block is the plain kernel's block for that expert's weight
+ * with tok_group as its token map, so every token's result is bit for bit the
+ * one duet_cuda_matmul_invariant gives for it alone. */
+struct group_args {
+    const void *const *w[2];
+    const void *const *scale[2];
+    float *y[2];
+    const int32_t *offs, *tiles, *xrow;
+    int n_experts, row_tiles;
+};
+
+__device__ __forceinline__ bool group_tile(const group_args &g, int tile, int tok_per_tile, int *e_out, int *t0)
+{
+    int E = g.n_experts;
+    if (tile >= __ldg(g.tiles + E))
+        return false;
+    int lo = 0, hi = E - 1; /* the last expert whose first tile is <= tile (empty experts repeat a value) */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (__ldg(g.tiles + mid) <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    *e_out = lo;
+    *t0 = (tile - __ldg(g.tiles + lo)) * tok_per_tile;
+    return true;
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_args a, group_args g)
+{
+    int e, t0;
+    if (!group_tile(g, blockIdx.x, GEMV_TOKENS, &e, &t0))
+        return;
+    int mi = blockIdx.y >= (unsigned)g.row_tiles;
+    int off = __ldg(g.offs + e);
+    a.w = (const uint8_t *)g.w[mi][e];
+    a.scale = g.scale[mi] ? g.scale[mi][e] : NULL;
+    a.y = g.y[mi];
+    tok_group tm{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
+    gemv_body<WT, NT>(a, tm, (blockIdx.y - mi * g.row_tiles) * GEMV_ROWS_PER_WARP, t0);
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_group_kernel(gemv_args a, group_args g)
+{
+    int e, t0;
+    if (!group_tile(g, blockIdx.x, 8 * NT, &e, &t0))
+        return;
+    int mi = blockIdx.y >= (unsigned)g.row_tiles;
+    int off = __ldg(g.offs + e);
+    a.w = (const uint8_t *)g.w[mi][e];
+    a.scale = g.scale[mi] ? g.scale[mi][e] : NULL;
+    a.y = g.y[mi];
+    tok_group tm{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
+    gemv_tc_body<WT, NT>(a, tm, (blockIdx.y - mi * g.row_tiles) * TC_ROWS, t0);
+}
+
+static int grouped_kind(const duet_weight_t *w, const float *x)
+{
+    int wt = weight_kind(w);
+    if (wt < 0 || w->rows <= 0 || w->cols <= 0)
+        return -1;
+    if (w->dtype == DUET_DT_F4_E2M1X2 && w->cols % 32)
+        return -1;
+    if ((w->dtype == DUET_DT_F8_E4M3 || w->dtype == DUET_DT_F4_E2M1X2) &&
+        w->scale_dtype != DUET_DT_F32 && w->scale_dtype != DUET_DT_F8_E8M0)
+        return -1;
+    gemv_args a;
+    gemv_args_of(w, 0, w->rows, x, 0, NULL, &a);
+    a.w = NULL; /* experts' own pointers: device allocations, 256-byte aligned */
+    if (tc_eligible(a, wt))
+        return 1;
+    if (a.row_bytes % 16 == 0 && ((uintptr_t)x % 16) == 0 && a.cols % 4 == 0)
+        return 0;
+    return -1;
+}
+
+extern "C" int duet_cuda_matmul_grouped_ok(const duet_weight_t *proto, const float *x)
+{
+    return grouped_kind(proto, x) >= 0;
+}
+
+extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cuda_expert_mats_t *ma,
+                                                  const duet_cuda_expert_mats_t *mb, const duet_cuda_moe_plan_t *p,
+                                                  const float *x, int use_xrow, float *ya, float *yb)
+{
+    const duet_weight_t *w = ma->proto;
+    int kind = grouped_kind(w, x);
+    if (kind < 0)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_grouped: %s weight %dx%d, x %p",
+                               duet_dtype_name(w->dtype), w->rows, w->cols, (const void *)x);
+    if (mb && (mb->proto->dtype != w->dtype || mb->proto->rows != w->rows || mb->proto->cols != w->cols ||
+               mb->proto->scale_dtype != w->scale_dtype || mb->proto->scale_cols != w->scale_cols))
+        return duet_cuda_failf(c, DUET_ERR_SHAPE, "matmul_grouped: the two matrices differ in shape or dtype");
+    if (p->n_assign <= 0 || p->n_experts <= 0)
+        return DUET_OK;
+    gemv_args a;
+    gemv_args_of(w, 0, w->rows, x, p->n_assign, NULL, &a);
+    group_args g;
+    memset(&g, 0, sizeof g);
+    g.w[0] = ma->data;
+    g.scale[0] = ma->scale;
+    g.y[0] = ya;
+    int n_mat = 1;
+    if (mb) {
+        g.w[1] = mb->data;
+        g.scale[1] = mb->scale;
+        g.y[1] = yb;
+        n_mat = 2;
+    }
+    g.offs = p->offs;
+    g.xrow = use_xrow ? p->xrow : NULL;
+    g.n_experts = p->n_experts;
+    int wt = weight_kind(w), E = p->n_experts, n = p->n_assign;
+    int nonempty = n < E ? n : E;
+    if (kind == 1) {
+        /* 32-token tiles once experts average 16 tokens (each weight row tile is read once a
+         * tile), else 8; a token's result does not depend on the tile size */
+        int nt = n >= 16 * E ? TC_MAX_NT : 1;
+        g.tiles = p->tiles + (nt == 1 ? 0 : E + 1);
+        g.row_tiles = duet_cdiv(w->rows, TC_ROWS);
+        int units = w->cols / 128, ksplit = units / 2;
+        ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
+        dim3 grid(duet_cdiv(n, 8 * nt) + nonempty, g.row_tiles * n_mat);
+        int threads = ksplit * 32;
+#define TC_GROUP(W)                                                                                                \
+    do {                                                                                                           \
+        if (nt == 1)                                                                                               \
+            gemv_tc_group_kernel<W, 1><<<grid, threads, 0, c->stream>>>(a, g);                                     \
+        else                                                                                                       \
+            gemv_tc_group_kernel<W, TC_MAX_NT><<<grid, threads, 0, c->stream>>>(a, g);                             \
+    } while (0)
+        if (wt == WT_BF16)
+            TC_GROUP(WT_BF16);
+        else if (wt == WT_F8)
+            TC_GROUP(WT_F8);
+        else
+            TC_GROUP(WT_F4);
+#undef TC_GROUP
+    } else {
+        g.tiles = p->tiles;
+        g.row_tiles = duet_cdiv(w->rows, GEMV_ROWS_PER_WARP);
+        int nchunks = (int)(a.row_bytes / 16);
+        int ksplit = nchunks / 64;
+        ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
+        dim3 grid(duet_cdiv(n, GEMV_TOKENS) + nonempty, g.row_tiles * n_mat);
+        int threads = ksplit * 32;
+        if (wt == WT_BF16)
+            gemv_group_kernel<WT_BF16, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+        else if (wt == WT_F8)
+            gemv_group_kernel<WT_F8, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+        else if (wt == WT_F4)
+            gemv_group_kernel<WT_F4, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+        else
+            gemv_group_kernel<WT_F32, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+    }
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -58,6 +58,38 @@ duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w,
 /* 1 when duet_cuda_matmul_invariant takes the tensor-core kernel for this weight, row_begin and x. */
 int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x);
 
+/* Grouped expert matmuls (MoE): every expert's assigned token rows in one launch.
+ * The assignments are sorted by expert (duet_cuda_moe_sort, moe_route.cuh): expert e
+ * owns positions [offs[e], offs[e+1]); position p reads x row xrow[p] (or row p when
+ * use_xrow is 0) and writes y row p, y(n_assign, rows).  Each block runs the
+ * batch-invariant kernel's block (duet_cuda_matmul_invariant: tensor-core where it
+ * applies, else fp32 units) on one expert's weight for a tile of its tokens, so a
+ * token's output is bit for bit what that kernel gives for it alone, whichever tokens
+ * share its tile.  `mb` (optional) is a second matrix of the same shape and dtype
+ * (w1 and w3), multiplied by the same rows into yb in the same launch.  The grid is
+ * sized from n_assign and n_experts alone (the counts stay on the device): tiles past
+ * the last one exit at once.  Bytes: each used expert's weight once per tile of 8
+ * (32 from an average of 16 tokens an expert) tokens. */
+typedef struct {
+    const duet_weight_t *proto; /* host struct: dtype, rows, cols, scale dtype and columns of every expert */
+    const void *const *data;    /* (E) device array of the experts' device weight pointers (16-byte aligned) */
+    const void *const *scale;   /* (E) device array of their scale pointers, or NULL (bf16, f32) */
+} duet_cuda_expert_mats_t;
+
+typedef struct {
+    int n_experts;
+    int n_assign;         /* rows * top_k: the sorted positions */
+    const int32_t *offs;  /* (E+1) device */
+    const int32_t *tiles; /* (2, E+1) device: prefix sums of ceil(m_e / 8), then of ceil(m_e / 32) */
+    const int32_t *xrow;  /* (n_assign) device: the x row of each position */
+} duet_cuda_moe_plan_t;
+
+duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cuda_expert_mats_t *ma,
+                                       const duet_cuda_expert_mats_t *mb, const duet_cuda_moe_plan_t *p,
+                                       const float *x, int use_xrow, float *ya, float *yb);
+/* 1 when duet_cuda_matmul_grouped takes experts shaped like proto with activations x. */
+int duet_cuda_matmul_grouped_ok(const duet_weight_t *proto, const float *x);
+
 /* fp8 weights on the fp8 tensor cores (prefill): each row of x is quantized
  * to e4m3 per 128 columns with an fp32 scale amax/448 (as the model's own
  * inference code does), then cuBLASLt multiplies with 1×128 activation and

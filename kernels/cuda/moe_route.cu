@@ -1,0 +1,294 @@
+/* MoE routing, sort and combination on the GPU (contract in moe_route.cuh). */
+#include <climits>
+
+#include "common.cuh"
+
+/* duet_score_fn_t */
+#define SCORE_SOFTMAX 0
+#define SCORE_SIGMOID 1
+#define SCORE_SQRTSOFTPLUS 2
+
+#define ROUTE_THREADS 256
+#define SORT_THREADS 1024
+#define SORT_CHUNK 4096
+
+__device__ __forceinline__ float expf_cr(float x) { return (float)exp((double)x); }
+
+__device__ __forceinline__ float moe_score(int f, float z)
+{
+    if (f == SCORE_SQRTSOFTPLUS) {
+        float sp = z > 20.0f ? z : (float)log1p((double)expf_cr(z));
+        return __fsqrt_rn(sp);
+    }
+    if (f == SCORE_SIGMOID)
+        return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf_cr(-z)));
+    return z;
+}
+
+/* descending value, then ascending index */
+__device__ __forceinline__ bool better(float av, int ai, float bv, int bi)
+{
+    return av > bv || (av == bv && ai < bi);
+}
+
+__global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_route_t p, const float *logits,
+                                                                  int32_t *sel, float *wt)
+{
+    extern __shared__ float sm[];
+    int E = p.n_experts, K = p.top_k;
+    float *sc = sm, *bv = sm + E;
+    unsigned char *taken = (unsigned char *)(sm + 2 * E);
+    __shared__ float rv[ROUTE_THREADS / 32];
+    __shared__ int ri[ROUTE_THREADS / 32];
+    __shared__ int chosen[DUET_CUDA_MOE_MAX_K];
+    __shared__ float s_red;
+    int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const float *lg = logits + (size_t)r * E;
+    for (int e = tid; e < E; e += blockDim.x)
+        sc[e] = moe_score(p.scoring, lg[e]);
+    __syncthreads();
+    if (p.scoring == SCORE_SOFTMAX) {
+        float mx = -INFINITY;
+        for (int e = tid; e < E; e += blockDim.x)
+            mx = sc[e] > mx ? sc[e] : mx;
+        for (int o = 16; o; o >>= 1) {
+            float v = __shfl_xor_sync(0xffffffffu, mx, o);
+            mx = v > mx ? v : mx;
+        }
+        if (lane == 0)
+            rv[warp] = mx;
+        __syncthreads();
+        if (tid == 0) {
+            float m = -INFINITY;
+            for (int w = 0; w < nw; w++)
+                m = rv[w] > m ? rv[w] : m;
+            s_red = m;
+        }
+        __syncthreads();
+        mx = s_red;
+        for (int e = tid; e < E; e += blockDim.x)
+            sc[e] = expf_cr(__fsub_rn(sc[e], mx));
+        __syncthreads();
+        if (tid == 0) { /* the CPU's sequential sum */
+            float s = 0.0f;
+            for (int e = 0; e < E; e++)
+                s = __fadd_rn(s, sc[e]);
+            s_red = s;
+        }
+        __syncthreads();
+        float s = s_red;
+        for (int e = tid; e < E; e += blockDim.x)
+            sc[e] = __fdiv_rn(sc[e], s);
+        __syncthreads();
+    }
+    if (p.tid2eid) {
+        int t = p.tok[r];
+        if (tid < K)
+            chosen[tid] = (t >= 0 && t < p.vocab) ? p.tid2eid[(size_t)t * K + tid] : -1;
+    } else {
+        for (int e = tid; e < E; e += blockDim.x) {
+            float b = __fadd_rn(sc[e], p.bias ? p.bias[e] : 0.0f);
+            bv[e] = b != b ? -INFINITY : b;
+            taken[e] = 0;
+        }
+        __syncthreads();
+        for (int k = 0; k < K; k++) {
+            float v = -INFINITY;
+            int vi = INT_MAX;
+            for (int e = tid; e < E; e += blockDim.x)
+                if (!taken[e] && better(bv[e], e, v, vi)) {
+                    v = bv[e];
+                    vi = e;
+                }
+            for (int o = 16; o; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, v, o);
+                int oi = __shfl_xor_sync(0xffffffffu, vi, o);
+                if (better(ov, oi, v, vi)) {
+                    v = ov;
+                    vi = oi;
+                }
+            }
+            if (lane == 0) {
+                rv[warp] = v;
+                ri[warp] = vi;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                float bvv = rv[0];
+                int bi = ri[0];
+                for (int w = 1; w < nw; w++)
+                    if (better(rv[w], ri[w], bvv, bi)) {
+                        bvv = rv[w];
+                        bi = ri[w];
+                    }
+                chosen[k] = bi;
+                taken[bi] = 1;
+            }
+            __syncthreads();
+        }
+        if (tid == 0) /* ascending ids, as duet_cpu_topk */
+            for (int i = 1; i < K; i++) {
+                int v = chosen[i], j = i - 1;
+                while (j >= 0 && chosen[j] > v) {
+                    chosen[j + 1] = chosen[j];
+                    j--;
+                }
+                chosen[j + 1] = v;
+            }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < K; j++) {
+            int e = chosen[j];
+            sum = __fadd_rn(sum, e >= 0 && e < E ? sc[e] : 0.0f);
+        }
+        for (int j = 0; j < K; j++) {
+            int e = chosen[j];
+            float w = e >= 0 && e < E ? sc[e] : 0.0f;
+            if (p.norm_topk_prob)
+                w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+            sel[(size_t)r * K + j] = e;
+            wt[(size_t)r * K + j] = __fmul_rn(w, p.routed_scale);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *sel, int n, int K, int E,
+                                                                 int32_t *offs, int32_t *tiles, int32_t *xrow,
+                                                                 int32_t *pos)
+{
+    extern __shared__ int32_t si[];
+    int *cnt = si, *off = si + E, *buf = si + 2 * E + 1;
+    int tid = threadIdx.x, bd = blockDim.x;
+    for (int e = tid; e < E; e += bd)
+        cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += bd) {
+        int e = sel[i];
+        if (e >= 0 && e < E)
+            atomicAdd(&cnt[e], 1);
+        else
+            pos[i] = -1;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int o = 0, t8 = 0, t32 = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            offs[e] = o;
+            tiles[e] = t8;
+            tiles[E + 1 + e] = t32;
+            o += cnt[e];
+            t8 += (cnt[e] + 7) / 8;
+            t32 += (cnt[e] + 31) / 32;
+        }
+        off[E] = o;
+        offs[E] = o;
+        tiles[E] = t8;
+        tiles[2 * E + 1] = t32;
+    }
+    /* placement: each expert's thread walks the assignments in order */
+    for (int base = 0; base < n; base += SORT_CHUNK) {
+        int len = n - base < SORT_CHUNK ? n - base : SORT_CHUNK;
+        __syncthreads();
+        for (int i = tid; i < len; i += bd)
+            buf[i] = sel[base + i];
+        __syncthreads();
+        for (int e = tid; e < E; e += bd) {
+            int f = off[e];
+            for (int i = 0; i < len; i++)
+                if (buf[i] == e) {
+                    xrow[f] = (base + i) / K;
+                    pos[base + i] = f;
+                    f++;
+                }
+            off[e] = f;
+        }
+    }
+}
+
+__global__ void moe_combine_kernel(const int32_t *sel, const float *wt, const int32_t *pos, int K, const float *y,
+                                   const float *shared, int dim, float *out)
+{
+    __shared__ int ps[DUET_CUDA_MOE_MAX_K];
+    __shared__ float ws[DUET_CUDA_MOE_MAX_K];
+    __shared__ int np;
+    int r = blockIdx.x;
+    if (threadIdx.x == 0) {
+        int ke[DUET_CUDA_MOE_MAX_K], m = 0;
+        for (int j = 0; j < K; j++) { /* valid assignments, ascending expert id then j (insertion: stable) */
+            int p = pos[(size_t)r * K + j];
+            if (p < 0)
+                continue;
+            int e = sel[(size_t)r * K + j], i = m - 1;
+            while (i >= 0 && ke[i] > e) {
+                ke[i + 1] = ke[i];
+                ps[i + 1] = ps[i];
+                ws[i + 1] = ws[i];
+                i--;
+            }
+            ke[i + 1] = e;
+            ps[i + 1] = p;
+            ws[i + 1] = wt[(size_t)r * K + j];
+            m++;
+        }
+        np = m;
+    }
+    __syncthreads();
+    int m = np;
+    for (int d = blockIdx.y * blockDim.x + threadIdx.x; d < dim; d += gridDim.y * blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < m; i++)
+            acc = __fadd_rn(acc, __fmul_rn(y[(size_t)ps[i] * dim + d], ws[i]));
+        if (shared)
+            acc = __fadd_rn(acc, shared[(size_t)r * dim + d]);
+        out[(size_t)r * dim + d] = acc;
+    }
+}
+
+extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe_route_t *p, const float *logits,
+                                             int n_rows, int32_t *sel, float *wt)
+{
+    if (p->n_experts <= 0 || p->top_k <= 0 || p->top_k > DUET_CUDA_MOE_MAX_K || p->top_k > p->n_experts ||
+        (p->tid2eid && !p->tok))
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_route: %d experts, top-%d (at most %d)", p->n_experts,
+                               p->top_k, DUET_CUDA_MOE_MAX_K);
+    if (n_rows <= 0)
+        return DUET_OK;
+    size_t smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
+    if (smem > 48 * 1024)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_route: %d experts (shared memory)", p->n_experts);
+    moe_route_kernel<<<n_rows, ROUTE_THREADS, smem, c->stream>>>(*p, logits, sel, wt);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k,
+                                            int n_experts, int32_t *offs, int32_t *tiles, int32_t *xrow,
+                                            int32_t *pos)
+{
+    if (n_experts <= 0 || top_k <= 0)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_sort: %d experts, top-%d", n_experts, top_k);
+    size_t smem = ((size_t)2 * n_experts + 1 + SORT_CHUNK) * sizeof(int32_t);
+    if (smem > 48 * 1024)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_sort: %d experts (shared memory)", n_experts);
+    moe_sort_kernel<<<1, SORT_THREADS, smem, c->stream>>>(sel, n_rows * top_k, top_k, n_experts, offs, tiles, xrow,
+                                                          pos);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *sel, const float *wt,
+                                               const int32_t *pos, int n_rows, int top_k, const float *y,
+                                               const float *shared, int dim, float *out)
+{
+    if (top_k <= 0 || top_k > DUET_CUDA_MOE_MAX_K)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_combine: top-%d", top_k);
+    if (n_rows <= 0 || dim <= 0)
+        return DUET_OK;
+    dim3 grid(n_rows, duet_cdiv(dim, 256) < 8 ? duet_cdiv(dim, 256) : 8);
+    moe_combine_kernel<<<grid, 256, 0, c->stream>>>(sel, wt, pos, top_k, y, shared, dim, out);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
