@@ -5,6 +5,7 @@
 #define DUET_BENCH_AGENTS_H
 
 #include <jansson.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,7 @@ typedef struct {
     const char *url;        /* router base URL, no trailing slash */
     const char *model;      /* checkpoint for the references */
     const char *generate;   /* duet-generate */
+    const char *ref_device; /* duet-generate --device for the references: cpu (default) or cuda[:N] */
     const char *driver;     /* duet-driver */
     const char *kv_dtype, *index_k_dtype;
     const char *cache_dir;  /* reference cache */
@@ -125,6 +127,10 @@ typedef struct {
 } ba_run_t;
 
 /* bench_agents_check.c */
+/* Set by SIGINT/SIGTERM: the load stops, and so do the references (those not run count as
+ * requests without a reference), and the report is still written. */
+extern volatile sig_atomic_t g_stop;
+
 /* Run the references for every completed request and compare. */
 duet_status_t ba_check_references(ba_run_t *run, duet_err_t *err);
 /* Wait (bounded by o->settle_s) until every decode worker holds nothing; record what they hold. */

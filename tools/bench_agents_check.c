@@ -269,7 +269,7 @@ void ba_read_workers(ba_run_t *run)
             ws->settled = 1;
             break;
         }
-        if (duet_time_s() >= end)
+        if (duet_time_s() >= end || g_stop) /* interrupted: one reading, as it is */
             break;
         usleep(run->o->n_workers ? 250000 : 600000);
     }
@@ -325,6 +325,10 @@ static uint64_t ref_key(const ba_opts_t *o, uint64_t model_fp, const ba_req_t *q
     snprintf(p, sizeof p, "t=%.6g seed=%llu max=%d kv=%s ik=%s eos=1", o->temperature,
              (unsigned long long)(o->temperature > 0 ? q->seed : 0), o->max_tokens, o->kv_dtype, o->index_k_dtype);
     duet_hasher_str(h, p);
+    if (strcmp(o->ref_device, "cpu") != 0) { /* GPU references are their own (CPU keys stay as they were) */
+        snprintf(p, sizeof p, "device=%s", o->ref_device);
+        duet_hasher_str(h, p);
+    }
     duet_hasher_u64(h, model_fp);
     uint64_t v = duet_hasher_digest(h);
     duet_hasher_destroy(&h);
@@ -409,6 +413,10 @@ static pid_t spawn_ref(const ba_opts_t *o, const ba_req_t *q, running_t *r)
     argv[n++] = "--index-k-dtype";
     argv[n++] = (char *)o->index_k_dtype;
     argv[n++] = "--stop-at-eos";
+    if (strcmp(o->ref_device, "cpu") != 0) {
+        argv[n++] = "--device";
+        argv[n++] = (char *)o->ref_device;
+    }
     if (o->temperature > 0) {
         argv[n++] = "--temperature";
         argv[n++] = temp;
@@ -478,6 +486,18 @@ duet_status_t ba_check_references(ba_run_t *run, duet_err_t *err)
     int active = 0;
     double last_note = duet_time_s();
     for (long iter = 0; next < n_jobs || active; iter++) {
+        if (g_stop && next < n_jobs) { /* interrupted: run no more, end those running, report what there is */
+            fprintf(stderr, "duet-bench-agents: interrupted: %zu references not run\n", n_jobs - next);
+            for (; next < n_jobs; next++)
+                if (access(jobs[next].path, R_OK) != 0)
+                    jobs[next].q->ref_state = 3;
+            for (int k = 0; k < o->jobs; k++)
+                if (rn[k].pid) {
+                    kill(-rn[k].pid, SIGKILL);
+                    kill(rn[k].pid, SIGKILL);
+                    rn[k].deadline = 0;
+                }
+        }
         while (active < o->jobs && next < n_jobs) {
             ref_job_t *j = &jobs[next++];
             if (access(j->path, R_OK) == 0)
@@ -863,7 +883,10 @@ int ba_report(ba_run_t *run)
             PROBLEM("%s: %s", run->chaos[i].kind, run->chaos[i].note);
 #undef PROBLEM
     int clean = json_array_size(problems) == 0;
-    const char *mode = o->compare == BA_COMPARE_EXACT ? "exact (CPU backend)" : "none";
+    const char *mode = o->compare != BA_COMPARE_EXACT ? "none"
+                       : strcmp(o->ref_device, "cpu") == 0
+                           ? "exact (CPU backend)"
+                           : "exact (GPU, batch-invariant engine: PD equals single-process duet-generate --device cuda)";
 
     /* ---- terminal */
     printf("\nduet bench agents%s%s  (%s, %d sessions x %d turns, %s %g, %d tokens out, %s, seed %llu)\n",
@@ -960,13 +983,14 @@ int ba_report(ba_run_t *run)
         }
         json_t *cfg = json_pack(
             "{s:s, s:s?, s:i, s:f, s:i, s:i, s:i, s:i, s:b, s:b, s:f, s:f, s:I, s:s, s:s, s:s?, s:f, s:f, s:f, s:f, "
-            "s:f}",
+            "s:f, s:s}",
             "url", o->url, "scenario", o->scenario, "concurrency", o->concurrency, "rate", o->rate, "sessions",
             o->sessions, "turns", o->turns, "context", o->context, "max_tokens", o->max_tokens, "thinking",
             o->thinking, "stream", o->stream, "temperature", o->temperature, "timeout_s", o->timeout_s, "seed",
             (json_int_t)o->seed, "kv_dtype", o->kv_dtype, "index_k_dtype", o->index_k_dtype, "model", o->model,
             "disconnect_fraction", o->disconnect_fraction, "kill_decode_at", o->kill_decode_at, "redis_restart_at",
-            o->redis_restart_at, "slo_ttft_ms", o->slo_ttft_ms, "slo_itl_ms", o->slo_itl_ms);
+            o->redis_restart_at, "slo_ttft_ms", o->slo_ttft_ms, "slo_itl_ms", o->slo_itl_ms, "reference_device",
+            o->ref_device);
         json_t *lat = json_pack("{s:o, s:o, s:o}", "ttft", pct_json(&p_ttft), "itl", pct_json(&p_itl), "e2e",
                                 pct_json(&p_e2e));
         json_t *root = json_pack(
