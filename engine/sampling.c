@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 void duet_sampling_default(duet_sampling_t *s)
 {
@@ -39,6 +40,58 @@ static int cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* Sort candidates by p descending, then id ascending: the order cand_cmp defines, in linear
+ * time.  Every p is a positive finite float (an expf result >= 1e-9), so its bits order like
+ * its value; an LSD radix sort on the complemented bits (3 passes of 11 bits) is stable, and
+ * the candidates come in ascending id, so ties keep ascending id.  A full vocabulary (129k
+ * candidates with a flat distribution) sorts in about a millisecond where qsort took ten or
+ * more, on the decode worker's thread, for every sampled row.  Returns -1 without memory. */
+static int sort_candidates(cand_t *c, int n)
+{
+    if (n < 64) {
+        qsort(c, (size_t)n, sizeof(cand_t), cand_cmp);
+        return 0;
+    }
+    cand_t *tmp = malloc(sizeof(cand_t) * (size_t)n);
+    uint32_t *cnt = calloc(3 * 2048, sizeof(uint32_t));
+    if (!tmp || !cnt) {
+        free(tmp);
+        free(cnt);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &c[i].p, sizeof bits);
+        uint32_t k = ~bits;
+        cnt[k & 2047]++;
+        cnt[2048 + ((k >> 11) & 2047)]++;
+        cnt[4096 + (k >> 22)]++;
+    }
+    cand_t *src = c, *dst = tmp;
+    for (int pass = 0; pass < 3; pass++) {
+        uint32_t *h = cnt + pass * 2048, sum = 0;
+        for (int b = 0; b < 2048; b++) {
+            uint32_t v = h[b];
+            h[b] = sum;
+            sum += v;
+        }
+        int shift = pass * 11;
+        for (int i = 0; i < n; i++) {
+            uint32_t bits;
+            memcpy(&bits, &src[i].p, sizeof bits);
+            dst[h[((~bits) >> shift) & 2047]++] = src[i];
+        }
+        cand_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != c) /* three passes: the result is in tmp */
+        memcpy(c, src, sizeof(cand_t) * (size_t)n);
+    free(tmp);
+    free(cnt);
+    return 0;
+}
+
 int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position)
 {
     /* NaN logits never win; +inf wins outright (greedy, and sampling falls back to it) */
@@ -64,7 +117,8 @@ int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, in
         free(c);
         return best;
     }
-    qsort(c, (size_t)n, sizeof(cand_t), cand_cmp);
+    if (sort_candidates(c, n) != 0)
+        qsort(c, (size_t)n, sizeof(cand_t), cand_cmp);
     if (s->top_k > 0 && n > s->top_k)
         n = s->top_k;
     double sum = 0.0;
