@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "msg_xfer.h"
@@ -48,6 +49,7 @@ typedef struct {
     uint64_t steps, step_ns_total, step_ns_max, tokens_out, tokens_stepped;
     uint32_t top_rows;        /* the largest batch a step has run, and the steps of that size */
     uint64_t top_steps, top_ns;
+    int sample_threads;       /* threads that sample a step's rows (the host's cores, at most 16) */
 } dsrv_t;
 
 static volatile int g_stop;
@@ -493,11 +495,16 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
         return DUET_OK;
     }
     s->tokens_stepped += p.n;
+    const duet_sampling_t *sp[1024];
+    int64_t pos[1024];
+    int32_t tok[1024];
     for (uint32_t i = 0; i < p.n; i++) {
-        dd_t *u = batch[i]->user;
-        int32_t tok = duet_sample(s->logits + (size_t)i * V, V, &u->sp, batch[i]->seq.n_past);
-        deliver_token(s, batch[i], tok);
+        sp[i] = &((dd_t *)batch[i]->user)->sp;
+        pos[i] = batch[i]->seq.n_past;
     }
+    duet_sample_batch(s->logits, V, (int)p.n, sp, pos, tok, s->sample_threads);
+    for (uint32_t i = 0; i < p.n; i++)
+        deliver_token(s, batch[i], tok[i]);
     return DUET_OK;
 }
 
@@ -540,6 +547,8 @@ int main(int argc, char **argv)
                                 &err) != DUET_OK)
         goto fail;
     S.logits = S.eng.logits;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    S.sample_threads = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
     if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
         goto fail;
     char dev[32];

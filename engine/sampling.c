@@ -1,6 +1,8 @@
 #include "sampling.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,4 +160,48 @@ int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, in
     }
     free(c);
     return pick;
+}
+
+typedef struct {
+    const float *logits;
+    int vocab, n;
+    const duet_sampling_t *const *sp;
+    const int64_t *positions;
+    int32_t *out;
+    atomic_int next;
+} sample_batch_t;
+
+static void *sample_rows(void *arg)
+{
+    sample_batch_t *b = arg;
+    for (;;) {
+        int i = atomic_fetch_add(&b->next, 1);
+        if (i >= b->n)
+            break;
+        b->out[i] = duet_sample(b->logits + (size_t)i * (size_t)b->vocab, b->vocab, b->sp[i], b->positions[i]);
+    }
+    return NULL;
+}
+
+#define SAMPLE_MAX_THREADS 32
+
+void duet_sample_batch(const float *logits, int vocab, int n, const duet_sampling_t *const *sp,
+                       const int64_t *positions, int32_t *out, int max_threads)
+{
+    sample_batch_t b = {.logits = logits, .vocab = vocab, .n = n, .sp = sp, .positions = positions, .out = out};
+    atomic_init(&b.next, 0);
+    int sampled = 0; /* rows that need more than an argmax */
+    for (int i = 0; i < n; i++)
+        sampled += sp[i]->temperature > 0.0f;
+    int t = max_threads < SAMPLE_MAX_THREADS ? max_threads : SAMPLE_MAX_THREADS;
+    if (t > sampled)
+        t = sampled;
+    pthread_t th[SAMPLE_MAX_THREADS];
+    int started = 0;
+    for (; started < t - 1; started++) /* the caller is one of the t */
+        if (pthread_create(&th[started], NULL, sample_rows, &b) != 0)
+            break;
+    sample_rows(&b);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
 }

@@ -30,4 +30,11 @@ double duet_sample_uniform(uint64_t seed, int64_t position);
  * reproducible. */
 int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position);
 
+/* duet_sample for n rows (row i: logits + i * vocab, sp[i], positions[i]) into out[i], on up
+ * to max_threads threads (rows are independent, so the result is the same as n calls in
+ * order; 1 or fewer: the calling thread alone).  A sampled row over a flat distribution costs
+ * a millisecond or more, so a decode step of many rows spreads them over the host's cores. */
+void duet_sample_batch(const float *logits, int vocab, int n, const duet_sampling_t *const *sp,
+                       const int64_t *positions, int32_t *out, int max_threads);
+
 #endif

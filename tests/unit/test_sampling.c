@@ -124,8 +124,37 @@ static void test_same_draws(void **state)
     free(lg);
 }
 
+/* Rows sampled on several threads: the same tokens as one call per row, in order. */
+static void test_batch_same_as_rows(void **state)
+{
+    (void)state;
+    const int V = 129280, N = 37;
+    float *lg = malloc(sizeof(float) * (size_t)V * N);
+    duet_sampling_t s[37];
+    const duet_sampling_t *sp[37];
+    int64_t pos[37];
+    int32_t got[37];
+    for (int r = 0; r < N; r++) {
+        for (int i = 0; i < V; i++)
+            lg[(size_t)r * V + i] = (float)(r % 2 ? rnd() * 0.5 : (rnd() - 0.5) * 20.0);
+        duet_sampling_default(&s[r]);
+        s[r].temperature = r % 5 == 0 ? 0.0f : 0.8f; /* some greedy rows among sampled ones */
+        s[r].top_p = r % 3 == 1 ? 0.9f : 1.0f;
+        s[r].seed = 77u + (uint64_t)r;
+        sp[r] = &s[r];
+        pos[r] = 100 + r;
+    }
+    for (int threads = 1; threads <= 8; threads *= 2) {
+        memset(got, 0xff, sizeof got);
+        duet_sample_batch(lg, V, N, sp, pos, got, threads);
+        for (int r = 0; r < N; r++)
+            assert_int_equal(got[r], duet_sample(lg + (size_t)r * V, V, sp[r], pos[r]));
+    }
+    free(lg);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws), cmocka_unit_test(test_batch_same_as_rows)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
