@@ -331,6 +331,43 @@ static duet_status_t attention(fwd_t *F, int layer, duet_err_t *err)
     return DUET_OK;
 }
 
+void duet_moe_route_row(const float *logit, int E, int K, duet_score_fn_t scoring, int norm, float scale,
+                        const float *bias, const int32_t *hash_ids, float *scratch, int32_t *sel, float *w)
+{
+    float *sc = scratch, *biased = scratch + E;
+    for (int e = 0; e < E; e++) {
+        float z = logit[e];
+        sc[e] = scoring == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplusf_(z))
+                : scoring == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
+                                                   : z;
+    }
+    if (scoring == DUET_SCORE_SOFTMAX) {
+        float mx = -INFINITY, s = 0.0f;
+        for (int e = 0; e < E; e++)
+            mx = sc[e] > mx ? sc[e] : mx;
+        for (int e = 0; e < E; e++)
+            s += (sc[e] = expf(sc[e] - mx));
+        for (int e = 0; e < E; e++)
+            sc[e] /= s;
+    }
+    if (hash_ids) {
+        memcpy(sel, hash_ids, sizeof(int32_t) * (size_t)K);
+    } else {
+        for (int e = 0; e < E; e++)
+            biased[e] = sc[e] + (bias ? bias[e] : 0.0f);
+        duet_kernels()->topk(biased, E, K, sel);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++)
+        sum += sc[sel[j]];
+    for (int j = 0; j < K; j++) {
+        float v = sc[sel[j]];
+        if (norm)
+            v = v / (sum + 1e-20f);
+        w[j] = v * scale;
+    }
+}
+
 /* One expert's SwiGLU MLP over m rows: x(m, D) -> y(m, D). */
 static void expert_mlp(fwd_t *F, const duet_expert_t *e, const float *x, int m, float *y)
 {
@@ -353,43 +390,13 @@ static void moe(fwd_t *F, int layer)
     float *logit = ALLOC_F((size_t)R * E);      /* (R, E) */
     int32_t *sel = malloc(sizeof(int32_t) * (size_t)R * K);
     float *wt = ALLOC_F((size_t)R * K);
-    float *biased = ALLOC_F(E);
+    float *scratch = ALLOC_F((size_t)2 * E);
     F->k->matmul(&lw->gate, 0, E, F->xn, R, logit);
-    for (int r = 0; r < R; r++) {
-        float *sc = logit + (size_t)r * E;
-        for (int e = 0; e < E; e++) {
-            float z = sc[e];
-            sc[e] = c->scoring_func == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplusf_(z))
-                    : c->scoring_func == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
-                                                               : z;
-        }
-        if (c->scoring_func == DUET_SCORE_SOFTMAX) {
-            float mx = -INFINITY, s = 0.0f;
-            for (int e = 0; e < E; e++)
-                mx = sc[e] > mx ? sc[e] : mx;
-            for (int e = 0; e < E; e++)
-                s += (sc[e] = expf(sc[e] - mx));
-            for (int e = 0; e < E; e++)
-                sc[e] /= s;
-        }
-        int32_t *si = sel + (size_t)r * K;
-        if (lw->is_hash) {
-            memcpy(si, lw->tid2eid + (size_t)F->tok[r] * K, sizeof(int32_t) * K);
-        } else {
-            for (int e = 0; e < E; e++)
-                biased[e] = sc[e] + (lw->gate_bias ? lw->gate_bias[e] : 0.0f);
-            F->k->topk(biased, E, K, si);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < K; j++)
-            sum += sc[si[j]];
-        for (int j = 0; j < K; j++) {
-            float w = sc[si[j]];
-            if (c->norm_topk_prob)
-                w = w / (sum + 1e-20f);
-            wt[(size_t)r * K + j] = w * (float)c->routed_scaling_factor;
-        }
-    }
+    for (int r = 0; r < R; r++)
+        duet_moe_route_row(logit + (size_t)r * E, E, K, c->scoring_func, c->norm_topk_prob,
+                           (float)c->routed_scaling_factor, lw->gate_bias,
+                           lw->is_hash ? lw->tid2eid + (size_t)F->tok[r] * K : NULL, scratch, sel + (size_t)r * K,
+                           wt + (size_t)r * K);
     /* routed experts in ascending id; rows of one expert batched (per-row results do not depend on it) */
     memset(F->f, 0, sizeof(float) * (size_t)R * D);
     int *rows = malloc(sizeof(int) * (size_t)R);
@@ -419,7 +426,7 @@ static void moe(fwd_t *F, int layer)
             F->f[i] += yg[i];
     }
     free(rows); free(rw); free(xg); free(yg);
-    free(logit); free(sel); free(wt); free(biased);
+    free(logit); free(sel); free(wt); free(scratch);
 }
 
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,

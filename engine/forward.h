@@ -52,6 +52,14 @@ typedef struct {
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
                            duet_err_t *err);
 
+/* MoE routing of one row (the model's contract, shared by every backend's host path and the
+ * CUDA routing check): logit(E) gate logits are scored (sqrt-softplus, sigmoid or softmax),
+ * the K experts picked (hash_ids when the layer routes by token id, else the top K of score +
+ * bias, ties to the lower id), and their weights normalized (norm) and scaled.
+ * scratch: 2*E floats. */
+void duet_moe_route_row(const float *logit, int E, int K, duet_score_fn_t scoring, int norm, float scale,
+                        const float *bias, const int32_t *hash_ids, float *scratch, int32_t *sel, float *w);
+
 /* Called once per layer as soon as every cache write of that layer (pools,
  * ring, compressor state) for all items is complete — before the next layer
  * starts.  Prefill uses it to push a layer's pages while later layers

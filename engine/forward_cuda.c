@@ -1225,8 +1225,6 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     return DUET_OK;
 }
 
-static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *y, duet_err_t *err)
 {
     int D = F->c->hidden_size, I = w3[0].rows;
@@ -1340,7 +1338,7 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
     TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     float *logit = duet_malloc_array((size_t)R * E, sizeof(float));
     int32_t *sel = malloc(sizeof(int32_t) * (size_t)R * K);
-    float *wt = duet_malloc_array((size_t)R * K, sizeof(float)), *biased = duet_malloc_array((size_t)E, sizeof(float));
+    float *wt = duet_malloc_array((size_t)R * K, sizeof(float)), *biased = duet_malloc_array((size_t)2 * E, sizeof(float));
     int *cnt = calloc((size_t)E + 1, sizeof(int));
     duet_status_t st = DUET_OK;
     if (!logit || !sel || !wt || !biased || !cnt) {
@@ -1351,42 +1349,11 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
         st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
         goto out;
     }
-    const duet_kernels_t *k = duet_kernels();
-    for (int r = 0; r < R; r++) {
-        float *sc = logit + (size_t)r * E;
-        for (int e = 0; e < E; e++) {
-            float z = sc[e];
-            sc[e] = c->scoring_func == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplusf_(z))
-                    : c->scoring_func == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
-                                                               : z;
-        }
-        if (c->scoring_func == DUET_SCORE_SOFTMAX) {
-            float mx = -INFINITY, s = 0.0f;
-            for (int e = 0; e < E; e++)
-                mx = sc[e] > mx ? sc[e] : mx;
-            for (int e = 0; e < E; e++)
-                s += (sc[e] = expf(sc[e] - mx));
-            for (int e = 0; e < E; e++)
-                sc[e] /= s;
-        }
-        int32_t *si = sel + (size_t)r * K;
-        if (hw->is_hash) {
-            memcpy(si, hw->tid2eid + (size_t)F->tok_h[r] * K, sizeof(int32_t) * K);
-        } else {
-            for (int e = 0; e < E; e++)
-                biased[e] = sc[e] + (hw->gate_bias ? hw->gate_bias[e] : 0.0f);
-            k->topk(biased, E, K, si);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < K; j++)
-            sum += sc[si[j]];
-        for (int j = 0; j < K; j++) {
-            float w = sc[si[j]];
-            if (c->norm_topk_prob)
-                w = w / (sum + 1e-20f);
-            wt[(size_t)r * K + j] = w * (float)c->routed_scaling_factor;
-        }
-    }
+    for (int r = 0; r < R; r++)
+        duet_moe_route_row(logit + (size_t)r * E, E, K, c->scoring_func, c->norm_topk_prob,
+                           (float)c->routed_scaling_factor, hw->gate_bias,
+                           hw->is_hash ? hw->tid2eid + (size_t)F->tok_h[r] * K : NULL, biased, sel + (size_t)r * K,
+                           wt + (size_t)r * K);
     /* rows grouped by expert, ascending ids (the CPU's order of accumulation) */
     for (size_t i = 0; i < (size_t)R * K; i++)
         if (sel[i] >= 0 && sel[i] < E)

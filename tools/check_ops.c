@@ -42,6 +42,7 @@
 #include "cpu/kernels_cpu.h"
 #include "dtype.h"
 #include "duet_cuda.h"
+#include "forward.h"
 #include "kernels.h"
 #include "model_config.h"
 #include "sampling.h"
@@ -1212,46 +1213,13 @@ static void group_topk(ck_t *ck)
 
 /* ---- MoE: routing, sort, grouped experts, combine ---- */
 
-static float softplus_ref(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-/* forward.c's moe() routing for one row. */
+/* forward.c's moe() routing for one row: the engine's own duet_moe_route_row. */
 static void ref_route(const float *logit, int E, int K, int scoring, int norm, float scale, const float *bias,
                       const int32_t *hash_ids, int32_t *si, float *w)
 {
-    float *sc = xmalloc(4 * (size_t)E), *biased = xmalloc(4 * (size_t)E);
-    for (int e = 0; e < E; e++) {
-        float z = logit[e];
-        sc[e] = scoring == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplus_ref(z))
-                : scoring == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
-                                                   : z;
-    }
-    if (scoring == DUET_SCORE_SOFTMAX) {
-        float mx = -INFINITY, s = 0.0f;
-        for (int e = 0; e < E; e++)
-            mx = sc[e] > mx ? sc[e] : mx;
-        for (int e = 0; e < E; e++)
-            s += (sc[e] = expf(sc[e] - mx));
-        for (int e = 0; e < E; e++)
-            sc[e] /= s;
-    }
-    if (hash_ids) {
-        memcpy(si, hash_ids, sizeof(int32_t) * (size_t)K);
-    } else {
-        for (int e = 0; e < E; e++)
-            biased[e] = sc[e] + (bias ? bias[e] : 0.0f);
-        duet_cpu_topk(biased, E, K, si);
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < K; j++)
-        sum += sc[si[j]];
-    for (int j = 0; j < K; j++) {
-        float v = sc[si[j]];
-        if (norm)
-            v = v / (sum + 1e-20f);
-        w[j] = v * scale;
-    }
-    free(sc);
-    free(biased);
+    float *scratch = xmalloc(8 * (size_t)E);
+    duet_moe_route_row(logit, E, K, (duet_score_fn_t)scoring, norm, scale, bias, hash_ids, scratch, si, w);
+    free(scratch);
 }
 
 typedef struct {
