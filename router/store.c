@@ -297,53 +297,14 @@ out:
     freeReplyObject(h);
 }
 
-/* Several routers share one Redis, each with its own --id: a router takes
- * every unfinished request recorded under its id by another run as its own
- * from before a restart and aborts it.  Two live routers with one id would
- * so abort each other's requests; say so when another run's liveness key
- * carries our id (it may also be this router's previous run, killed less
- * than router_ttl_ms ago). */
-static void check_same_id(duet_store_t *s)
-{
-    char match[192], self[192];
-    duet_store_key(s, match, sizeof match, "router:*");
-    duet_store_key(s, self, sizeof self, "router:%s", s->nonce);
-    char cursor[32] = "0";
-    int rounds = 0;
-    do {
-        redisReply *r = runf(s, "SCAN", cursor, "MATCH", match, "COUNT", "500", NULL);
-        if (!r)
-            return;
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING) {
-            freeReplyObject(r);
-            return;
-        }
-        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-        redisReply *keys = r->element[1];
-        for (size_t i = 0; i < keys->elements && s->rc; i++) {
-            const redisReply *k = keys->element[i];
-            if (k->type != REDIS_REPLY_STRING || !strcmp(k->str, self))
-                continue;
-            redisReply *v = runf(s, "GET", k->str, NULL);
-            if (v && v->type == REDIS_REPLY_STRING && !strcmp(v->str, s->router_id))
-                duet_warn("another run of router id %s has a liveness key (%s): its unfinished requests will be "
-                          "aborted as this router's own before a restart. If that router is still running, give "
-                          "each router its own --id",
-                          s->router_id, k->str);
-            if (v)
-                freeReplyObject(v);
-        }
-        freeReplyObject(r);
-    } while (strcmp(cursor, "0") != 0 && s->rc && ++rounds < 1000);
-}
-
-static void sweep(duet_store_t *s)
+/* Call fn for every key matching the pattern (under the prefix), in SCAN batches; stops early
+ * when the connection drops, and after max_rounds batches at most. */
+static void scan_keys(duet_store_t *s, const char *pattern, int max_rounds,
+                      void (*fn)(duet_store_t *s, const char *key, void *arg), void *arg)
 {
     char match[192];
-    duet_store_key(s, match, sizeof match, "req:*");
+    duet_store_key(s, match, sizeof match, "%s", pattern);
     char cursor[32] = "0";
-    alive_t cache[64];
-    int n_cache = 0;
     int rounds = 0;
     do {
         redisReply *r = runf(s, "SCAN", cursor, "MATCH", match, "COUNT", "500", NULL);
@@ -357,9 +318,53 @@ static void sweep(duet_store_t *s)
         redisReply *keys = r->element[1];
         for (size_t i = 0; i < keys->elements && s->rc; i++)
             if (keys->element[i]->type == REDIS_REPLY_STRING)
-                check_record(s, keys->element[i]->str, cache, &n_cache);
+                fn(s, keys->element[i]->str, arg);
         freeReplyObject(r);
-    } while (strcmp(cursor, "0") != 0 && s->rc && ++rounds < 10000);
+    } while (strcmp(cursor, "0") != 0 && s->rc && ++rounds < max_rounds);
+}
+
+/* Several routers share one Redis, each with its own --id: a router takes
+ * every unfinished request recorded under its id by another run as its own
+ * from before a restart and aborts it.  Two live routers with one id would
+ * so abort each other's requests; say so when another run's liveness key
+ * carries our id (it may also be this router's previous run, killed less
+ * than router_ttl_ms ago). */
+static void check_liveness_key(duet_store_t *s, const char *key, void *arg)
+{
+    if (!strcmp(key, (const char *)arg))
+        return;
+    redisReply *v = runf(s, "GET", key, NULL);
+    if (v && v->type == REDIS_REPLY_STRING && !strcmp(v->str, s->router_id))
+        duet_warn("another run of router id %s has a liveness key (%s): its unfinished requests will be "
+                  "aborted as this router's own before a restart. If that router is still running, give "
+                  "each router its own --id",
+                  s->router_id, key);
+    if (v)
+        freeReplyObject(v);
+}
+
+static void check_same_id(duet_store_t *s)
+{
+    char self[192];
+    duet_store_key(s, self, sizeof self, "router:%s", s->nonce);
+    scan_keys(s, "router:*", 1000, check_liveness_key, self);
+}
+
+typedef struct {
+    alive_t cache[64];
+    int n_cache;
+} sweep_t;
+
+static void sweep_key(duet_store_t *s, const char *key, void *arg)
+{
+    sweep_t *w = arg;
+    check_record(s, key, w->cache, &w->n_cache);
+}
+
+static void sweep(duet_store_t *s)
+{
+    sweep_t w = {.n_cache = 0};
+    scan_keys(s, "req:*", 10000, sweep_key, &w);
 }
 
 static void run_job(duet_store_t *s, job_t *j)
