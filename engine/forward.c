@@ -429,6 +429,38 @@ static void moe(fwd_t *F, int layer)
     free(logit); free(sel); free(wt); free(scratch);
 }
 
+duet_status_t duet_fwd_items_check(const duet_model_config_t *c, const duet_kv_cache_t *cache,
+                                   const duet_fwd_item_t *items, int n_items, int logits_elsewhere, int *rows,
+                                   duet_err_t *err)
+{
+    int64_t pt = duet_kv_cache_opts(cache)->page_tokens;
+    int R = 0;
+    for (int i = 0; i < n_items; i++) {
+        const duet_fwd_item_t *it = &items[i];
+        if (!it->seq || !it->seq->has_slot || it->n_tokens <= 0 || !it->tokens)
+            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: no sequence, slot or tokens", i);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == it->seq)
+                return duet_err_set(err, DUET_ERR_INVALID, "batch items %d and %d share a sequence", j, i);
+        int64_t total = it->seq->n_past + it->n_tokens;
+        if ((int64_t)it->seq->n_pages * pt < total)
+            return duet_err_set(err, DUET_ERR_NO_SPACE, "batch item %d: pages cover %lld tokens, %lld needed", i,
+                                (long long)it->seq->n_pages * pt, (long long)total);
+        if (total > c->max_position_embeddings)
+            return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: position %lld beyond the model's %lld", i,
+                                (long long)total, (long long)c->max_position_embeddings);
+        for (int j = 0; j < it->n_tokens; j++)
+            if (it->tokens[j] < 0 || it->tokens[j] >= c->vocab_size)
+                return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: token id %d outside [0, %d)", i,
+                                    it->tokens[j], c->vocab_size);
+        if (it->logits_mode != DUET_LOGITS_NONE && !it->logits && !logits_elsewhere)
+            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: logits requested without a buffer", i);
+        R += it->n_tokens;
+    }
+    *rows = R;
+    return DUET_OK;
+}
+
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
                            duet_err_t *err)
 {
@@ -447,31 +479,11 @@ duet_status_t duet_forward_hooked(const duet_model_t *m, duet_kv_cache_t *cache,
     F.cache = cache;
     F.items = items;
     F.n_items = n_items;
-    int64_t pt = duet_kv_cache_opts(cache)->page_tokens;
     /* validate everything before touching any cache */
     int R = 0;
-    for (int i = 0; i < n_items; i++) {
-        duet_fwd_item_t *it = &items[i];
-        if (!it->seq || !it->seq->has_slot || it->n_tokens <= 0 || !it->tokens)
-            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: no sequence, slot or tokens", i);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return duet_err_set(err, DUET_ERR_INVALID, "batch items %d and %d share a sequence", j, i);
-        int64_t total = it->seq->n_past + it->n_tokens;
-        if ((int64_t)it->seq->n_pages * pt < total)
-            return duet_err_set(err, DUET_ERR_NO_SPACE, "batch item %d: pages cover %lld tokens, %lld needed", i,
-                                (long long)it->seq->n_pages * pt, (long long)total);
-        if (total > c->max_position_embeddings)
-            return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: position %lld beyond the model's %lld", i,
-                                (long long)total, (long long)c->max_position_embeddings);
-        for (int j = 0; j < it->n_tokens; j++)
-            if (it->tokens[j] < 0 || it->tokens[j] >= c->vocab_size)
-                return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: token id %d outside [0, %d)", i,
-                                    it->tokens[j], c->vocab_size);
-        if (it->logits_mode != DUET_LOGITS_NONE && !it->logits)
-            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: logits requested without a buffer", i);
-        R += it->n_tokens;
-    }
+    duet_status_t vst = duet_fwd_items_check(c, cache, items, n_items, 0, &R, err);
+    if (vst != DUET_OK)
+        return vst;
     if (R == 0)
         return DUET_OK;
     int D = c->hidden_size, hc = c->hc_mult;

@@ -52,6 +52,14 @@ typedef struct {
 duet_status_t duet_forward(const duet_model_t *m, duet_kv_cache_t *cache, duet_fwd_item_t *items, int n_items,
                            duet_err_t *err);
 
+/* The checks every backend's forward makes before touching a cache: each item has a sequence
+ * with a slot, tokens inside the vocabulary, pages for every position, no sequence twice, and a
+ * logits buffer when it asks for logits (unless logits_elsewhere: the caller collects them).
+ * *rows: the items' tokens in all. */
+duet_status_t duet_fwd_items_check(const duet_model_config_t *c, const duet_kv_cache_t *cache,
+                                   const duet_fwd_item_t *items, int n_items, int logits_elsewhere, int *rows,
+                                   duet_err_t *err);
+
 /* MoE routing of one row (the model's contract, shared by every backend's host path and the
  * CUDA routing check): logit(E) gate logits are scored (sqrt-softplus, sigmoid or softmax),
  * the K experts picked (hash_ids when the layer routes by token id, else the top K of score +

@@ -1571,31 +1571,11 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     const duet_model_t *m = mc->m;
     const duet_model_config_t *c = &m->cfg;
     duet_kv_cache_t *cache = dc->host;
-    int64_t pt = duet_kv_cache_opts(cache)->page_tokens;
     /* validate everything before touching any cache (forward.c's checks) */
     int R = 0;
-    for (int i = 0; i < n_items; i++) {
-        duet_fwd_item_t *it = &items[i];
-        if (!it->seq || !it->seq->has_slot || it->n_tokens <= 0 || !it->tokens)
-            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: no sequence, slot or tokens", i);
-        for (int j = 0; j < i; j++)
-            if (items[j].seq == it->seq)
-                return duet_err_set(err, DUET_ERR_INVALID, "batch items %d and %d share a sequence", j, i);
-        int64_t total = it->seq->n_past + it->n_tokens;
-        if ((int64_t)it->seq->n_pages * pt < total)
-            return duet_err_set(err, DUET_ERR_NO_SPACE, "batch item %d: pages cover %lld tokens, %lld needed", i,
-                                (long long)it->seq->n_pages * pt, (long long)total);
-        if (total > c->max_position_embeddings)
-            return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: position %lld beyond the model's %lld", i,
-                                (long long)total, (long long)c->max_position_embeddings);
-        for (int j = 0; j < it->n_tokens; j++)
-            if (it->tokens[j] < 0 || it->tokens[j] >= c->vocab_size)
-                return duet_err_set(err, DUET_ERR_RANGE, "batch item %d: token id %d outside [0, %d)", i,
-                                    it->tokens[j], c->vocab_size);
-        if (it->logits_mode != DUET_LOGITS_NONE && !it->logits && !(opts && opts->logits_dev))
-            return duet_err_set(err, DUET_ERR_INVALID, "batch item %d: logits requested without a buffer", i);
-        R += it->n_tokens;
-    }
+    duet_status_t vst = duet_fwd_items_check(c, cache, items, n_items, opts && opts->logits_dev, &R, err);
+    if (vst != DUET_OK)
+        return vst;
     if (opts && opts->stats)
         memset(opts->stats, 0, sizeof *opts->stats);
     if (R == 0)
