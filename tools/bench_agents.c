@@ -62,36 +62,13 @@ static const char *const WORDS[] = {
 static const char *const CITIES[] = {"Paris", "Oslo", "Rome", "Lima", "Cairo", "Tokyo", "Quito", "Accra"};
 static const char *const UNITS[] = {"celsius", "fahrenheit"};
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-} sbuf_t;
+static void sb_str(ba_buf_t *b, const char *s) { ba_buf_add(b, s, strlen(s)); }
 
-static void sb_add(sbuf_t *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) {
-            fprintf(stderr, "duet-bench-agents: out of memory\n");
-            exit(1);
-        }
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void sb_str(sbuf_t *b, const char *s) { sb_add(b, s, strlen(s)); }
-
-static void words(sbuf_t *b, rng_t *r, int n)
+static void words(ba_buf_t *b, rng_t *r, int n)
 {
     for (int i = 0; i < n; i++) {
         if (i)
-            sb_add(b, (i % 12) ? " " : ". ", (i % 12) ? 1 : 2);
+            ba_buf_add(b, (i % 12) ? " " : ". ", (i % 12) ? 1 : 2);
         sb_str(b, WORDS[rnd(r) % N_WORDS]);
     }
 }
@@ -154,7 +131,7 @@ static void make_call(rng_t *r, int n_tools, int session, int turn, json_t **cal
     int which = rnd_int(r, 0, n_tools - 1);
     const char *name = NULL;
     json_t *args = json_object();
-    sbuf_t res = {0};
+    ba_buf_t res = {0};
     switch (which) {
     case 0:
         name = "get_weather";
@@ -172,7 +149,7 @@ static void make_call(rng_t *r, int n_tools, int session, int turn, json_t **cal
         break;
     case 1: {
         name = "search_files";
-        sbuf_t p = {0};
+        ba_buf_t p = {0};
         words(&p, r, 2);
         json_object_set_new(args, "pattern", json_string(p.s));
         free(p.s);
@@ -210,7 +187,7 @@ static void make_call(rng_t *r, int n_tools, int session, int turn, json_t **cal
     }
     default: {
         name = "run_command";
-        sbuf_t c = {0};
+        ba_buf_t c = {0};
         sb_str(&c, (rnd(r) & 1) ? "make " : "grep -rn ");
         words(&c, r, rnd_int(r, 1, 3));
         json_object_set_new(args, "command", json_string(c.s));
@@ -258,10 +235,10 @@ struct transfer {
     session_t *s;
     ba_req_t *q;
     char *body;
-    sbuf_t in;          /* response bytes not yet consumed */
+    ba_buf_t in;          /* response bytes not yet consumed */
     int got_done;       /* streamed: data: [DONE] */
     int drop;           /* the bench drops it now */
-    sbuf_t content;     /* the reply for the history */
+    ba_buf_t content;     /* the reply for the history */
     json_t *tool_calls;
 };
 
@@ -429,7 +406,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     transfer_t *t = ud;
     size_t n = size * nmemb;
-    sb_add(&t->in, ptr, n);
+    ba_buf_add(&t->in, ptr, n);
     return n;
 }
 
@@ -491,7 +468,7 @@ static int start_turn(bench_t *b, session_t *s)
 {
     rng_t r = rng_for(b->o.seed, (uint64_t)s->id, (uint64_t)s->turn + 1);
     s->committed = json_array_size(s->messages);
-    sbuf_t u = {0};
+    ba_buf_t u = {0};
     char head[64];
     snprintf(head, sizeof head, "Step %d: ", s->turn + 1);
     sb_str(&u, head);
@@ -1143,7 +1120,7 @@ static int parse_opts(int argc, char **argv, ba_opts_t *o)
 static const int BASE_TOKENS[4] = {450, 560, 650, 745};
 static char *system_prompt(const ba_opts_t *o)
 {
-    sbuf_t b = {0};
+    ba_buf_t b = {0};
     sb_str(&b, "You are a coding agent. Use the tools to inspect the machine, then answer briefly. Notes: ");
     rng_t r = rng_for(o->seed, 0x5157u, 0);
     int n = (int)((double)(o->context - BASE_TOKENS[o->n_tools - 1]) / 1.1);

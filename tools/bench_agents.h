@@ -14,6 +14,14 @@
 #define BA_MAX_WORKERS 16
 #define BA_MAX_CHAOS 4
 
+/* A growable text buffer, always NUL-terminated; running out of memory ends the bench. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+} ba_buf_t;
+
+void ba_buf_add(ba_buf_t *b, const char *s, size_t n);
+
 typedef enum { BA_COMPARE_EXACT, BA_COMPARE_NONE } ba_compare_t;
 
 typedef struct {

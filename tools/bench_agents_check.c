@@ -24,20 +24,17 @@
 
 /* ---------------------------------------------------------------- processes and HTTP */
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-} buf_t;
-
-static void buf_add(buf_t *b, const char *s, size_t n)
+void ba_buf_add(ba_buf_t *b, const char *s, size_t n)
 {
     if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
+        size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1)
             cap *= 2;
         char *p = realloc(b->s, cap);
-        if (!p)
-            return;
+        if (!p) {
+            fprintf(stderr, "duet-bench-agents: out of memory\n");
+            exit(1);
+        }
         b->s = p;
         b->cap = cap;
     }
@@ -48,7 +45,7 @@ static void buf_add(buf_t *b, const char *s, size_t n)
 
 static size_t get_write(char *p, size_t size, size_t n, void *ud)
 {
-    buf_add(ud, p, size * n);
+    ba_buf_add(ud, p, size * n);
     return size * n;
 }
 
@@ -58,7 +55,7 @@ char *ba_http_get(const char *url, long timeout_ms, long *status)
     CURL *h = curl_easy_init();
     if (!h)
         return NULL;
-    buf_t b = {0};
+    ba_buf_t b = {0};
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, get_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
@@ -109,7 +106,7 @@ int ba_run_shell(const char *cmd, double deadline_s)
 }
 
 /* Run argv, its stdout captured (bounded by the deadline); returns the exit status or -1. */
-static int run_capture(char *const argv[], double deadline_s, buf_t *out)
+static int run_capture(char *const argv[], double deadline_s, ba_buf_t *out)
 {
     int fd[2];
     if (pipe(fd) < 0)
@@ -145,7 +142,7 @@ static int run_capture(char *const argv[], double deadline_s, buf_t *out)
         ssize_t n = read(fd[0], b, sizeof b);
         if (n <= 0)
             break;
-        buf_add(out, b, (size_t)n);
+        ba_buf_add(out, b, (size_t)n);
     }
     close(fd[0]);
     return wait_child(pid, deadline);
@@ -185,7 +182,7 @@ static void read_once(ba_run_t *run, ba_workers_t *ws)
             memset(w, 0, sizeof *w);
             snprintf(w->name, sizeof w->name, "%s", o->workers[i]);
             char *argv[] = {(char *)o->driver, "state", (char *)o->workers[i], "--requests", NULL};
-            buf_t out = {0};
+            ba_buf_t out = {0};
             int rc = run_capture(argv, 15.0, &out);
             json_t *j = rc == 0 && out.s ? json_loads(out.s, 0, NULL) : NULL;
             free(out.s);
