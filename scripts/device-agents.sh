@@ -35,6 +35,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
 TGZ="$BUILD/device-agents.tgz"
 BINS="prefill/duet-prefill decode/duet-decode router/duet-router tools/duet-bench-agents tools/duet-generate
@@ -97,14 +98,7 @@ mkdir -p "$LIBS" "$PROGS" "$BUNDLE"
 for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" "$BUNDLE" || say "device-agents: dpkg -x $f failed"; done
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PROGS:$PATH"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
-         $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
-  if [ -e "$d/libcublasLt.so.13" ]; then
-    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-    break
-  fi
-done
+cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
 # redis-server: always the bundle's (Debian's redis-server is redis-check-rdb under another name:
 # it picks its mode from argv[0]); curl: the image's if it has one
 ln -sf "$BUNDLE/usr/bin/redis-check-rdb" "$PROGS/redis-server"

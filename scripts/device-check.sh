@@ -24,6 +24,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-cuda}"
 BIN="$BUILD/tools/duet-check-ops"
 RES="${OUT:-$BUILD/device-check}"
@@ -66,14 +67,7 @@ if compgen -G "$ROOT/.bundle/*.deb" >/dev/null; then
   export LD_LIBRARY_PATH="/tmp/bundle/usr/lib/x86_64-linux-gnu:/tmp/bundle/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 # cuBLAS / cuBLASLt 13: the toolkit's, else the Python wheel's.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
-         $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
-  if [ -e "$d/libcublasLt.so.13" ]; then
-    export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"
-    break
-  fi
-done
+cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$cublas_dir:$LD_LIBRARY_PATH"
 
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv 2>&1 | tee -a "$LOG"

@@ -29,6 +29,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 MB travel
 BIN="$BUILD/tools"
 RES="${OUT:-$BUILD/device-forward}"
@@ -68,14 +69,7 @@ if compgen -G "$ROOT/.bundle/*.deb" >/dev/null; then
   for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
   export LD_LIBRARY_PATH="/tmp/bundle/usr/lib/x86_64-linux-gnu:/tmp/bundle/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
-         $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
-  if [ -e "$d/libcublasLt.so.13" ]; then
-    export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"
-    break
-  fi
-done
+cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$cublas_dir:$LD_LIBRARY_PATH"
 
 for b in duet-check-forward duet-mkmodel; do
   [ -x "$BIN/$b" ] || { say "device-forward: $BIN/$b is missing: run scripts/device-forward.sh --prepare and carry it"; exit 2; }

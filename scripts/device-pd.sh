@@ -30,6 +30,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
 RES="${OUT:-$BUILD/device-pd}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
@@ -67,14 +68,7 @@ LIBS=/tmp/duet-libs
 mkdir -p "$LIBS" /tmp/bundle
 for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
-         $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
-  if [ -e "$d/libcublasLt.so.13" ]; then
-    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
-    break
-  fi
-done
+cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
 for pass in 1 2 3 4 5; do
   missing="$(for b in $BINS; do ldd "$BUILD/$b" 2>/dev/null | awk '/not found/ {print $1}'; done | sort -u)"
   [ -z "$missing" ] && break
