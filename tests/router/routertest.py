@@ -585,6 +585,11 @@ def sc_limits(a, rep):
         rep.check('"timeout_error"' in rest and rest.rstrip().endswith("data: [DONE]"),
                   "a stream past its deadline ends with a timeout error event and [DONE]")
         rep.check(c.wait_clean(3) is not None, "decode holds nothing after the timeout")
+        # the router frees the only slot when the timed-out request's abort has ended on both workers
+        end = time.time() + 5
+        while time.time() < end and sum(c.metric(f'duet_router_requests{{state="{s}"}}') for s in
+                                        ("queued", "reserving", "prefilling", "running", "aborting")) > 0:
+            time.sleep(0.05)
         st, _, j, _ = c.post(CHAT, chat_body(max_tokens=3000, ignore_eos=True))
         rep.check(st == 504 and j["error"]["code"] == "timeout", f"504 for a request past its deadline ({st})")
         rep.check(c.wait_clean(3) is not None, "decode holds nothing after the 504")
