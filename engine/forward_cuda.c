@@ -46,6 +46,10 @@ struct duet_model_cuda {
     uint8_t *moe_host, *moe_dev;
     size_t moe_bytes;
     int moe_host_route; /* DUET_MOE_HOST=1: routing on the host and one launch set per expert (the older path) */
+    /* tensor parallelism (forward_cuda.h): this rank's share */
+    int tp_rank, tp_size;
+    int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
+    duet_cuda_comm_t *comm;
 };
 
 static duet_status_t cuda_fail(duet_cuda_t *c, duet_status_t st, duet_err_t *err)
@@ -154,12 +158,13 @@ static duet_status_t upload_moe_tables(duet_model_cuda_t *mc, int l, duet_err_t 
         TRY(dev_floats(mc, h->gate_bias, (size_t)E, &d->gate_bias, err));
     if (h->is_hash && h->tid2eid)
         TRY(dev_copy(mc, h->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * (size_t)K, (void **)&d->tid2eid, err));
-    int ok = K <= DUET_CUDA_MOE_MAX_K && K <= E && (!h->is_hash || h->tid2eid) &&
-             same_shape(&d->experts[0], &d->experts[2]) && duet_cuda_matmul_grouped_ok(&d->experts[0], NULL) &&
-             duet_cuda_matmul_grouped_ok(&d->experts[1], NULL);
-    for (int e = 1; ok && e < E; e++)
+    const duet_weight_t *x0 = &d->experts[3 * (size_t)mc->e0]; /* the first expert this rank holds */
+    int ok = K <= DUET_CUDA_MOE_MAX_K && K <= E && mc->e1 > mc->e0 && (!h->is_hash || h->tid2eid) &&
+             same_shape(&x0[0], &x0[2]) && duet_cuda_matmul_grouped_ok(&x0[0], NULL) &&
+             duet_cuda_matmul_grouped_ok(&x0[1], NULL);
+    for (int e = mc->e0 + 1; ok && e < mc->e1; e++)
         for (int k = 0; k < 3; k++)
-            ok &= same_shape(&d->experts[3 * e + k], &d->experts[k]);
+            ok &= same_shape(&d->experts[3 * e + k], &x0[k]);
     if (!ok)
         return DUET_OK; /* the per-expert path */
     const void **tab = duet_calloc((size_t)6 * E, sizeof(void *));
@@ -220,7 +225,7 @@ static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
     d->experts = duet_calloc((size_t)E * 3, sizeof(duet_weight_t));
     if (!d->experts)
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
-    for (int e = 0; e < E; e++) {
+    for (int e = mc->e0; e < mc->e1; e++) { /* the experts this rank holds; the others stay empty */
         TRY(dev_weight(mc, &h->experts[e].w1, &d->experts[3 * e], err));
         TRY(dev_weight(mc, &h->experts[e].w2, &d->experts[3 * e + 1], err));
         TRY(dev_weight(mc, &h->experts[e].w3, &d->experts[3 * e + 2], err));
@@ -236,8 +241,34 @@ static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
 duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet_model_cuda_t **out,
                                      duet_err_t *err)
 {
+    return duet_model_cuda_upload_tp(c, m, 0, 1, out, err);
+}
+
+duet_status_t duet_model_cuda_tp_check(const duet_model_config_t *cfg, int tp_size, duet_err_t *err)
+{
+    if (tp_size < 1 || tp_size > DUET_TP_MAX)
+        return duet_err_set(err, DUET_ERR_INVALID, "tensor-parallel size %d: expected 1 to %d", tp_size, DUET_TP_MAX);
+    if (cfg->num_attention_heads % tp_size || cfg->o_groups % tp_size)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                            "tensor parallelism over %d GPUs needs the attention heads (%d) and the output groups "
+                            "(%d) to divide evenly",
+                            tp_size, cfg->num_attention_heads, cfg->o_groups);
+    if (cfg->n_routed_experts > 0 && cfg->n_routed_experts < tp_size)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED, "tensor parallelism over %d GPUs: only %d routed experts",
+                            tp_size, cfg->n_routed_experts);
+    return DUET_OK;
+}
+
+duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, int tp_rank, int tp_size,
+                                        duet_model_cuda_t **out, duet_err_t *err)
+{
     const duet_model_config_t *cfg = &m->cfg;
     *out = NULL;
+    duet_status_t tst = duet_model_cuda_tp_check(cfg, tp_size, err);
+    if (tst != DUET_OK)
+        return tst;
+    if (tp_rank < 0 || tp_rank >= tp_size)
+        return duet_err_set(err, DUET_ERR_INVALID, "tensor-parallel rank %d of %d", tp_rank, tp_size);
     if (m->embed.dtype != DUET_DT_BF16 && m->embed.dtype != DUET_DT_F32)
         return duet_err_set(err, DUET_ERR_UNSUPPORTED, "GPU forward: embedding dtype %s",
                             duet_dtype_name(m->embed.dtype));
@@ -249,6 +280,14 @@ duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
     mc->c = c;
     mc->m = m;
+    mc->tp_rank = tp_rank;
+    mc->tp_size = tp_size;
+    mc->h0 = cfg->num_attention_heads / tp_size * tp_rank;
+    mc->h1 = mc->h0 + cfg->num_attention_heads / tp_size;
+    mc->g0 = cfg->o_groups / tp_size * tp_rank;
+    mc->g1 = mc->g0 + cfg->o_groups / tp_size;
+    mc->e0 = (int)((int64_t)cfg->n_routed_experts * tp_rank / tp_size);
+    mc->e1 = (int)((int64_t)cfg->n_routed_experts * (tp_rank + 1) / tp_size);
     {
         const char *ev = getenv("DUET_MOE_HOST");
         mc->moe_host_route = ev && atoi(ev) != 0;
@@ -262,7 +301,7 @@ duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet
         goto fail;
     }
     if ((st = dev_weight(mc, &m->embed, &mc->embed, err)) != DUET_OK ||
-        (st = dev_weight(mc, &m->head, &mc->head, err)) != DUET_OK ||
+        (tp_rank == 0 && (st = dev_weight(mc, &m->head, &mc->head, err)) != DUET_OK) || /* logits: rank 0 */
         (st = dev_floats(mc, m->norm, D, &mc->norm, err)) != DUET_OK ||
         (st = dev_floats(mc, m->hc_head_fn, (size_t)hc * hc * D, &mc->hc_head_fn, err)) != DUET_OK ||
         (st = dev_floats(mc, m->hc_head_base, hc, &mc->hc_head_base, err)) != DUET_OK)
@@ -281,9 +320,20 @@ duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet
         if (st != DUET_OK)
             goto fail;
     }
-    for (int l = 0; l < L; l++)
+    if (tp_size > 1 && mc->moe_host_route) {
+        st = duet_err_set(err, DUET_ERR_UNSUPPORTED, "tensor parallelism needs the grouped expert path: unset "
+                          "DUET_MOE_HOST");
+        goto fail;
+    }
+    for (int l = 0; l < L; l++) {
         if ((st = upload_layer(mc, l, err)) != DUET_OK)
             goto fail;
+        if (tp_size > 1 && cfg->n_routed_experts > 0 && !mc->layers[l].grouped) {
+            st = duet_err_set(err, DUET_ERR_UNSUPPORTED, "layer %d: tensor parallelism needs the grouped expert "
+                              "path (every expert of one shape and dtype the grouped matmul takes)", l);
+            goto fail;
+        }
+    }
     *out = mc;
     return DUET_OK;
 fail:
@@ -314,6 +364,8 @@ void duet_model_cuda_destroy(duet_model_cuda_t **pmc)
 }
 
 size_t duet_model_cuda_weight_bytes(const duet_model_cuda_t *mc) { return mc->weight_bytes; }
+
+void duet_model_cuda_set_comm(duet_model_cuda_t *mc, duet_cuda_comm_t *comm) { mc->comm = comm; }
 
 duet_cuda_t *duet_model_cuda_context(const duet_model_cuda_t *mc) { return mc->c; }
 
@@ -618,6 +670,8 @@ typedef struct {
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
     int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
     float *m_wt;                                         /* (R,K) */
+    float *tp_send, *tp_recv; /* tensor parallelism: this rank's part, every rank's parts */
+    int no_advance;
     duet_fwd_cuda_stats_t st;
 } fc_t;
 
@@ -1033,6 +1087,9 @@ static void carve(fc_t *F, bump_t *b)
     F->m_tiles = bump(b, 4 * 2 * (E + 1));
     F->hx = bump(b, 4 * F->NLR * D);
     F->logits = bump(b, 4 * F->NLR * V);
+    size_t T = (size_t)F->mc->tp_size, part = RK * D > R * (G / T) * orank ? RK * D : R * (G / T) * orank;
+    F->tp_send = bump(b, T > 1 ? 4 * R * (G / T) * orank : 0);
+    F->tp_recv = bump(b, T > 1 ? 4 * T * part : 0);
 }
 
 /* ---- the layer steps ------------------------------------------------------ */
@@ -1094,6 +1151,8 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     const layer_dev_t *lw = &F->mc->layers[layer];
     int R = F->R, D = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, qr = c->q_lora_rank;
     int G = c->o_groups, orank = c->o_lora_rank, ih = c->index_n_heads, id = c->index_head_dim;
+    /* tensor parallelism: this rank's heads [h0, h0 + Hl) and output groups [g0, g0 + Gl) */
+    int h0 = F->mc->h0, Hl = F->mc->h1 - F->mc->h0, g0 = F->mc->g0, Gl = F->mc->g1 - F->mc->g0;
     float eps = (float)c->rms_norm_eps;
     const duet_rope_t *rope = duet_model_layer_rope(F->m, layer);
     if (duet_forward_fault == DUET_FAULT_ROPE)
@@ -1106,9 +1165,9 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
 
     TRY(mm(F, &lw->wq_a, 0, qr, F->xn, R, F->qlora, err));
     CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
-    TRY(mm(F, &lw->wq_b, 0, H * hd, F->qlora, R, F->q, err));
-    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * H, hd, eps, F->q));
-    CU(duet_cuda_rope(F->cu, F->q, R, H, hd, pos, rope, 1));
+    TRY(mm(F, &lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->qlora, R, F->q, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q));
+    CU(duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1));
     TRY(mm(F, &lw->wkv, 0, hd, F->xn, R, F->kv, err));
     CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
     CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
@@ -1165,7 +1224,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
                           c->index_topk, F->sel));
     }
     /* 4. attention per row group */
-    const float *sinks = duet_forward_fault == DUET_FAULT_SINK ? F->mc->neg_inf : lw->attn_sink;
+    const float *sinks = (duet_forward_fault == DUET_FAULT_SINK ? F->mc->neg_inf : lw->attn_sink) + h0;
     float scale = 1.0f / sqrtf((float)hd);
     for (int g = 0; g < F->n_groups; g++) {
         const group_t *Gp = &F->groups[g];
@@ -1177,14 +1236,14 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
             koff = PD(F, int32_t, F->o_koff128);
             nk = PD(F, int32_t, F->o_nk128);
             maxk = Gp->maxk128;
-            F->st.flops += 4.0 * (double)Gp->g128_cnt * H * hd;
+            F->st.flops += 4.0 * (double)Gp->g128_cnt * Hl * hd;
         } else {
             CU(duet_cuda_gather_rows_to(F->cu, F->keys, PD(F, int32_t, F->o_gw_dst) + Gp->gw_off, F->src,
                                         PD(F, int32_t, F->o_gw_src) + Gp->gw_off, (int)Gp->gw_cnt, hd));
             koff = PD(F, int32_t, F->o_koff4);
             nk = PD(F, int32_t, hw->ratio == 4 ? F->o_nk4 : F->o_nk0);
             maxk = hw->ratio == 4 ? Gp->maxk4 : Gp->maxk0;
-            F->st.flops += 4.0 * (double)Gp->gw_cnt * H * hd;
+            F->st.flops += 4.0 * (double)Gp->gw_cnt * Hl * hd;
             if (hw->ratio == 4) {
                 const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_KV];
                 CU(duet_cuda_cache_load_sel(F->cu, l, v.base[DUET_POOL_C4_KV], F->sel + (size_t)ra * c->index_topk,
@@ -1193,8 +1252,8 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
                                             PD(F, int32_t, F->o_dst4) + ra, F->keys));
             }
         }
-        CU(duet_cuda_attn_rows(F->cu, F->q + (size_t)ra * H * hd, nr, H, hd, F->keys, koff + ra, nk + ra,
-                               maxk > 0 ? maxk : 1, sinks, scale, F->att + (size_t)ra * H * hd));
+        CU(duet_cuda_attn_rows(F->cu, F->q + (size_t)ra * Hl * hd, nr, Hl, hd, F->keys, koff + ra, nk + ra,
+                               maxk > 0 ? maxk : 1, sinks, scale, F->att + (size_t)ra * Hl * hd));
     }
     if (hw->ratio == 4) {
         /* selected entries: counted from the host-known selection sizes */
@@ -1207,19 +1266,28 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
             }
         }
         F->st.cache_bytes += nsel * v.layout[DUET_POOL_C4_KV]->entry_bytes;
-        F->st.flops += 4.0 * nsel * H * hd;
+        F->st.flops += 4.0 * nsel * Hl * hd;
     }
     /* 5. this call's K=V into the ring */
     CU(duet_cuda_gather_rows(F->cu, F->tmpv, F->kv, PD(F, int32_t, F->o_st_row), (int)F->NS, hd));
     CU(duet_cuda_cache_store(F->cu, swa_l, v.base[DUET_POOL_SWA_KV], PD(F, uint32_t, F->o_st_unit),
                              PD(F, uint32_t, F->o_st_idx), F->tmpv, (uint32_t)F->NS));
-    CU(duet_cuda_rope(F->cu, F->att, R, H, hd, pos, rope, -1));
-    /* grouped output projection */
+    CU(duet_cuda_rope(F->cu, F->att, R, Hl, hd, pos, rope, -1));
+    /* grouped output projection: this rank's groups, then (tensor parallelism) every rank's
+     * groups gathered into mid, so wo_b sees the same input on every rank and as with one GPU */
     int gin = H * hd / G;
-    for (int g = 0; g < G; g++) {
-        CU(duet_cuda_copy_2d(F->cu, F->gx, (size_t)gin, F->att + (size_t)g * gin, (size_t)H * hd, R, gin));
-        TRY(mm(F, &lw->wo_a, g * orank, (g + 1) * orank, F->gx, R, F->gy, err));
-        CU(duet_cuda_copy_2d(F->cu, F->mid + (size_t)g * orank, (size_t)G * orank, F->gy, (size_t)orank, R, orank));
+    size_t lw_cols = (size_t)Gl * orank;
+    float *mid_l = F->mc->tp_size > 1 ? F->tp_send : F->mid;
+    for (int g = 0; g < Gl; g++) {
+        CU(duet_cuda_copy_2d(F->cu, F->gx, (size_t)gin, F->att + (size_t)g * gin, (size_t)Hl * hd, R, gin));
+        TRY(mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, F->gx, R, F->gy, err));
+        CU(duet_cuda_copy_2d(F->cu, mid_l + (size_t)g * orank, lw_cols, F->gy, (size_t)orank, R, orank));
+    }
+    if (F->mc->tp_size > 1) {
+        CU(duet_cuda_comm_allgather(F->mc->comm, F->cu, F->tp_send, F->tp_recv, (size_t)R * lw_cols));
+        for (int r = 0; r < F->mc->tp_size; r++)
+            CU(duet_cuda_copy_2d(F->cu, F->mid + (size_t)r * lw_cols, (size_t)G * orank,
+                                 F->tp_recv + (size_t)r * R * lw_cols, lw_cols, R, lw_cols));
     }
     TRY(mm(F, &lw->wo_b, 0, D, F->mid, R, F->f, err));
     return DUET_OK;
@@ -1238,8 +1306,9 @@ static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x
 static int use_grouped(const fc_t *F, int layer)
 {
     const layer_dev_t *lw = &F->mc->layers[layer];
-    return lw->grouped && !F->mc->moe_host_route && duet_cuda_matmul_grouped_ok(&lw->experts[0], F->xn) &&
-           duet_cuda_matmul_grouped_ok(&lw->experts[1], F->eg);
+    size_t e = 3 * (size_t)F->mc->e0;
+    return lw->grouped && !F->mc->moe_host_route && duet_cuda_matmul_grouped_ok(&lw->experts[e], F->xn) &&
+           duet_cuda_matmul_grouped_ok(&lw->experts[e + 1], F->eg);
 }
 
 /* MoE all on the device: gate logits, routing (moe_route), a counting sort of the
@@ -1269,6 +1338,9 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     int32_t *offs = F->m_offs + (size_t)layer * (E + 1);
     CU(duet_cuda_moe_route(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt));
     CU(duet_cuda_moe_sort(F->cu, F->m_sel, R, K, E, offs, F->m_tiles, F->m_xrow, F->m_pos));
+    int T = F->mc->tp_size;
+    if (T > 1) /* this rank's experts only, at their usual sorted positions */
+        CU(duet_cuda_moe_tiles_own(F->cu, F->m_tiles, E, F->mc->e0, F->mc->e1));
     duet_cuda_moe_plan_t p = {.n_experts = E, .n_assign = R * K, .offs = offs, .tiles = F->m_tiles, .xrow = F->m_xrow};
     const void **tab = lw->ex_ptr;
     duet_cuda_expert_mats_t m1 = {&lw->experts[0], tab, lw->experts[0].scale ? tab + 3 * (size_t)E : NULL};
@@ -1277,6 +1349,12 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     CU(duet_cuda_matmul_grouped(F->cu, &m1, &m3, &p, F->xn, 1, F->eg, F->eu));
     CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, R * K, I, (float)c->swiglu_limit, F->eg));
     CU(duet_cuda_matmul_grouped(F->cu, &m2, NULL, &p, F->eg, 0, F->yg, NULL));
+    if (T > 1) {
+        /* every rank's expert outputs, each position taken from the rank that computed it: the
+         * combination below then adds what one GPU adds, in its order */
+        CU(duet_cuda_comm_allgather(F->mc->comm, F->cu, F->yg, F->tp_recv, (size_t)R * K * D));
+        CU(duet_cuda_moe_pick(F->cu, F->yg, F->tp_recv, R * K, D, offs, E, T));
+    }
     const float *shared = NULL;
     if (c->n_shared_experts > 0) {
         TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
@@ -1310,7 +1388,7 @@ static duet_status_t count_grouped(fc_t *F, duet_err_t *err)
             continue;
         const layer_dev_t *lw = &F->mc->layers[l];
         const int32_t *o = offs + (size_t)l * (E + 1);
-        for (int e = 0; e < E; e++) {
+        for (int e = F->mc->e0; e < F->mc->e1; e++) { /* this rank's experts */
             int m = o[e + 1] - o[e];
             if (m <= 0)
                 continue;
@@ -1329,6 +1407,10 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
 {
     if (use_grouped(F, layer))
         return moe_grouped(F, layer, err);
+    if (F->mc->tp_size > 1)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                            "layer %d: tensor parallelism needs the grouped expert path (experts of one shape, "
+                            "DUET_MOE_HOST unset)", layer);
 
     const duet_model_config_t *c = F->c;
     const duet_layer_weights_t *hw = &F->m->layers[layer];
@@ -1527,7 +1609,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
             goto out;
         }
     }
-    if (F->NLR) {
+    if (F->NLR && mc->head.data) { /* tensor parallelism: rank 0 only */
         if (duet_cuda_hc_head(mc->c, F->h, R, hc, D, mc->hc_head_fn, mc->hc_head_base, F->m->hc_head_scale, hc_eps,
                               eps, F->x) != DUET_OK ||
             duet_cuda_rmsnorm(mc->c, F->x, mc->norm, R, D, eps, F->xn) != DUET_OK ||
@@ -1558,7 +1640,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     }
     if (opts && opts->stats && (st = count_grouped(F, err)) != DUET_OK)
         goto out;
-    for (int i = 0; i < F->n_items; i++)
+    for (int i = 0; i < F->n_items && !F->no_advance; i++)
         F->items[i].seq->n_past += F->items[i].n_tokens;
 out:
     free(hb.p);
@@ -1590,6 +1672,7 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     F.items = items;
     F.n_items = n_items;
     F.R = R;
+    F.no_advance = opts && opts->no_advance;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         F.has4 |= m->layers[l].ratio == 4;
         F.has128 |= m->layers[l].ratio == 128;

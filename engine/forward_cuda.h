@@ -35,6 +35,30 @@ typedef struct duet_kv_cache_cuda duet_kv_cache_cuda_t;
 /* Upload every weight of `m` (which must outlive the result) to the device of `c`. */
 duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet_model_cuda_t **out,
                                      duet_err_t *err);
+
+/* Tensor parallelism (docs/CUDA.md, "Tensor parallelism"): rank r of T holds
+ *   attention: heads [r*H/T, (r+1)*H/T) (its rows of wq_b, its heads of the attention) and output
+ *              groups [r*G/T, (r+1)*G/T) of wo_a; the groups' outputs are all-gathered and wo_b
+ *              (whole on every rank) reads what one GPU reads.  What writes the cache (wkv, the
+ *              compressors, the indexer) is whole on every rank: the MQA cache is replicated and
+ *              every rank's device pools hold the same bytes.
+ *   MoE:       routed experts [r*E/T, (r+1)*E/T); routing, the sort and the shared expert run
+ *              whole on every rank; each rank computes its experts' rows at their sorted
+ *              positions, the rows are all-gathered and every rank combines them in one GPU's
+ *              order.
+ *   head:      rank 0 only (the logits are rank 0's).
+ * Every step is one GPU's arithmetic on the same values (the batch-invariant kernels give a
+ * row, a head or an expert's tile the same bits whatever else is in the launch), so the
+ * group's output is bit for bit the single GPU's, and a cache written by a group of one size
+ * is read by a group of any other.  H and G must be divisible by T and the experts must take the
+ * grouped path (duet_model_cuda_tp_check, upload).  Every rank runs duet_forward_cuda_ex with
+ * the same items at the same time on its own host thread (engine/tp_cuda.h); set the
+ * communicator first (duet_model_cuda_set_comm). */
+#define DUET_TP_MAX 8
+duet_status_t duet_model_cuda_tp_check(const duet_model_config_t *cfg, int tp_size, duet_err_t *err);
+duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, int tp_rank, int tp_size,
+                                        duet_model_cuda_t **out, duet_err_t *err);
+void duet_model_cuda_set_comm(duet_model_cuda_t *mc, duet_cuda_comm_t *comm);
 void duet_model_cuda_destroy(duet_model_cuda_t **mc);
 /* Device bytes held by the weights. */
 size_t duet_model_cuda_weight_bytes(const duet_model_cuda_t *mc);
@@ -90,6 +114,7 @@ typedef struct {
      * one for LAST, n_tokens for ALL) and the items' host buffers are not written. */
     float *logits_dev;
     duet_fwd_cuda_stats_t *stats; /* optional out */
+    int no_advance; /* leave the items' n_past alone (tensor parallelism: the group advances them once) */
 } duet_fwd_cuda_opts_t;
 
 duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,

@@ -867,6 +867,7 @@ static void usage(FILE *f)
             "  --compare exact|none       exact: outputs equal duet-generate's (default)\n"
             "  --reference-device cpu|cuda[:N]   where duet-generate runs the references (default cpu; cuda for a\n"
             "                             cluster whose workers run --device cuda: the batch-invariant GPU engine)\n"
+            "  --reference-tp N           duet-generate --tp N for the references (workers with --tp N; default 1)\n"
             "  --model DIR                checkpoint for the references (required with --compare exact)\n"
             "  --kv-dtype, --index-k-dtype fp8|bf16   the cluster's cache encodings (default bf16, bf16)\n"
             "  --generate PATH, --driver PATH   duet-generate and duet-driver (default: beside this program)\n"
@@ -933,6 +934,7 @@ static int parse_opts(int argc, char **argv, ba_opts_t *o)
 {
     *o = (ba_opts_t){.url = "http://127.0.0.1:8000", .kv_dtype = "bf16", .index_k_dtype = "bf16", .concurrency = 8,
                      .ref_device = "cpu",
+                     .ref_tp = 1,
                      .turns = 4, .context = 300, .max_tokens = 32, .stream = 1, .temperature = 0.8, .timeout_s = 180,
                      .seed = 1, .compare = BA_COMPARE_EXACT, .slo_ttft_ms = 2000, .slo_itl_ms = 200, .settle_s = 30,
                      .kill_decode_at = -1, .redis_restart_at = -1, .restart_delay_s = 2, .chaos_grace_s = 10,
@@ -940,7 +942,7 @@ static int parse_opts(int argc, char **argv, ba_opts_t *o)
     enum { O_URL = 256, O_MODEL, O_GEN, O_DRV, O_KV, O_IK, O_CACHE, O_JSON, O_PLOT, O_SCEN, O_WORKER, O_CONC, O_RATE,
            O_SESS, O_TURNS, O_CTX, O_MAXT, O_THINK, O_STREAM, O_TEMP, O_GREEDY, O_TIMEOUT, O_SEED, O_CMP, O_JOBS,
            O_SLO_TTFT, O_SLO_ITL, O_SETTLE, O_DISC, O_KILL_AT, O_KILL_CMD, O_RESTART_CMD, O_DPID, O_REDIS_AT,
-           O_REDIS_KILL, O_REDIS_RESTART, O_RDELAY, O_GRACE, O_CORRUPT, O_PROGRESS, O_TOOLS, O_REFDEV, O_HELP };
+           O_REDIS_KILL, O_REDIS_RESTART, O_RDELAY, O_GRACE, O_CORRUPT, O_PROGRESS, O_TOOLS, O_REFDEV, O_REFTP, O_HELP };
     static const struct option lo[] = {
         {"url", 1, 0, O_URL}, {"model", 1, 0, O_MODEL}, {"generate", 1, 0, O_GEN}, {"driver", 1, 0, O_DRV},
         {"kv-dtype", 1, 0, O_KV}, {"index-k-dtype", 1, 0, O_IK}, {"cache-dir", 1, 0, O_CACHE},
@@ -956,7 +958,7 @@ static int parse_opts(int argc, char **argv, ba_opts_t *o)
         {"redis-kill-cmd", 1, 0, O_REDIS_KILL}, {"redis-restart-cmd", 1, 0, O_REDIS_RESTART},
         {"restart-delay", 1, 0, O_RDELAY}, {"chaos-grace", 1, 0, O_GRACE},
         {"test-corrupt-reference", 1, 0, O_CORRUPT}, {"progress", 1, 0, O_PROGRESS}, {"tools", 1, 0, O_TOOLS},
-        {"reference-device", 1, 0, O_REFDEV}, {"help", 0, 0, O_HELP},
+        {"reference-device", 1, 0, O_REFDEV}, {"reference-tp", 1, 0, O_REFTP}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     int c, sessions_given = 0;
     double d;
@@ -1066,6 +1068,7 @@ static int parse_opts(int argc, char **argv, ba_opts_t *o)
             o->ref_device = v;
             break;
         }
+        case O_REFTP: NUM(1, 8); o->ref_tp = (int)d; break;
         case O_HELP: usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }

@@ -29,6 +29,7 @@ typedef struct {
     const char *model;      /* checkpoint for the references */
     const char *generate;   /* duet-generate */
     const char *ref_device; /* duet-generate --device for the references: cpu (default) or cuda[:N] */
+    int ref_tp;             /* duet-generate --tp for the references (GPU; 1 by default) */
     const char *driver;     /* duet-driver */
     const char *kv_dtype, *index_k_dtype;
     const char *cache_dir;  /* reference cache */

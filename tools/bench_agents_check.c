@@ -325,6 +325,10 @@ static uint64_t ref_key(const ba_opts_t *o, uint64_t model_fp, const ba_req_t *q
     if (strcmp(o->ref_device, "cpu") != 0) { /* GPU references are their own (CPU keys stay as they were) */
         snprintf(p, sizeof p, "device=%s", o->ref_device);
         duet_hasher_str(h, p);
+        if (o->ref_tp > 1) {
+            snprintf(p, sizeof p, "tp=%d", o->ref_tp);
+            duet_hasher_str(h, p);
+        }
     }
     duet_hasher_u64(h, model_fp);
     uint64_t v = duet_hasher_digest(h);
@@ -413,6 +417,12 @@ static pid_t spawn_ref(const ba_opts_t *o, const ba_req_t *q, running_t *r)
     if (strcmp(o->ref_device, "cpu") != 0) {
         argv[n++] = "--device";
         argv[n++] = (char *)o->ref_device;
+    }
+    char tpv[16];
+    if (o->ref_tp > 1) {
+        snprintf(tpv, sizeof tpv, "%d", o->ref_tp);
+        argv[n++] = "--tp";
+        argv[n++] = tpv;
     }
     if (o->temperature > 0) {
         argv[n++] = "--temperature";
@@ -883,6 +893,9 @@ int ba_report(ba_run_t *run)
     const char *mode = o->compare != BA_COMPARE_EXACT ? "none"
                        : strcmp(o->ref_device, "cpu") == 0
                            ? "exact (CPU backend)"
+                       : o->ref_tp > 1
+                           ? "exact (GPU, tensor-parallel batch-invariant engine: PD equals single-process duet-generate "
+                             "--device cuda --tp N)"
                            : "exact (GPU, batch-invariant engine: PD equals single-process duet-generate --device cuda)";
 
     /* ---- terminal */
@@ -980,14 +993,14 @@ int ba_report(ba_run_t *run)
         }
         json_t *cfg = json_pack(
             "{s:s, s:s?, s:i, s:f, s:i, s:i, s:i, s:i, s:b, s:b, s:f, s:f, s:I, s:s, s:s, s:s?, s:f, s:f, s:f, s:f, "
-            "s:f, s:s}",
+            "s:f, s:s, s:i}",
             "url", o->url, "scenario", o->scenario, "concurrency", o->concurrency, "rate", o->rate, "sessions",
             o->sessions, "turns", o->turns, "context", o->context, "max_tokens", o->max_tokens, "thinking",
             o->thinking, "stream", o->stream, "temperature", o->temperature, "timeout_s", o->timeout_s, "seed",
             (json_int_t)o->seed, "kv_dtype", o->kv_dtype, "index_k_dtype", o->index_k_dtype, "model", o->model,
             "disconnect_fraction", o->disconnect_fraction, "kill_decode_at", o->kill_decode_at, "redis_restart_at",
             o->redis_restart_at, "slo_ttft_ms", o->slo_ttft_ms, "slo_itl_ms", o->slo_itl_ms, "reference_device",
-            o->ref_device);
+            o->ref_device, "reference_tp", o->ref_tp);
         json_t *lat = json_pack("{s:o, s:o, s:o}", "ttft", pct_json(&p_ttft), "itl", pct_json(&p_itl), "e2e",
                                 pct_json(&p_e2e));
         json_t *root = json_pack(

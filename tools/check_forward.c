@@ -41,14 +41,14 @@
 #include <unistd.h>
 
 #include "alloc.h"
-#include "forward_cuda.h"
+#include "tp_cuda.h"
 #include "log.h"
 #include "sampling.h"
 #include "time_util.h"
 
 typedef struct {
     const char *model_dir;
-    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging;
+    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp;
     int batches[8], n_batches;
     uint64_t seed;
     double tol;
@@ -177,19 +177,31 @@ typedef struct {
     duet_model_cuda_t *mc;
     duet_kv_cache_t *hc;
     duet_kv_cache_cuda_t *dc;
+    /* --tp N > 1: a tensor-parallel group over each cache instead of mc/dc */
+    int tp, device;
+    duet_tp_cuda_t *grp;
 } gpu_t;
 
 static int gpu_cache(gpu_t *g, const duet_model_t *m, const duet_cache_opts_t *o, uint32_t pages, uint32_t slots,
                      duet_err_t *err)
 {
-    if (duet_kv_cache_create(&m->cfg, o, pages, slots, &g->hc, err) != DUET_OK ||
-        duet_kv_cache_cuda_create(g->cu, g->hc, &g->dc, err) != DUET_OK)
+    if (duet_kv_cache_create(&m->cfg, o, pages, slots, &g->hc, err) != DUET_OK)
+        return -1;
+    if (g->tp > 1)
+        return duet_tp_cuda_open(m, g->hc, g->device, g->tp, &g->grp, err) == DUET_OK ? 0 : -1;
+    if (duet_kv_cache_cuda_create(g->cu, g->hc, &g->dc, err) != DUET_OK)
         return -1;
     return 0;
 }
 
+static duet_status_t fwd(gpu_t *g, duet_fwd_item_t *items, int n, duet_err_t *err)
+{
+    return g->grp ? duet_tp_cuda_forward(g->grp, items, n, NULL, err) : duet_forward_cuda(g->mc, g->dc, items, n, err);
+}
+
 static void gpu_cache_free(gpu_t *g)
 {
+    duet_tp_cuda_close(&g->grp);
     duet_kv_cache_cuda_destroy(&g->dc);
     duet_kv_cache_destroy(&g->hc);
 }
@@ -212,13 +224,13 @@ static int gpu_alone(gpu_t *g, const duet_model_t *m, const args_t *a, const int
         int n = len - off < step ? len - off : step;
         duet_fwd_item_t it = {.seq = &seq, .tokens = prompt + off, .n_tokens = n,
                               .logits_mode = off + n == len ? DUET_LOGITS_LAST : DUET_LOGITS_NONE, .logits = out};
-        if (duet_forward_cuda(g->mc, g->dc, &it, 1, err) != DUET_OK)
+        if (fwd(g, &it, 1, err) != DUET_OK)
             goto out;
     }
     for (int s = 1; s < steps; s++) {
         duet_fwd_item_t it = {.seq = &seq, .tokens = &gen[s - 1], .n_tokens = 1, .logits_mode = DUET_LOGITS_LAST,
                               .logits = out + (size_t)s * V};
-        if (duet_forward_cuda(g->mc, g->dc, &it, 1, err) != DUET_OK)
+        if (fwd(g, &it, 1, err) != DUET_OK)
             goto out;
     }
     rc = 0;
@@ -304,7 +316,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
             items[i] = (duet_fwd_item_t){.seq = &seqs[i], .tokens = s ? &gen[i][s - 1] : prompts[i],
                                          .n_tokens = s ? 1 : lens[i], .logits_mode = DUET_LOGITS_LAST,
                                          .logits = gl + (size_t)i * V};
-        if (duet_forward_cuda(g->mc, g->dc, items, N, &err) != DUET_OK) {
+        if (fwd(g, items, N, &err) != DUET_OK) {
             fprintf(stderr, "check-forward: GPU step %d: %s\n", s, duet_err_text(&err));
             return 2;
         }
@@ -647,21 +659,22 @@ static void usage(FILE *f)
                "  --invariance N,S          prompts and steps of the invariance check (default 4,8)\n"
                "  --bench                   timings instead: --ctx N (default 4096), --batches 1,32\n"
                "  --staging N               the workers' staging copies for an N-token sequence, checked and timed\n"
+               "  --tp N                    check mode on a tensor-parallel group of GPUs N.. of --device (NCCL)\n"
                "  --device N --seed S --page-tokens N\n");
 }
 
 int main(int argc, char **argv)
 {
-    args_t a = {.n_prompts = 20, .n_tokens = 256, .chunk = 7, .inv_prompts = 4, .inv_steps = 8, .ctx = 4096,
+    args_t a = {.tp = 1, .n_prompts = 20, .n_tokens = 256, .chunk = 7, .inv_prompts = 4, .inv_steps = 8, .ctx = 4096,
                 .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
                 .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
     enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
-           O_STAGE, O_HELP };
+           O_STAGE, O_TP, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
-        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"help", 0, 0, O_HELP},
+        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
@@ -703,9 +716,14 @@ int main(int argc, char **argv)
         case O_SEED: a.seed = strtoull(optarg, NULL, 10); break;
         case O_PT: a.opts.page_tokens = atoi(optarg); break;
         case O_STAGE: a.staging = atoi(optarg); break;
+        case O_TP: a.tp = atoi(optarg); break;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
+    }
+    if (a.tp < 1 || a.tp > DUET_TP_MAX || (a.tp > 1 && (a.bench || a.staging))) {
+        fprintf(stderr, "duet-check-forward: --tp %d: 1 to %d, check mode only\n", a.tp, DUET_TP_MAX);
+        return 2;
     }
     if (!a.model_dir || a.n_prompts < 1 || a.n_tokens < 1 || a.staging < 0 || a.staging > (1 << 24)) {
         usage(stderr);
@@ -713,10 +731,10 @@ int main(int argc, char **argv)
     }
     duet_err_t err = {0};
     duet_model_t *m = NULL;
-    gpu_t g = {0};
+    gpu_t g = {.tp = a.tp, .device = a.device};
     double t0 = duet_time_s();
     if (duet_model_load(a.model_dir, &m, &err) != DUET_OK || duet_cuda_create(a.device, &g.cu, &err) != DUET_OK ||
-        (!a.staging && duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK)) {
+        (!a.staging && a.tp == 1 && duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK)) {
         fprintf(stderr, "duet-check-forward: %s\n", duet_err_text(&err));
         duet_model_cuda_destroy(&g.mc);
         duet_cuda_destroy(&g.cu);

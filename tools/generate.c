@@ -13,7 +13,7 @@
 #include "duet_config.h"
 #include "forward.h"
 #if DUET_HAVE_CUDA
-#include "forward_cuda.h"
+#include "tp_cuda.h"
 #endif
 #include "log.h"
 #include "sampling.h"
@@ -32,6 +32,7 @@ static void usage(FILE *f)
             "  --stop-at-eos           stop after the model's eos token\n"
             "  --dump-logits FILE      write the prompt's logits (f32, rows x vocab) and exit\n"
             "  --device cpu|cuda[:N]   where the forward runs (default cpu; cuda needs a CUDA build)\n"
+            "  --tp N                  tensor-parallel over GPUs N.. of --device cuda:N (default 1; needs NCCL)\n"
             "  --version\n");
 }
 
@@ -87,18 +88,18 @@ static char *read_file(const char *path)
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *prompt_ids = NULL, *prompt_file = NULL, *dump = NULL;
-    int max_tokens = 16, chunk = 0, page_tokens = 256, stop_eos = 0, device = -1;
+    int max_tokens = 16, chunk = 0, page_tokens = 256, stop_eos = 0, device = -1, tp = 1;
     duet_cache_opts_t opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16};
     duet_sampling_t sp;
     duet_sampling_default(&sp);
     enum { O_MODEL = 256, O_IDS, O_FILE, O_MAX, O_KV, O_IK, O_T, O_P, O_K, O_MINP, O_SEED, O_CHUNK, O_PT, O_EOS,
-           O_DUMP, O_DEV, O_VER, O_HELP };
+           O_DUMP, O_DEV, O_TP, O_VER, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompt-ids", 1, 0, O_IDS}, {"prompt-file", 1, 0, O_FILE},
         {"max-tokens", 1, 0, O_MAX}, {"kv-dtype", 1, 0, O_KV}, {"index-k-dtype", 1, 0, O_IK},
         {"temperature", 1, 0, O_T}, {"top-p", 1, 0, O_P}, {"top-k", 1, 0, O_K}, {"min-p", 1, 0, O_MINP},
         {"seed", 1, 0, O_SEED}, {"chunk", 1, 0, O_CHUNK}, {"page-tokens", 1, 0, O_PT},
-        {"stop-at-eos", 0, 0, O_EOS}, {"dump-logits", 1, 0, O_DUMP}, {"device", 1, 0, O_DEV}, {"version", 0, 0, O_VER},
+        {"stop-at-eos", 0, 0, O_EOS}, {"dump-logits", 1, 0, O_DUMP}, {"device", 1, 0, O_DEV}, {"tp", 1, 0, O_TP}, {"version", 0, 0, O_VER},
         {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
@@ -141,10 +142,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_TP: tp = atoi(optarg); break;
         case O_VER: printf("duet-generate %s\n", DUET_VERSION); return 0;
         case O_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
+    }
+    if (tp < 1 || tp > 8 || (tp > 1 && device < 0)) {
+        fprintf(stderr, "duet-generate: INVALID: --tp %d (1 to 8, with --device cuda)\n", tp);
+        return 2;
     }
     if (!model_dir || (!prompt_ids == !prompt_file) || max_tokens < 0 || chunk < 0) {
         usage(stderr);
@@ -178,10 +184,8 @@ int main(int argc, char **argv)
     float *logits = NULL;
     int rc = 1;
 #if DUET_HAVE_CUDA
-    duet_cuda_t *cu = NULL;
-    duet_model_cuda_t *mc = NULL;
-    duet_kv_cache_cuda_t *dc = NULL;
-#define FORWARD(it) (device >= 0 ? duet_forward_cuda(mc, dc, (it), 1, &err) : duet_forward(m, cache, (it), 1, &err))
+    duet_tp_cuda_t *tpg = NULL;
+#define FORWARD(it) (device >= 0 ? duet_tp_cuda_forward(tpg, (it), 1, NULL, &err) : duet_forward(m, cache, (it), 1, &err))
 #else
 #define FORWARD(it) duet_forward(m, cache, (it), 1, &err)
 #endif
@@ -196,9 +200,7 @@ int main(int argc, char **argv)
     if (duet_seq_init(cache, &seq, &err) != DUET_OK || duet_seq_reserve(cache, &seq, total, &err) != DUET_OK)
         goto fail;
 #if DUET_HAVE_CUDA
-    if (device >= 0 && (duet_cuda_create(device, &cu, &err) != DUET_OK ||
-                        duet_model_cuda_upload(cu, m, &mc, &err) != DUET_OK ||
-                        duet_kv_cache_cuda_create(cu, cache, &dc, &err) != DUET_OK))
+    if (device >= 0 && duet_tp_cuda_open(m, cache, device, tp, &tpg, &err) != DUET_OK)
         goto fail;
 #endif
     int V = m->cfg.vocab_size;
@@ -260,9 +262,7 @@ done:
     free(logits);
     free(prompt);
 #if DUET_HAVE_CUDA
-    duet_kv_cache_cuda_destroy(&dc);
-    duet_model_cuda_destroy(&mc);
-    duet_cuda_destroy(&cu);
+    duet_tp_cuda_close(&tpg);
 #endif
     if (cache)
         duet_seq_release(cache, &seq);

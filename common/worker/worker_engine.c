@@ -9,41 +9,33 @@
 #include "time_util.h"
 
 #if DUET_HAVE_CUDA
-#include "forward_cuda.h"
-
-typedef struct {
-    duet_cuda_t *cu;
-    duet_model_cuda_t *mc;
-    duet_kv_cache_cuda_t *dc;
-} gpu_t;
+#include "tp_cuda.h"
 
 static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
 {
-    gpu_t *g = DUET_NEW(gpu_t);
-    if (!g)
-        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
-    e->gpu = g;
-    duet_status_t st;
+    duet_tp_cuda_t *t = NULL;
     uint64_t t0 = duet_time_ns();
-    if ((st = duet_cuda_create(e->device, &g->cu, err)) != DUET_OK ||
-        (st = duet_model_cuda_upload(g->cu, e->model, &g->mc, err)) != DUET_OK ||
-        (st = duet_kv_cache_cuda_create(g->cu, e->cache, &g->dc, err)) != DUET_OK ||
-        (st = duet_kv_cache_cuda_map_host(g->dc, err)) != DUET_OK)
+    duet_status_t st = duet_tp_cuda_open(e->model, e->cache, e->device, e->tp, &t, err);
+    if (st != DUET_OK)
+        return st;
+    e->gpu = t;
+    if ((st = duet_tp_cuda_map_host(t, err)) != DUET_OK)
         return st;
     size_t pools = 0;
     for (int k = 0; k < DUET_POOL_COUNT; k++)
         pools += duet_kv_cache_pool_bytes(e->cache, (duet_pool_kind_t)k);
-    duet_cuda_info_t info;
-    duet_cuda_info(g->cu, &info);
-    duet_info("device cuda:%d (%s, sm_%d%d): %.3f GB of weights uploaded, %.1f MB of device pools mirroring the "
-              "host pools, in %.2f s",
-              e->device, info.name, info.cc_major, info.cc_minor, duet_model_cuda_weight_bytes(g->mc) / 1e9,
-              pools / 1e6, (duet_time_ns() - t0) / 1e9);
+    char what[400];
+    duet_tp_cuda_describe(t, what, sizeof what);
+    duet_info("device %s: %.3f GB of weights uploaded, %.1f MB of device pools mirroring the host pools%s, in "
+              "%.2f s",
+              what, duet_tp_cuda_weight_bytes(t) / 1e9, pools / 1e6, e->tp > 1 ? " on every GPU" : "",
+              (duet_time_ns() - t0) / 1e9);
+    duet_cuda_t *c0 = duet_tp_cuda_context(t, 0);
     size_t bytes = (size_t)e->logit_rows * (size_t)e->model->cfg.vocab_size * sizeof(float);
-    if (duet_cuda_host_alloc(g->cu, (void **)&e->logits, bytes) != DUET_OK) {
+    if (duet_cuda_host_alloc(c0, (void **)&e->logits, bytes) != DUET_OK) {
         e->logits = NULL;
         if (err)
-            *err = *duet_cuda_error(g->cu);
+            *err = *duet_cuda_error(c0);
         return DUET_ERR_CUDA;
     }
     return DUET_OK;
@@ -51,16 +43,13 @@ static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
 
 static void gpu_close(duet_worker_engine_t *e)
 {
-    gpu_t *g = e->gpu;
-    if (!g)
+    duet_tp_cuda_t *t = e->gpu;
+    if (!t)
         return;
     if (e->logits)
-        duet_cuda_host_free(g->cu, e->logits);
+        duet_cuda_host_free(duet_tp_cuda_context(t, 0), e->logits);
     e->logits = NULL;
-    duet_kv_cache_cuda_destroy(&g->dc);
-    duet_model_cuda_destroy(&g->mc);
-    duet_cuda_destroy(&g->cu);
-    free(g);
+    duet_tp_cuda_close(&t);
     e->gpu = NULL;
 }
 #endif
@@ -73,13 +62,19 @@ duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker
     e->model = model;
     e->cache = cache;
     e->device = o->device;
+    e->tp = o->tp ? (int)o->tp : 1;
     e->logit_rows = logit_rows ? logit_rows : 1;
     duet_status_t st = duet_worker_opts_check_device(o, err);
     if (st != DUET_OK)
         return st;
     if (e->device >= 0) {
 #if DUET_HAVE_CUDA
-        return gpu_open(e, err);
+    {
+        duet_status_t gst = gpu_open(e, err);
+        if (gst != DUET_OK)
+            gpu_close(e);
+        return gst;
+    }
 #endif
     }
     e->logits = duet_malloc_array((size_t)e->logit_rows * (size_t)model->cfg.vocab_size, sizeof(float));
@@ -105,9 +100,8 @@ duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_
 {
 #if DUET_HAVE_CUDA
     if (e->gpu) {
-        gpu_t *g = e->gpu;
         duet_fwd_cuda_opts_t fo = {.layer_done = layer_done, .arg = arg};
-        return duet_forward_cuda_ex(g->mc, g->dc, items, n_items, &fo, err);
+        return duet_tp_cuda_forward(e->gpu, items, n_items, &fo, err);
     }
 #endif
     return duet_forward_hooked(e->model, e->cache, items, n_items, layer_done, arg, err);
@@ -118,9 +112,8 @@ duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, con
 {
 #if DUET_HAVE_CUDA
     if (e->gpu && n) {
-        gpu_t *g = e->gpu;
         uint64_t bytes = 0, t0 = duet_time_ns();
-        duet_status_t st = duet_kv_cache_cuda_stage(g->dc, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, &bytes, err);
+        duet_status_t st = duet_tp_cuda_stage(e->gpu, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, &bytes, err);
         if (st != DUET_OK)
             return st;
         e->d2h_ns += duet_time_ns() - t0;
@@ -142,10 +135,9 @@ duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_s
 {
 #if DUET_HAVE_CUDA
     if (e->gpu) {
-        gpu_t *g = e->gpu;
         uint64_t bytes = 0, t0 = duet_time_ns();
         const duet_seq_t *one[1] = {seq};
-        duet_status_t st = duet_kv_cache_cuda_stage(g->dc, DUET_STAGE_TO_DEVICE, -1, one, &n_pages, 1, &bytes, err);
+        duet_status_t st = duet_tp_cuda_stage(e->gpu, DUET_STAGE_TO_DEVICE, -1, one, &n_pages, 1, &bytes, err);
         if (st != DUET_OK)
             return st;
         e->h2d_ns += duet_time_ns() - t0;

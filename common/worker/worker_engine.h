@@ -29,8 +29,9 @@
 typedef struct {
     const duet_model_t *model;
     duet_kv_cache_t *cache;
-    int device;         /* -1: the CPU */
-    void *gpu;          /* CUDA state (context, device weights, device pools); NULL on the CPU */
+    int device;         /* -1: the CPU; else the first GPU of the group */
+    int tp;             /* tensor-parallel size (GPUs device .. device+tp-1) */
+    void *gpu;          /* CUDA state (engine/tp_cuda.h: contexts, device weights, device pools); NULL on the CPU */
     float *logits;      /* (logit_rows, vocab) host rows the forward writes; pinned on the GPU */
     uint32_t logit_rows;
     /* staging counters: bytes moved and wall time of the copies (launch to completion) */

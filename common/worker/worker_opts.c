@@ -46,6 +46,8 @@ static const opt_def_t defs[] = {
     {"hicache-policy", OPT_POLICY, OFF(hicache_policy),
      "prefill: write-through|write-through-selective:N|write-back (default write-through)"},
     {"device", OPT_DEVICE, OFF(device), "where the forward runs: cpu|cuda[:N] (default cpu; cuda needs a CUDA build)"},
+    {"tp", OPT_U32, OFF(tp),
+     "tensor-parallel size: GPUs N .. N+tp-1 of --device cuda:N, over NCCL (default 1)"},
 };
 #define N_DEFS (sizeof defs / sizeof defs[0])
 
@@ -169,6 +171,7 @@ duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, in
     o->cache.kv_dtype = DUET_CACHE_FP8;
     o->cache.index_k_dtype = DUET_CACHE_FP8;
     o->device = -1;
+    o->tp = 1;
     duet_status_t st;
     /* config file first */
     for (int i = 1; i + 1 < argc; i++)
@@ -232,6 +235,11 @@ duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, in
 
 duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_err_t *err)
 {
+    if (o->tp < 1 || o->tp > 8)
+        return duet_err_set(err, DUET_ERR_CONFIG, "--tp %u: expected 1 to 8", o->tp);
+    if (o->device < 0 && o->tp > 1)
+        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                            "--tp %u needs --device cuda: tensor parallelism runs on GPUs only", o->tp);
     if (o->device < 0)
         return DUET_OK;
     if (!DUET_HAVE_CUDA)
@@ -250,6 +258,8 @@ const char *duet_worker_device_name(const duet_worker_opts_t *o, char *buf, size
 {
     if (o->device < 0)
         snprintf(buf, len, "cpu");
+    else if (o->tp > 1)
+        snprintf(buf, len, "cuda:%d-%d", o->device, o->device + (int)o->tp - 1);
     else
         snprintf(buf, len, "cuda:%d", o->device);
     return buf;

@@ -32,6 +32,7 @@ typedef struct {
     int hicache_policy;             /* duet_hicache_policy_t */
     uint32_t hicache_selective_hits;/* write-through-selective: N */
     int device;                     /* where the forward runs: -1 the CPU, N >= 0 CUDA device N */
+    uint32_t tp;                    /* tensor-parallel size: devices device .. device+tp-1 */
 } duet_worker_opts_t;
 
 /* Defaults, then the config file (if --config), then the flags.  Returns
@@ -42,7 +43,7 @@ void duet_worker_opts_fini(duet_worker_opts_t *o);
 /* What the options ask of this build: --device cuda needs the CUDA backend, and the prefix
  * cache is not on the GPU yet (DUET_ERR_UNSUPPORTED with the reason). */
 duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_err_t *err);
-/* "cpu" or "cuda:N" */
+/* "cpu", "cuda:N" or "cuda:N-M" (tensor parallelism) */
 const char *duet_worker_device_name(const duet_worker_opts_t *o, char *buf, size_t len);
 void duet_worker_opts_usage(const char *role);
 

@@ -108,6 +108,7 @@ int duet_cuda_get_invariant(const duet_cuda_t *c);
 #include "roofline.cuh"
 #include "embed.cuh"
 #include "rows.cuh"
+#include "comm.cuh"
 #include "compress_rows.cuh"
 
 #endif

@@ -292,3 +292,75 @@ extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *se
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
+
+/* Tensor parallelism: the tile prefix sums (2, E+1) restricted to experts [e0, e1): t'[e] =
+ * t[clamp(e, e0, e1)] - t[e0], so the grouped matmul's tiles cover this rank's experts only,
+ * at their usual sorted positions. */
+__global__ void moe_tiles_own_kernel(int32_t *tiles, int E, int e0, int e1)
+{
+    extern __shared__ int32_t st[];
+    int n = 2 * (E + 1);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        st[i] = tiles[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int h = i / (E + 1), e = i % (E + 1);
+        const int32_t *t = st + h * (E + 1);
+        int ce = e < e0 ? e0 : e > e1 ? e1 : e;
+        tiles[i] = t[ce] - t[e0];
+    }
+}
+
+/* y[p] = recv[owner(p)][p]: each sorted position from the rank holding its expert. */
+__global__ void moe_pick_kernel(float *y, const float *recv, size_t stride, int dim, const int32_t *offs, int E,
+                                int T)
+{
+    __shared__ int owner;
+    int p = blockIdx.x;
+    if (threadIdx.x == 0) {
+        int r = -1;
+        if (p < offs[E]) {
+            int lo = 0, hi = E - 1; /* the last expert whose first position is <= p */
+            while (lo < hi) {
+                int mid = (lo + hi + 1) >> 1;
+                if (offs[mid] <= p)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            r = T - 1;
+            while (r > 0 && (int)((long long)E * r / T) > lo)
+                r--;
+        }
+        owner = r;
+    }
+    __syncthreads();
+    if (owner < 0)
+        return;
+    const float4 *src = (const float4 *)(recv + (size_t)owner * stride + (size_t)p * dim);
+    float4 *dst = (float4 *)(y + (size_t)p * dim);
+    for (int d = threadIdx.x; d < dim / 4; d += blockDim.x)
+        dst[d] = src[d];
+}
+
+extern "C" duet_status_t duet_cuda_moe_tiles_own(duet_cuda_t *c, int32_t *tiles, int n_experts, int e0, int e1)
+{
+    if (n_experts <= 0 || e0 < 0 || e1 > n_experts || e0 > e1)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_tiles_own: experts [%d, %d) of %d", e0, e1, n_experts);
+    moe_tiles_own_kernel<<<1, 256, sizeof(int32_t) * 2 * (size_t)(n_experts + 1), c->stream>>>(tiles, n_experts, e0,
+                                                                                              e1);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_moe_pick(duet_cuda_t *c, float *y, const float *recv, int n_assign, int dim,
+                                            const int32_t *offs, int n_experts, int n_ranks)
+{
+    if (dim % 4 || n_ranks < 1 || n_experts < 1)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_pick: dim %d, %d experts, %d ranks", dim, n_experts, n_ranks);
+    if (n_assign <= 0)
+        return DUET_OK;
+    moe_pick_kernel<<<n_assign, 128, 0, c->stream>>>(y, recv, (size_t)n_assign * dim, dim, offs, n_experts, n_ranks);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}

@@ -51,6 +51,16 @@ duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows,
 /* y (n_rows*K, dim) in sorted order; shared (n_rows, dim) or NULL; out (n_rows, dim). */
 duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *sel, const float *wt, const int32_t *pos,
                                     int n_rows, int top_k, const float *y, const float *shared, int dim, float *out);
+/* Tensor parallelism (rank r holds experts [e0, e1) = [r*E/T, (r+1)*E/T)):
+ *   moe_tiles_own  restricts moe_sort's tile prefix sums (2, E+1), in place, to experts [e0, e1):
+ *                  duet_cuda_matmul_grouped then computes this rank's experts only, each at its
+ *                  usual sorted positions;
+ *   moe_pick       y (n_assign, dim) = for each sorted position p, row p of the all-gathered
+ *                  recv (n_ranks, n_assign, dim) of the rank that holds p's expert (offs from
+ *                  moe_sort).  dim % 4 == 0.  Copies: bit-exact. */
+duet_status_t duet_cuda_moe_tiles_own(duet_cuda_t *c, int32_t *tiles, int n_experts, int e0, int e1);
+duet_status_t duet_cuda_moe_pick(duet_cuda_t *c, float *y, const float *recv, int n_assign, int dim,
+                                 const int32_t *offs, int n_experts, int n_ranks);
 
 #ifdef __cplusplus
 }
