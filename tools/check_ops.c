@@ -17,6 +17,9 @@
  * moe_experts (sort, grouped w1+w3, SwiGLU, grouped w2, combine) against forward.c's
  * expert loop on the CPU ("cpu"), bit for bit against the per-expert device path
  * ("1by1"), and bit for bit for three rows run alone ("solo": batch invariance).
+ * copy_list (--op copy_list): bit for bit against memcpy over the whole
+ * destination, random lists of several shapes and alignments, device and pinned
+ * host sides.
  *
  * --bench also times each case on the device: 3 warm-up calls, then the
  * median of 21 calls each timed with events after a read of twice the L2 size
@@ -1959,6 +1962,131 @@ static void group_pages(ck_t *ck)
     case_pages(ck, "odd", 1000, 300, 77, 2, 0);
 }
 
+/* ---- copy_list ---- */
+
+typedef struct {
+    const duet_cuda_copy_t *list;
+    uint32_t n;
+} cl_arg_t;
+
+static duet_status_t cl_call(ck_t *ck, void *p)
+{
+    cl_arg_t *a = p;
+    return duet_cuda_copy_list(ck->c, a->list, a->n);
+}
+
+/* n entries of lo..hi bytes, bit for bit against memcpy over the whole
+ * destination (bytes between entries must stay as they were).  align: 0 both
+ * sides 16-byte aligned, 1 the same random offset mod 16 on both sides (vector
+ * path with head and tail bytes), 2 independent random offsets (byte path where
+ * they differ).  where: 0 device -> device, 1 device -> pinned host, 2 pinned
+ * host -> device (the data plane's staging). */
+static void case_copy_list(ck_t *ck, const char *what, uint32_t n, size_t lo, size_t hi, int align, int where)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "copy_list/%s/%u/%zu/%zu/%d/%d", what, n, lo, hi, align, where);
+    rng_init(&r, ck->seed, tag);
+    size_t *size = xmalloc(sizeof(size_t) * n), *soff = xmalloc(sizeof(size_t) * n);
+    size_t *doff = xmalloc(sizeof(size_t) * n);
+    uint32_t *perm = xmalloc(sizeof(uint32_t) * n);
+    size_t sbytes = 16, dbytes = 16, total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        size[i] = lo + (size_t)(rng_u64(&r) % (hi - lo + 1));
+        total += size[i];
+        perm[i] = i;
+    }
+    for (uint32_t i = n; i > 1; i--) { /* sources in another order than destinations */
+        uint32_t j = (uint32_t)(rng_u64(&r) % i), t = perm[i - 1];
+        perm[i - 1] = perm[j];
+        perm[j] = t;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = perm[k];
+        size_t ms = align == 0 ? 0 : (size_t)(rng_u64(&r) % 16);
+        soff[i] = sbytes + ms;
+        sbytes += (size[i] + 31) / 16 * 16 + 16 * (size_t)(rng_u64(&r) % 3);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        size_t ms = soff[i] % 16, md = align == 0 ? 0 : align == 1 ? ms : (size_t)(rng_u64(&r) % 16);
+        doff[i] = dbytes + md;
+        dbytes += (size[i] + 31) / 16 * 16 + 16 * (size_t)(rng_u64(&r) % 3);
+    }
+    uint8_t *src = rand_bytes(&r, sbytes), *dst0 = rand_bytes(&r, dbytes);
+    uint8_t *dsrc, *ddst, *hbuf = NULL;
+    if (where == 2) {
+        CK(duet_cuda_host_alloc(ck->c, (void **)&hbuf, sbytes));
+        memcpy(hbuf, src, sbytes);
+        dsrc = hbuf;
+    } else {
+        dsrc = dupload(ck, src, sbytes);
+    }
+    if (where == 1) {
+        CK(duet_cuda_host_alloc(ck->c, (void **)&hbuf, dbytes));
+        memcpy(hbuf, dst0, dbytes);
+        ddst = hbuf;
+    } else {
+        ddst = dupload(ck, dst0, dbytes);
+    }
+    duet_cuda_copy_t *list = xmalloc(sizeof *list * (n ? n : 1));
+    uint8_t *expect = xmalloc(dbytes), *got = xmalloc(dbytes);
+    memcpy(expect, dst0, dbytes);
+    for (uint32_t i = 0; i < n; i++) {
+        list[i] = (duet_cuda_copy_t){.dst = ddst + doff[i], .src = dsrc + soff[i], .bytes = size[i]};
+        memcpy(expect + doff[i], src + soff[i], size[i]);
+    }
+    cl_arg_t a = {list, n};
+    CK(cl_call(ck, &a));
+    CK(duet_cuda_sync(ck->c));
+    if (where == 1)
+        memcpy(got, hbuf, dbytes);
+    else
+        ddownload(ck, got, ddst, dbytes);
+    row_t row = row_new("copy_list", "%s %ux%zu-%zu a%d%s", what, n, lo, hi, align,
+                        where == 1 ? " >host" : where == 2 ? " <host" : "");
+    row_bytes(&row, got, expect, dbytes);
+    if (n)
+        bench_row(ck, &row, cl_call, &a, where ? (double)total : 2.0 * total, 0.0, BOUND_MEM);
+    if (where && ck->bench && row.us > 0) {
+        double gbps = (double)total / (row.us * 1e3), ceil = where == 1 ? ck->ceil.d2h_gbps : ck->ceil.h2d_gbps;
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note),
+                 "%sone-way %.1f GB/s = %.0f%% of pinned %s copy", row.note[0] ? "; " : "", gbps,
+                 ceil > 0 ? 100.0 * gbps / ceil : 0.0, where == 1 ? "D2H" : "H2D");
+        row.bytes = 0; /* not comparable with the device copy ceiling */
+    }
+    print_row(ck, &row);
+    if (where != 2)
+        duet_cuda_free(ck->c, dsrc);
+    if (where != 1)
+        duet_cuda_free(ck->c, ddst);
+    duet_cuda_host_free(ck->c, hbuf);
+    free(size); free(soff); free(doff); free(perm); free(src); free(dst0); free(list); free(expect); free(got);
+}
+
+static void group_copy_list(ck_t *ck)
+{
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    duet_cache_opts_t opts = {256, DUET_CACHE_FP8, DUET_CACHE_FP8};
+    duet_cache_layout_t kv;
+    duet_err_t err;
+    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_KV, &kv, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
+        exit(2);
+    }
+    size_t pb = (size_t)kv.page_bytes;
+    case_copy_list(ck, "c4kv", 2048, pb, pb, 0, 0);
+    case_copy_list(ck, "c4kv", 2048, pb, pb, 0, 1);
+    case_copy_list(ck, "c4kv", 2048, pb, pb, 0, 2);
+    case_copy_list(ck, "64KiB", 1024, 65536, 65536, 0, 1);
+    case_copy_list(ck, "mixed", 1000, 0, 70000, 1, 0);
+    case_copy_list(ck, "mixed", 1000, 0, 70000, 2, 2);
+    case_copy_list(ck, "odd", 500, 1, 5000, 2, 0);
+    case_copy_list(ck, "tiny", 4096, 0, 40, 2, 0);
+    case_copy_list(ck, "large", 3, 16u << 20, (16u << 20) + 15, 1, 0);
+    case_copy_list(ck, "empty", 0, 0, 0, 0, 0);
+}
+
 /* ---- ceilings ---- */
 
 static void measure_ceilings(ck_t *ck)
@@ -1999,6 +2127,7 @@ static const group_t GROUPS[] = {
     {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
     {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
     {"argmax", group_argmax},   {"pages", group_pages},     {"moe", group_moe},
+    {"copy_list", group_copy_list},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 

@@ -54,6 +54,10 @@ enum {
 #define IDLE_SLEEP_MS 50       /* longest sleep: UCX keepalive runs from progress */
 #define DEAD_PEER_KEEP_NS (60ull * 1000000000ull)
 #define MAX_BLOB 65536u        /* address / rkey bytes */
+#define SUM_SEED 0x6475657400ull /* unit checksums start from SUM_SEED ^ fingerprint */
+#define STG_LIST_MAX 4096u     /* entries in one staging copy list */
+#define STG_ALIGN 256u         /* staging scratch and slots start at multiples of this */
+#define NO_STG_SLOT UINT32_MAX
 
 typedef struct {
     uint32_t magic;
@@ -94,6 +98,7 @@ typedef struct {
 
 typedef struct {
     int registered;
+    int device;               /* DUET_XFER_POOL_DEVICE: the engine reads and writes it only through staging */
     duet_xfer_pool_t spec;
     size_t bytes;
     ucp_mem_h memh;
@@ -143,6 +148,9 @@ typedef struct dop {
     struct dop *next_free;
     struct send *t;
     am_data_hdr_t hdr;
+    uint32_t slot;            /* staging slot holding the payload (device pools), or NO_STG_SLOT */
+    const uint8_t *src;       /* staged AM data: the device bytes and their length */
+    uint64_t len;
 } dop_t;
 
 typedef enum {
@@ -240,7 +248,9 @@ struct duet_xfer {
     ucp_address_t *addr;
     size_t addr_len;
     int cuda_capable;
+    int fake_device;          /* DUET_XFER_FAKE_DEVICE=1 (tests): device pools are host memory */
     int path;                 /* DUET_XFER_PATH_* in force */
+    duet_status_t thread_status; /* opts.thread_init's result (written before the thread's first command) */
     int worker_efd, cmd_efd, ev_efd, epfd;
     pthread_t thread;
     int thread_started;
@@ -269,6 +279,17 @@ struct duet_xfer {
     int stopping;
     dop_t *dop_free;
     recv_t *last_recv;        /* lookup cache for AM_DATA */
+
+    /* staging for device pools (opts.staging; progress thread only): the
+     * bounce buffer's first stg_scratch bytes batch checksum reads and AM data
+     * received, the rest is stg_nslots slots of stg_slot_bytes for AM data in flight */
+    duet_xfer_staging_t staging;
+    int have_staging;
+    size_t stg_scratch, stg_slot_bytes;
+    uint32_t stg_nslots, stg_nfree;
+    uint32_t *stg_free;       /* free slot stack */
+    duet_xfer_copy_t *stg_list;
+    dop_t **stg_batch;
 
     struct {
         _Atomic uint64_t puts, put_bytes, sends_ok, sends_failed, sends_aborted, recvs_ok,
@@ -547,13 +568,26 @@ static dop_t *dop_get(duet_xfer_t *x, send_t *t)
     else if (!(o = malloc(sizeof *o)))
         return NULL;
     o->t = t;
+    o->slot = NO_STG_SLOT;
+    o->src = NULL;
+    o->len = 0;
     return o;
 }
 
+/* Free a data operation and the staging slot it holds. */
 static void dop_put(duet_xfer_t *x, dop_t *o)
 {
+    if (o->slot != NO_STG_SLOT) {
+        x->stg_free[x->stg_nfree++] = o->slot;
+        o->slot = NO_STG_SLOT;
+    }
     o->next_free = x->dop_free;
     x->dop_free = o;
+}
+
+static uint8_t *stg_slot_addr(const duet_xfer_t *x, uint32_t slot)
+{
+    return (uint8_t *)x->staging.host + x->stg_scratch + (size_t)slot * x->stg_slot_bytes;
 }
 
 static void send_set_status(send_t *t, duet_status_t st, const char *msg)
@@ -655,7 +689,7 @@ static uint32_t sums_count(const duet_xfer_t *x, uint32_t n_pages, uint32_t slot
 uint64_t duet_xfer_unit_checksum(const uint8_t *pool_base, const duet_cache_layout_t *layout,
                                  uint32_t n_units, uint32_t unit)
 {
-    uint64_t h = 0x6475657400ull ^ layout->fingerprint;
+    uint64_t h = SUM_SEED ^ layout->fingerprint;
     for (uint32_t l = 0; l < layout->n_layers; l++) {
         const uint8_t *p = pool_base + ((size_t)l * n_units + unit) * layout->page_bytes;
         h = duet_hash64(p, layout->page_bytes, h);
@@ -663,15 +697,71 @@ uint64_t duet_xfer_unit_checksum(const uint8_t *pool_base, const duet_cache_layo
     return h;
 }
 
-/* Checksums of the local units, pools in kind order, pages in token order. */
-static void sums_compute(const duet_xfer_t *x, const uint32_t *pages, uint32_t n_pages, uint32_t slot,
-                         uint64_t *out)
+/* duet_xfer_unit_checksum of `n` units of a device pool: the unit pages
+ * (unit-major, then layer) are copied into the staging scratch in batches by
+ * the caller's d2h and hashed there, in the same order. */
+static duet_status_t sums_staged(duet_xfer_t *x, const pool_reg_t *r, const uint32_t *units, uint32_t n,
+                                 uint64_t *out)
+{
+    const duet_cache_layout_t *l = &r->spec.layout;
+    size_t pb = (size_t)l->page_bytes;
+    size_t per = x->stg_scratch / pb; /* >= 1: checked at registration */
+    if (per > STG_LIST_MAX)
+        per = STG_LIST_MAX;
+    uint8_t *scratch = x->staging.host;
+    const uint8_t *base = r->spec.base;
+    uint32_t cu = 0, cl = 0; /* next (unit, layer) to copy */
+    uint32_t hu = 0, hl = 0; /* next to hash */
+    uint64_t h = 0;
+    while (cu < n) {
+        uint32_t m = 0;
+        while (m < per && cu < n) {
+            x->stg_list[m] = (duet_xfer_copy_t){
+                .dst = scratch + (size_t)m * pb,
+                .src = base + ((size_t)cl * r->spec.n_units + units[cu]) * pb,
+                .bytes = pb,
+            };
+            m++;
+            if (++cl == l->n_layers) {
+                cl = 0;
+                cu++;
+            }
+        }
+        duet_status_t st = x->staging.d2h(x->staging.ctx, x->stg_list, m);
+        if (st != DUET_OK)
+            return st;
+        for (uint32_t i = 0; i < m; i++) {
+            if (hl == 0)
+                h = SUM_SEED ^ l->fingerprint;
+            h = duet_hash64(scratch + (size_t)i * pb, pb, h);
+            if (++hl == l->n_layers) {
+                hl = 0;
+                out[hu++] = h;
+            }
+        }
+    }
+    return DUET_OK;
+}
+
+/* Checksums of the local units, pools in kind order, pages in token order.
+ * Host pools are read in place; device pools through the staging ops (whose
+ * status is returned when a copy fails). */
+static duet_status_t sums_compute(duet_xfer_t *x, const uint32_t *pages, uint32_t n_pages, uint32_t slot,
+                                  uint64_t *out)
 {
     uint32_t j = 0;
     for (int k = 0; k < DUET_POOL_COUNT; k++) {
         const pool_reg_t *r = &x->pools[k];
         if (!r->registered)
             continue;
+        if (r->device) {
+            uint32_t n = kind_is_paged(k) ? n_pages : (slot != DUET_XFER_NO_SLOT ? 1u : 0u);
+            duet_status_t st = sums_staged(x, r, kind_is_paged(k) ? pages : &slot, n, out + j);
+            if (st != DUET_OK)
+                return st;
+            j += n;
+            continue;
+        }
         if (kind_is_paged(k)) {
             for (uint32_t i = 0; i < n_pages; i++)
                 out[j++] = duet_xfer_unit_checksum(r->spec.base, &r->spec.layout, r->spec.n_units,
@@ -680,6 +770,7 @@ static void sums_compute(const duet_xfer_t *x, const uint32_t *pages, uint32_t n
             out[j++] = duet_xfer_unit_checksum(r->spec.base, &r->spec.layout, r->spec.n_units, slot);
         }
     }
+    return DUET_OK;
 }
 
 static void hdr_fill(const duet_xfer_t *x, am_hdr_t *h, unsigned type, const char *rid, uint64_t epoch)
@@ -807,12 +898,60 @@ static int send_jobs_push(send_t *t, int pool, uint32_t layer)
     return 0;
 }
 
-/* Issue queued puts of t while its endpoint's window has room. */
+/* Issue the AM page messages planned from a device pool: one d2h for the
+ * whole batch into their staging slots, then the sends from the slots. */
+static void send_issue_staged(duet_xfer_t *x, send_t *t, uint32_t n)
+{
+    peer_t *p = t->peer;
+    for (uint32_t i = 0; i < n; i++) {
+        dop_t *o = x->stg_batch[i];
+        x->stg_list[i] = (duet_xfer_copy_t){.dst = stg_slot_addr(x, o->slot), .src = o->src, .bytes = o->len};
+    }
+    duet_status_t st = x->staging.d2h(x->staging.ctx, x->stg_list, n);
+    if (st != DUET_OK) {
+        for (uint32_t i = 0; i < n; i++)
+            dop_put(x, x->stg_batch[i]);
+        send_set_status(t, st, "page data: staging copy out of device memory failed");
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        dop_t *o = x->stg_batch[i];
+        if (t->status != DUET_OK || p->state != PEER_UP) {
+            dop_put(x, o);
+            continue;
+        }
+        uint64_t len = o->len;
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS |
+                            UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+            .flags = UCP_AM_SEND_FLAG_EAGER,
+            .cb.send = data_cb,
+            .user_data = o,
+            .memory_type = UCS_MEMORY_TYPE_HOST, /* the pinned bounce buffer: no detection */
+        };
+        ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, stg_slot_addr(x, o->slot),
+                                              len, &prm);
+        int tr = send_track(x, t, sp, 1, "page message");
+        if (tr <= 0)
+            dop_put(x, o);
+        if (tr < 0)
+            continue;
+        t->am_bytes += len;
+        t->bytes += len;
+        STAT_ADD(x, puts, 1);
+        STAT_ADD(x, put_bytes, len);
+    }
+}
+
+/* Issue queued puts of t while its endpoint's window has room.  AM data from a
+ * device pool is planned into staging slots (while slots are free) and issued
+ * as one staged batch at the end. */
 static void send_issue(duet_xfer_t *x, send_t *t)
 {
     peer_t *p = t->peer;
+    uint32_t nb = 0; /* staged operations planned */
     while (t->jobs_len > 0 && t->status == DUET_OK && p->state == PEER_UP &&
-           p->n_puts < x->opts.max_inflight) {
+           p->n_puts + nb < x->opts.max_inflight) {
         job_t *j = &t->jobs[t->jobs_head];
         const pool_reg_t *r = &x->pools[j->pool];
         const duet_xfer_pool_desc_t *pd = &t->desc.pools[t->dpi[j->pool]];
@@ -830,6 +969,9 @@ static void send_issue(duet_xfer_t *x, send_t *t)
             t->cur_off = 0;
             continue;
         }
+        int staged = p->use_am && r->device;
+        if (staged && (x->stg_nfree == 0 || nb == STG_LIST_MAX))
+            break; /* every slot is in flight: completions free them */
         const run_t *rn = &runs[t->cur_run];
         uint64_t pb = r->spec.layout.page_bytes;
         uint64_t run_bytes = (uint64_t)rn->count * pb;
@@ -852,6 +994,18 @@ static void send_issue(duet_xfer_t *x, send_t *t)
             o->hdr.unit = rn->remote;
             o->hdr.count = rn->count;
             o->hdr.offset = t->cur_off;
+            if (staged) {
+                o->slot = x->stg_free[--x->stg_nfree];
+                o->src = laddr;
+                o->len = len;
+                x->stg_batch[nb++] = o;
+                t->cur_off += len;
+                if (t->cur_off == run_bytes) {
+                    t->cur_off = 0;
+                    t->cur_run++;
+                }
+                continue;
+            }
             ucp_request_param_t prm = {
                 .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                                 UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH,
@@ -889,6 +1043,8 @@ static void send_issue(duet_xfer_t *x, send_t *t)
             t->cur_run++;
         }
     }
+    if (nb)
+        send_issue_staged(x, t, nb);
 }
 
 /* Move a send through its stages; frees it once it has ended and no UCX
@@ -934,9 +1090,14 @@ static int send_advance(duet_xfer_t *x, send_t *t, uint64_t now)
                 d->first_token = t->first_token;
                 d->n_sums = n;
                 d->am_bytes = t->am_bytes;
+                duet_status_t cs = DUET_OK;
                 if (n)
-                    sums_compute(x, t->local_pages, t->n_pages, t->local_slot,
-                                 (uint64_t *)(t->msg_buf + sizeof *d));
+                    cs = sums_compute(x, t->local_pages, t->n_pages, t->local_slot,
+                                      (uint64_t *)(t->msg_buf + sizeof *d));
+                if (cs != DUET_OK) {
+                    send_set_status(t, cs, "checksums: staging copy out of device memory failed");
+                    return 0;
+                }
             }
         }
         if (!t->msg_buf) {
@@ -1179,6 +1340,21 @@ static recv_t *recv_lookup(duet_xfer_t *x, const char *rid, uint64_t epoch)
     return r;
 }
 
+/* AM data for a device pool: through the staging scratch, in pieces of its size. */
+static duet_status_t stage_in(duet_xfer_t *x, uint8_t *dst, const void *data, size_t length)
+{
+    for (size_t off = 0; off < length;) {
+        size_t n = length - off < x->stg_scratch ? length - off : x->stg_scratch;
+        memcpy(x->staging.host, (const uint8_t *)data + off, n);
+        duet_xfer_copy_t c = {.dst = dst + off, .src = x->staging.host, .bytes = n};
+        duet_status_t st = x->staging.h2d(x->staging.ctx, &c, 1);
+        if (st != DUET_OK)
+            return st;
+        off += n;
+    }
+    return DUET_OK;
+}
+
 /* AM write path: check the chunk against the expected request (pool, layer,
  * units that belong to it, bounds) and copy it into place.  Nothing is
  * written for an unknown, ended or cancelled request. */
@@ -1227,7 +1403,23 @@ static ucs_status_t am_data_cb(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     uint8_t *dst = (uint8_t *)pr->spec.base + ((uint64_t)h.layer * pr->spec.n_units + h.unit) * pb + h.offset;
-    memcpy(dst, data, length);
+    if (pr->device && !x->have_staging) {
+        /* registered for RMA only (no staging ops), and a sender writes with AM_DATA */
+        STAT_ADD(x, bad_messages, 1);
+        recv_end(x, r, DUET_ERR_UNSUPPORTED, -1,
+                 "page data by active message for device pool %u, and this engine has no staging ops", h.pool);
+        return UCS_OK;
+    }
+    if (pr->device) {
+        duet_status_t st = stage_in(x, dst, data, length);
+        if (st != DUET_OK) {
+            recv_end(x, r, st, -1, "page data: staging copy into device memory failed (pool %u layer %u)",
+                     h.pool, h.layer);
+            return UCS_OK;
+        }
+    } else {
+        memcpy(dst, data, length);
+    }
     r->am_bytes += length;
     if (r->peer)
         r->peer->last_heard_ns = duet_time_ns();
@@ -1382,7 +1574,12 @@ static void handle_msg(duet_xfer_t *x, const inmsg_t *m)
             recv_end(x, r, DUET_ERR_NOMEM, -1, "out of memory for checksums");
             return;
         }
-        sums_compute(x, r->pages, r->n_pages, r->slot, mine);
+        duet_status_t cs = sums_compute(x, r->pages, r->n_pages, r->slot, mine);
+        if (cs != DUET_OK) {
+            free(mine);
+            recv_end(x, r, cs, d.first_token, "checksum verification: staging copy out of device memory failed");
+            return;
+        }
         const uint8_t *theirs = m->data + sizeof d;
         for (uint32_t i = 0; i < want; i++) {
             uint64_t v;
@@ -1415,7 +1612,9 @@ static void register_pool_now(duet_xfer_t *x, cmd_t *c)
                       UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
         .address = sp->base,
         .length = bytes,
-        .memory_type = (sp->flags & DUET_XFER_POOL_DEVICE) ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST,
+        /* DUET_XFER_FAKE_DEVICE: the "device" pool is host memory, registered as such */
+        .memory_type = (sp->flags & DUET_XFER_POOL_DEVICE) && !x->fake_device ? UCS_MEMORY_TYPE_CUDA
+                                                                              : UCS_MEMORY_TYPE_HOST,
     };
     ucp_mem_h memh;
     ucs_status_t s = ucp_mem_map(x->ctx, &mp, &memh);
@@ -1434,6 +1633,7 @@ static void register_pool_now(duet_xfer_t *x, cmd_t *c)
         return;
     }
     r->spec = *sp;
+    r->device = (sp->flags & DUET_XFER_POOL_DEVICE) != 0;
     r->bytes = bytes;
     r->memh = memh;
     r->rkey_buf = rb;
@@ -1447,7 +1647,11 @@ static void run_command(duet_xfer_t *x, cmd_t *c)
     send_t *t;
     switch (c->kind) {
     case CMD_REGISTER:
-        register_pool_now(x, c);
+        if (x->thread_status != DUET_OK)
+            c->result = duet_err_set(&c->err, x->thread_status,
+                                     "register: the progress thread's initialisation (opts.thread_init) failed");
+        else
+            register_pool_now(x, c);
         break;
     case CMD_SEND_BEGIN:
         t = c->obj;
@@ -1682,6 +1886,12 @@ static void shutdown_all(duet_xfer_t *x)
 static void *progress_main(void *arg)
 {
     duet_xfer_t *x = arg;
+    if (x->opts.thread_init) {
+        x->thread_status = x->opts.thread_init(x->opts.thread_init_arg);
+        if (x->thread_status != DUET_OK)
+            duet_error("xfer %s: progress thread initialisation failed (%s)", x->name,
+                       duet_status_code(x->thread_status));
+    }
     uint64_t last_activity = duet_time_ns();
     for (;;) {
         int activity = run_commands(x) > 0;
@@ -1741,10 +1951,44 @@ duet_status_t duet_xfer_create(const duet_xfer_opts_t *opts, duet_xfer_t **out, 
         o.keepalive_ms = 1000;
     if (!o.am_chunk_bytes)
         o.am_chunk_bytes = 64u << 10;
+    if (o.staging) {
+        const duet_xfer_staging_t *sg = o.staging;
+        if (!sg->d2h || !sg->h2d || !sg->host)
+            return duet_err_set(err, DUET_ERR_INVALID, "staging ops without d2h, h2d or a host buffer");
+        size_t slot = ((size_t)o.am_chunk_bytes + STG_ALIGN - 1) / STG_ALIGN * STG_ALIGN;
+        if (sg->staging_bytes / 2 < slot)
+            return duet_err_set(err, DUET_ERR_INVALID,
+                                "staging buffer of %zu bytes: it must hold two AM chunks of %u bytes",
+                                sg->staging_bytes, o.am_chunk_bytes);
+    }
     duet_xfer_t *x = DUET_NEW(duet_xfer_t);
     if (!x)
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
     x->opts = o;
+    if (o.staging) {
+        x->staging = *o.staging;
+        x->opts.staging = &x->staging;
+        x->have_staging = 1;
+        x->stg_slot_bytes = ((size_t)o.am_chunk_bytes + STG_ALIGN - 1) / STG_ALIGN * STG_ALIGN;
+        x->stg_scratch = x->staging.staging_bytes / 2 / STG_ALIGN * STG_ALIGN;
+        size_t slots = (x->staging.staging_bytes - x->stg_scratch) / x->stg_slot_bytes;
+        x->stg_nslots = slots > STG_LIST_MAX ? STG_LIST_MAX : (uint32_t)slots;
+        x->stg_free = duet_malloc_array(x->stg_nslots, sizeof *x->stg_free);
+        x->stg_list = duet_malloc_array(STG_LIST_MAX, sizeof *x->stg_list);
+        x->stg_batch = duet_malloc_array(STG_LIST_MAX, sizeof *x->stg_batch);
+        if (!x->stg_free || !x->stg_list || !x->stg_batch) {
+            free(x->stg_free);
+            free(x->stg_list);
+            free(x->stg_batch);
+            free(x);
+            return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < x->stg_nslots; i++)
+            x->stg_free[i] = x->stg_nslots - 1 - i;
+        x->stg_nfree = x->stg_nslots;
+    }
+    const char *fake = getenv("DUET_XFER_FAKE_DEVICE");
+    x->fake_device = fake && strcmp(fake, "1") == 0;
     x->id = o.id ? o.id : random_id();
     snprintf(x->name, sizeof x->name, "%s", o.name ? o.name : "xfer");
     x->opts.name = NULL;
@@ -1859,6 +2103,8 @@ duet_status_t duet_xfer_create(const duet_xfer_opts_t *opts, duet_xfer_t **out, 
     x->thread_started = 1;
     duet_info("xfer %s: engine %016" PRIx64 " up (worker address %zu bytes, CUDA memory %s)", x->name,
               x->id, x->addr_len, x->cuda_capable ? "yes" : "no");
+    if (x->fake_device)
+        duet_warn("xfer %s: DUET_XFER_FAKE_DEVICE=1: device pools are host memory (a test mode)", x->name);
     *out = x;
     return DUET_OK;
 
@@ -1876,6 +2122,9 @@ err_worker:
 err_ctx:
     ucp_cleanup(x->ctx);
 err_free:
+    free(x->stg_free);
+    free(x->stg_list);
+    free(x->stg_batch);
     pthread_mutex_destroy(&x->cmd_lock);
     pthread_mutex_destroy(&x->sync_lock);
     pthread_cond_destroy(&x->sync_cond);
@@ -1967,6 +2216,9 @@ void duet_xfer_destroy(duet_xfer_t **xp)
     pthread_cond_destroy(&x->sync_cond);
     pthread_mutex_destroy(&x->ev_lock);
     pthread_cond_destroy(&x->ev_cond);
+    free(x->stg_free);
+    free(x->stg_list);
+    free(x->stg_batch);
     free(x);
 }
 
@@ -2008,11 +2260,24 @@ duet_status_t duet_xfer_register_pool(duet_xfer_t *x, const duet_xfer_pool_t *po
     if (x->page_tokens && x->page_tokens != pool->page_tokens)
         return duet_err_set(err, DUET_ERR_INVALID, "register: pool %s page_tokens %u, others %u", kn,
                             pool->page_tokens, x->page_tokens);
-    if ((pool->flags & DUET_XFER_POOL_DEVICE) && !x->cuda_capable)
-        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
-                            "register: pool %s is device memory and this UCX has no CUDA support; "
-                            "the pinned staging path (%s) is not implemented on this backend",
-                            kn, x->opts.staging ? "staging ops given" : "no staging ops");
+    if (pool->flags & DUET_XFER_POOL_DEVICE) {
+        if (!x->cuda_capable && !x->fake_device)
+            return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                                "register: pool %s is device memory and this UCX has no CUDA memory support "
+                                "(a UCX built with CUDA, cuda_copy and cuda_ipc, is needed to map it)", kn);
+        /* where the engine may read or write the pool from the host, it needs the staging ops */
+        int host_access = !x->opts.skip_checksums || x->opts.verify_checksums || x->path != DUET_XFER_PATH_RMA;
+        if (host_access && !x->have_staging)
+            return duet_err_set(err, DUET_ERR_UNSUPPORTED,
+                                "register: pool %s is device memory and no staging ops were given: %s", kn,
+                                !x->opts.skip_checksums ? "the sender's checksums read it from the host"
+                                : x->opts.verify_checksums ? "checksum verification reads it from the host"
+                                                           : "the AM write path copies it from the host");
+        if (x->have_staging && x->stg_scratch < pool->layout.page_bytes)
+            return duet_err_set(err, DUET_ERR_INVALID,
+                                "register: pool %s pages of %" PRIu64 " bytes do not fit half of the %zu-byte "
+                                "staging buffer", kn, pool->layout.page_bytes, x->staging.staging_bytes);
+    }
     cmd_t *c = cmd_new(CMD_REGISTER);
     if (!c)
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");

@@ -45,25 +45,53 @@ typedef struct duet_xfer duet_xfer_t;
 #define DUET_XFER_ALL_POOLS   (-1)         /* duet_xfer_send_put: every pool */
 #define DUET_XFER_MAX_PAGES   (1u << 20)   /* pages in one descriptor */
 
-/* A pool lives in device memory.  Registered directly when UCX reports CUDA
- * memory support; otherwise it needs the staging path (opts.staging), which
- * the CPU backend does not implement: registration answers UNSUPPORTED. */
+/* A pool lives in device memory.  Registered directly with UCX (memory type
+ * CUDA) when UCX reports CUDA memory support (duet_xfer_cuda_capable); page
+ * writes on the RMA path then go device to device (cuda_ipc over NVLink) and
+ * the engine never reads the pool.  Where the engine itself would touch pool
+ * bytes from the host -- the sender's TransferDone checksums, the receiver's
+ * verification, the AM write path on either side -- it goes through the
+ * caller's staging ops (opts.staging) and their pinned bounce buffer.
+ * Without staging ops a device pool is accepted only when none of those can
+ * happen (skip_checksums, no verify_checksums, data_path RMA); otherwise, and
+ * without CUDA support in UCX, registration answers UNSUPPORTED.
+ *
+ * Test only: DUET_XFER_FAKE_DEVICE=1 in the environment at duet_xfer_create
+ * makes the engine accept DEVICE pools without CUDA support in UCX.  Their
+ * memory is then host memory and is registered as host memory, but the
+ * engine treats it as device memory everywhere else (every host access goes
+ * through the staging ops), so the staging logic runs on CPUs with memcpy
+ * staging ops (tests/net/test_xfer_device.c).  Never set it in a service. */
 #define DUET_XFER_POOL_DEVICE 0x1u
 
-/* One batched device<->host copy list for the staging path (CUDA backend). */
+/* One entry of a batched device<->host copy list. */
 typedef struct {
     void *dst;
     const void *src;
     size_t bytes;
 } duet_xfer_copy_t;
 
+/* Staging ops for device pools.  Both ops are called on the engine's progress
+ * thread only (never two at once), with entries that never overlap; each
+ * copies every entry as one batch (one kernel for the list: duet_cuda_copy_list
+ * in CUDA builds) and returns when the copies are complete.  A non-OK status
+ * fails the transfer concerned with that status (SEND or RECV event).  The
+ * ops' context must not be used by another thread at the same time (CUDA: a
+ * duet_cuda_t of its own). */
 typedef struct {
     void *ctx;
-    /* Copy every entry (device -> pinned host) as one batch; return when done. */
+    /* device -> pinned host (dst in `host`) */
     duet_status_t (*d2h)(void *ctx, const duet_xfer_copy_t *copies, uint32_t n);
-    /* Copy every entry (pinned host -> device) as one batch; return when done. */
+    /* pinned host (src in `host`) -> device */
     duet_status_t (*h2d)(void *ctx, const duet_xfer_copy_t *copies, uint32_t n);
-    size_t staging_bytes;   /* pinned staging size to register */
+    /* The bounce buffer: staging_bytes of pinned host memory the caller allocated
+     * (cudaHostAlloc, mapped, so that a copy kernel reaches it) and keeps until the
+     * engine is destroyed.  Half of it batches checksum reads and AM page data
+     * received; the other half is cut into am_chunk_bytes slots for AM page data
+     * in flight.  It must hold two am_chunk_bytes slots and twice the largest
+     * page of any device pool; 32 MiB is plenty. */
+    void *host;
+    size_t staging_bytes;
 } duet_xfer_staging_t;
 
 /* How a sender writes pages into a receiver.
@@ -90,7 +118,13 @@ typedef struct {
                                  a verifying receiver answers CHECKSUM */
     int data_path;            /* DUET_XFER_PATH_*; AUTO also reads DUET_XFER_PATH=rma|am */
     uint32_t am_chunk_bytes;  /* AM write path: page bytes per message; 0: 64 KiB */
-    const duet_xfer_staging_t *staging; /* device pools without UCX CUDA support */
+    const duet_xfer_staging_t *staging; /* device pools: host accesses go through these (copied) */
+    /* Called first on the progress thread, before it makes any UCX call.  UCX's
+     * CUDA transports need the device's context current on the thread that
+     * drives them: a CUDA caller makes it current here (duet_cuda_bind).
+     * A failure is logged and every later registration answers its status. */
+    duet_status_t (*thread_init)(void *arg);
+    void *thread_init_arg;
 } duet_xfer_opts_t;
 
 /* A pool to register: `layout` and `n_units` describe memory at `base` of
@@ -175,13 +209,16 @@ void duet_xfer_destroy(duet_xfer_t **x);
 uint64_t duet_xfer_id(const duet_xfer_t *x);
 /* The worker address (valid for the engine's life). */
 const uint8_t *duet_xfer_address(const duet_xfer_t *x, size_t *len);
-/* 1 when UCX can register CUDA memory directly (never with Debian's UCX). */
+/* 1 when UCX can register CUDA memory directly (never with Debian's UCX).
+ * DUET_XFER_FAKE_DEVICE does not change the answer. */
 int duet_xfer_cuda_capable(const duet_xfer_t *x);
 
 /* Register a pool (once per kind, before any transfer; memory stays the
  * caller's and must outlive the engine).  Blocks until the progress thread
- * has mapped it.  INVALID for a bad spec or a kind registered twice,
- * UNSUPPORTED for device memory without CUDA support in UCX. */
+ * has mapped it.  INVALID for a bad spec, a kind registered twice or a
+ * staging buffer too small for the pool's pages; UNSUPPORTED for device
+ * memory without CUDA support in UCX, or without staging ops where the
+ * engine may have to read or write it from the host (DUET_XFER_POOL_DEVICE). */
 duet_status_t duet_xfer_register_pool(duet_xfer_t *x, const duet_xfer_pool_t *pool, duet_err_t *err);
 /* Register every non-empty pool of a cache (host memory). */
 duet_status_t duet_xfer_register_cache(duet_xfer_t *x, const duet_kv_cache_t *cache, duet_err_t *err);
@@ -254,7 +291,9 @@ duet_status_t duet_xfer_desc_pack(const duet_xfer_desc_t *d, uint8_t **buf, size
 duet_status_t duet_xfer_desc_unpack(const uint8_t *buf, size_t len, duet_xfer_desc_t *d, duet_err_t *err);
 
 /* Checksum of one unit of one pool over all its layers (what TransferDone
- * carries): h = seed; for l in layers: h = xxh3(unit bytes of layer l, h). */
+ * carries): h = seed; for l in layers: h = xxh3(unit bytes of layer l, h).
+ * Reads pool_base directly: host memory only (device pools are checksummed
+ * by the engine through its staging ops). */
 uint64_t duet_xfer_unit_checksum(const uint8_t *pool_base, const duet_cache_layout_t *layout,
                                  uint32_t n_units, uint32_t unit);
 

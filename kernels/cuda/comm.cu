@@ -80,6 +80,7 @@ struct duet_cuda_comm {
 extern "C" duet_status_t duet_cuda_bind(duet_cuda_t *c)
 {
     DUET_CUDA_CHECK(c, cudaSetDevice(c->device));
+    DUET_CUDA_CHECK(c, cudaFree(0)); /* the primary context exists and is current */
     return DUET_OK;
 }
 

@@ -26,8 +26,10 @@ extern "C" {
 
 typedef struct duet_cuda_comm duet_cuda_comm_t;
 
-/* Make the calling thread's current device the context's (every host thread that queues work on
- * a context other than the one it created first calls this once). */
+/* Make the context's device (and its primary context) current on the calling thread: every host
+ * thread that queues work on a context it did not create, and threads that hand device pointers
+ * to libraries using the current context (the data plane's progress thread, whose UCX CUDA
+ * transports do), call this once. */
 duet_status_t duet_cuda_bind(duet_cuda_t *c);
 
 /* One communicator per context, ranks in the order given (n >= 1, distinct devices).  On

@@ -110,5 +110,6 @@ int duet_cuda_get_invariant(const duet_cuda_t *c);
 #include "rows.cuh"
 #include "comm.cuh"
 #include "compress_rows.cuh"
+#include "copy_list.cuh"
 
 #endif
