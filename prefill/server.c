@@ -616,14 +616,16 @@ int main(int argc, char **argv)
                   S.o.hicache_device_pages, hs.host_pages_total, S.o.hicache_host_gib,
                   duet_hicache_policy_name(ho.policy));
     }
-    if (duet_worker_net_open(&S.net, &S.o, S.cache, handler, &S, &err) != DUET_OK)
+    if (duet_worker_net_open(&S.net, &S.o, &S.eng, handler, &S, &err) != DUET_OK)
         goto fail;
     char dev[32];
     duet_info("%s: serving on %s (%u pages, %u slots, kv %s, index-k %s, budget %u tokens/step, device %s%s)",
               S.o.id, S.o.listen, S.o.pages, S.o.slots, duet_cache_dtype_name(S.o.cache.kv_dtype),
               duet_cache_dtype_name(S.o.cache.index_k_dtype), S.o.token_budget,
               duet_worker_device_name(&S.o, dev, sizeof dev),
-              duet_worker_engine_on_gpu(&S.eng) ? "; transfers staged through the host pools" : "");
+              !duet_worker_engine_on_gpu(&S.eng) ? ""
+              : S.eng.direct                     ? "; transfers straight from GPU memory"
+                                                 : "; transfers staged through the host pools");
     duet_worker_notify_ready(&S.o);
     while (!g_stop) {
         int busy = 0;

@@ -41,9 +41,55 @@ static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
     return DUET_OK;
 }
 
+/* ---- the data plane's memory (duet_worker_engine_xfer_prepare / _register) ---- */
+
+/* What the data plane's progress thread uses: a context of its own on rank 0's GPU (a context
+ * serves one thread at a time) and the pinned bounce buffer of the staging ops. */
+typedef struct {
+    duet_cuda_t *cu;
+    void *bounce;
+    duet_xfer_staging_t ops;
+} xfer_gpu_t;
+
+#define XFER_BOUNCE_BYTES ((size_t)32 << 20)
+
+static duet_status_t xfer_copy(void *ctx, const duet_xfer_copy_t *copies, uint32_t n)
+{
+    xfer_gpu_t *x = ctx;
+    duet_cuda_copy_t list[256];
+    for (uint32_t i = 0; i < n;) {
+        uint32_t k = 0;
+        for (; k < 256 && i < n; k++, i++)
+            list[k] = (duet_cuda_copy_t){.dst = copies[i].dst, .src = copies[i].src, .bytes = copies[i].bytes};
+        duet_status_t st = duet_cuda_copy_list(x->cu, list, k);
+        if (st != DUET_OK)
+            return st;
+    }
+    return duet_cuda_sync(x->cu);
+}
+
+static duet_status_t xfer_thread_init(void *arg)
+{
+    xfer_gpu_t *x = arg;
+    return duet_cuda_bind(x->cu);
+}
+
+static void xfer_gpu_close(duet_worker_engine_t *e)
+{
+    xfer_gpu_t *x = e->xfer_gpu;
+    if (!x)
+        return;
+    if (x->bounce)
+        duet_cuda_host_free(x->cu, x->bounce);
+    duet_cuda_destroy(&x->cu);
+    free(x);
+    e->xfer_gpu = NULL;
+}
+
 static void gpu_close(duet_worker_engine_t *e)
 {
     duet_tp_cuda_t *t = e->gpu;
+    xfer_gpu_close(e);
     if (!t)
         return;
     if (e->logits)
@@ -111,7 +157,7 @@ duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, con
                                          uint32_t n, duet_err_t *err)
 {
 #if DUET_HAVE_CUDA
-    if (e->gpu && n) {
+    if (e->gpu && n && !e->direct) {
         uint64_t bytes = 0, t0 = duet_time_ns();
         duet_status_t st = duet_tp_cuda_stage(e->gpu, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, &bytes, err);
         if (st != DUET_OK)
@@ -134,7 +180,7 @@ duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_s
                                            duet_err_t *err)
 {
 #if DUET_HAVE_CUDA
-    if (e->gpu) {
+    if (e->gpu && !e->direct) {
         uint64_t bytes = 0, t0 = duet_time_ns();
         const duet_seq_t *one[1] = {seq};
         duet_status_t st = duet_tp_cuda_stage(e->gpu, DUET_STAGE_TO_DEVICE, -1, one, &n_pages, 1, &bytes, err);
@@ -157,9 +203,88 @@ void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who
 {
     if (!e->gpu)
         return;
+    if (e->direct) {
+        duet_info("%s: data plane straight between GPU memory (no staging copies)", who);
+        return;
+    }
     duet_info("%s: staging device->host %llu copies, %.1f MB in %.1f ms (%.2f GB/s); host->device %llu copies, "
               "%.1f MB in %.1f ms (%.2f GB/s)",
               who, (unsigned long long)e->d2h_calls, e->d2h_bytes / 1e6, e->d2h_ns / 1e6,
               e->d2h_ns ? e->d2h_bytes / (double)e->d2h_ns : 0.0, (unsigned long long)e->h2d_calls,
               e->h2d_bytes / 1e6, e->h2d_ns / 1e6, e->h2d_ns ? e->h2d_bytes / (double)e->h2d_ns : 0.0);
+}
+
+duet_status_t duet_worker_engine_xfer_prepare(duet_worker_engine_t *e, duet_xfer_opts_t *xo, duet_err_t *err)
+{
+#if DUET_HAVE_CUDA
+    if (!e->gpu)
+        return DUET_OK;
+    xfer_gpu_t *x = DUET_NEW(xfer_gpu_t);
+    if (!x)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    e->xfer_gpu = x;
+    duet_status_t st = duet_cuda_create(e->device, &x->cu, err);
+    if (st != DUET_OK)
+        return st;
+    if (duet_cuda_host_alloc(x->cu, &x->bounce, XFER_BOUNCE_BYTES) != DUET_OK) {
+        x->bounce = NULL;
+        if (err)
+            *err = *duet_cuda_error(x->cu);
+        return DUET_ERR_CUDA;
+    }
+    x->ops = (duet_xfer_staging_t){.ctx = x, .d2h = xfer_copy, .h2d = xfer_copy, .host = x->bounce,
+                                   .staging_bytes = XFER_BOUNCE_BYTES};
+    xo->staging = &x->ops;
+    xo->thread_init = xfer_thread_init;
+    xo->thread_init_arg = x;
+#else
+    (void)e;
+    (void)xo;
+    (void)err;
+#endif
+    return DUET_OK;
+}
+
+duet_status_t duet_worker_engine_xfer_register(duet_worker_engine_t *e, duet_xfer_t *x, duet_err_t *err)
+{
+    e->direct = 0;
+#if DUET_HAVE_CUDA
+    const char *env = getenv("DUET_XFER_DEVICE");
+    int want = !(env && strcmp(env, "0") == 0);
+    if (e->gpu) {
+        const char *why = NULL;
+        if (!duet_xfer_cuda_capable(x))
+            why = "this UCX has no CUDA support";
+        else if (!want)
+            why = "DUET_XFER_DEVICE=0";
+        else if (e->tp > 1 && e->receives)
+            why = "a tensor-parallel receiver keeps the host pools (each rank's device pools are filled from them)";
+        if (!why) {
+            duet_kv_cache_cuda_t *dc = duet_tp_cuda_cache(e->gpu, 0);
+            for (int k = 0; k < DUET_POOL_COUNT; k++) {
+                const duet_cache_layout_t *l = duet_kv_cache_layout(e->cache, (duet_pool_kind_t)k);
+                uint8_t *base = duet_kv_cache_cuda_pool_base(dc, (duet_pool_kind_t)k);
+                if (!l || l->n_layers == 0 || !base)
+                    continue;
+                duet_xfer_pool_t p = {
+                    .layout = *l,
+                    .page_tokens = (uint32_t)duet_kv_cache_opts(e->cache)->page_tokens,
+                    .base = base,
+                    .n_units = l->paged ? duet_kv_cache_n_pages(e->cache) : duet_kv_cache_n_slots(e->cache),
+                    .flags = DUET_XFER_POOL_DEVICE,
+                };
+                duet_status_t st = duet_xfer_register_pool(x, &p, err);
+                if (st != DUET_OK)
+                    return st;
+            }
+            e->direct = 1;
+            duet_info("data plane: pages go straight between GPU memory (the device pools of cuda:%d are "
+                      "registered with UCX); no staging through host memory",
+                      e->device);
+            return DUET_OK;
+        }
+        duet_info("data plane: pages are staged through the pinned host pools (%s)", why);
+    }
+#endif
+    return duet_xfer_register_cache(x, e->cache, err);
 }

@@ -25,12 +25,16 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "worker_opts.h"
+#include "xfer.h"
 
 typedef struct {
     const duet_model_t *model;
     duet_kv_cache_t *cache;
     int device;         /* -1: the CPU; else the first GPU of the group */
     int tp;             /* tensor-parallel size (GPUs device .. device+tp-1) */
+    int receives;       /* decode: the data plane writes into this cache (set before the xfer calls) */
+    int direct;         /* the data plane uses the device pools straight (duet_worker_engine_xfer_register) */
+    void *xfer_gpu;     /* the data plane thread's CUDA context and bounce buffer */
     void *gpu;          /* CUDA state (engine/tp_cuda.h: contexts, device weights, device pools); NULL on the CPU */
     float *logits;      /* (logit_rows, vocab) host rows the forward writes; pinned on the GPU */
     uint32_t logit_rows;
@@ -62,6 +66,16 @@ duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, con
  * into the device pools.  CPU: nothing. */
 duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_seq_t *seq, uint32_t n_pages,
                                            duet_err_t *err);
+
+/* The data plane on the GPU (docs/DATAPLANE.md, "Device memory").  prepare: before
+ * duet_xfer_create, give the engine staging ops (a CUDA context of its own on the first GPU and
+ * a pinned bounce buffer) and a thread hook binding that GPU to its progress thread; nothing on
+ * the CPU.  register: after it, register the pools -- rank 0's device pools with
+ * DUET_XFER_POOL_DEVICE when UCX has CUDA (then to_host / to_device do nothing: puts go GPU to
+ * GPU), else the host pools (staging).  DUET_XFER_DEVICE=0 keeps the staging path; so does a
+ * tensor-parallel receiver.  Logs which path it took. */
+duet_status_t duet_worker_engine_xfer_prepare(duet_worker_engine_t *e, duet_xfer_opts_t *xo, duet_err_t *err);
+duet_status_t duet_worker_engine_xfer_register(duet_worker_engine_t *e, duet_xfer_t *x, duet_err_t *err);
 
 /* One log line with the staging counters (GPU only). */
 void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who);

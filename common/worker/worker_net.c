@@ -80,7 +80,7 @@ duet_status_t duet_worker_net_open_events(duet_worker_net_t *n, const char *even
     return open_sink(&n->sinks[DUET_WORKER_SINK_EVENTS], events_url, EVENTS_QUEUE_LEN, err);
 }
 
-duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_t *o, const duet_kv_cache_t *cache,
+duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_t *o, duet_worker_engine_t *eng,
                                    duet_ctl_handler_fn handler, void *arg, duet_err_t *err)
 {
     memset(n, 0, sizeof *n);
@@ -89,9 +89,11 @@ duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_
         xo.data_path = strcmp(o->xfer_path, "rma") == 0  ? DUET_XFER_PATH_RMA
                        : strcmp(o->xfer_path, "am") == 0 ? DUET_XFER_PATH_AM
                                                          : DUET_XFER_PATH_AUTO;
-    duet_status_t st = duet_xfer_create(&xo, &n->xfer, err);
+    duet_status_t st = duet_worker_engine_xfer_prepare(eng, &xo, err);
     if (st == DUET_OK)
-        st = duet_xfer_register_cache(n->xfer, cache, err);
+        st = duet_xfer_create(&xo, &n->xfer, err);
+    if (st == DUET_OK)
+        st = duet_worker_engine_xfer_register(eng, n->xfer, err);
     if (st == DUET_OK) {
         duet_ctl_opts_t co = {.url = o->listen, .sender_id = o->id};
         st = duet_ctl_server_create(&co, handler, arg, &n->srv, err);

@@ -25,6 +25,7 @@
 
 #include "ctl.h"
 #include "kv_cache.h"
+#include "worker_engine.h"
 #include "worker_opts.h"
 #include "xfer.h"
 
@@ -51,11 +52,12 @@ typedef struct {
     uint64_t last_watchdog_ns;
 } duet_worker_net_t;
 
-/* Create the engine (data path from --xfer-path, checksums from
- * --verify-checksums), register every pool of `cache`, listen on --listen
+/* Create the data-plane engine (data path from --xfer-path, checksums from
+ * --verify-checksums), register the pools of `eng`'s cache (its device pools
+ * or its host pools: duet_worker_engine_xfer_register), listen on --listen
  * with `handler`, and dial --events when given.  On error everything made
  * so far is closed. */
-duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_t *o, const duet_kv_cache_t *cache,
+duet_status_t duet_worker_net_open(duet_worker_net_t *n, const duet_worker_opts_t *o, duet_worker_engine_t *eng,
                                    duet_ctl_handler_fn handler, void *arg, duet_err_t *err);
 /* Only the event table (no engine, no server): for tests of the table. */
 duet_status_t duet_worker_net_open_events(duet_worker_net_t *n, const char *events_url, uint32_t idle_ms,
