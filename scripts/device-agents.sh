@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # device-agents.sh: `duet bench agents --scenario agents-80x4` through duet-router, with
-# duet-prefill and duet-decode --device cuda as two processes on the one GPU, for index-K
-# bf16 and fp8 (KV bf16), in one device call.
+# duet-prefill and duet-decode --device cuda as two processes on the one GPU (or, with
+# --prefill-gpus 0 --decode-gpus 1, each on its own GPU group), for index-K bf16 and fp8
+# (KV bf16).
 #
 # Here (any machine with nvcc; no GPU needed):
 #   scripts/device-agents.sh --prepare
-#       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja the eight binaries below;
+#       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja the binaries below;
 #       scripts/make-bundle.sh; packs the binaries into build-fwd/device-agents.tgz
 #   scripts/device-agents.sh --dry-run
 #       the same steps here with --device cpu and a small load (6 sessions x 2 turns): the
@@ -39,8 +40,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
 TGZ="$BUILD/device-agents.tgz"
 BINS="prefill/duet-prefill decode/duet-decode router/duet-router tools/duet-bench-agents tools/duet-generate
-      tools/duet-driver tools/duet-mkmodel tools/duet-check-forward"
-dry=0 encodings="bf16 fp8" req_timeout=100 load=()
+      tools/duet-driver tools/duet-mkmodel tools/duet-check-forward tools/duet-bench-xfer tools/duet-check-ops"
+dry=0 encodings="bf16 fp8" req_timeout=100 load=() groups=()
 run_limit=420     # s, one encoding's run: cluster start, the load, the references, the stop
 total_limit=560   # s, the whole script: no run starts that could not end within it
 
@@ -58,8 +59,9 @@ while [ $# -gt 0 ]; do
     --encodings) encodings="$2"; shift ;;
     --timeout) req_timeout="$2"; shift ;;
     --run-limit) run_limit="$2"; shift ;;
+    --prefill-gpus|--decode-gpus) groups+=("$1" "$2"); shift ;;
     --) shift; load=("$@"); break ;;
-    *) echo "usage: scripts/device-agents.sh [--prepare] [--dry-run] [--encodings \"bf16 fp8\"] [--timeout S] [--run-limit S] [-- bench flags]" >&2
+    *) echo "usage: scripts/device-agents.sh [--prepare] [--dry-run] [--encodings \"bf16 fp8\"] [--timeout S] [--run-limit S] [--prefill-gpus LIST --decode-gpus LIST] [-- bench flags]" >&2
        exit 2 ;;
   esac
   shift
@@ -92,33 +94,12 @@ mkdir -p "$W"
 [ -f "$TGZ" ] || { say "device-agents: $TGZ is missing: run scripts/device-agents.sh --prepare and carry it"; exit 2; }
 tar -xzf "$TGZ" -C "$W" || { say "device-agents: cannot unpack $TGZ"; exit 2; }
 
-# ---- libraries and programs from the bundle: only what the image lacks
-LIBS="$WORK/libs" PROGS="$WORK/bin" BUNDLE="$WORK/bundle"
-mkdir -p "$LIBS" "$PROGS" "$BUNDLE"
-for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" "$BUNDLE" || say "device-agents: dpkg -x $f failed"; done
-export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH="$PROGS:$PATH"
-cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
-# redis-server: always the bundle's (Debian's redis-server is redis-check-rdb under another name:
-# it picks its mode from argv[0]); curl: the image's if it has one
-ln -sf "$BUNDLE/usr/bin/redis-check-rdb" "$PROGS/redis-server"
-command -v curl >/dev/null 2>&1 || ln -sf "$BUNDLE/usr/bin/curl" "$PROGS/curl"
-EXES="$(for b in $BINS; do echo "$W/$b"; done) $BUNDLE/usr/bin/redis-check-rdb $(readlink -f "$(command -v curl)")"
-for pass in 1 2 3 4 5; do
-  missing="$(for e in $EXES; do ldd "$e" 2>/dev/null | awk '/not found/ {print $1}'; done | sort -u)"
-  [ -z "$missing" ] && break
-  for so in $missing; do
-    f="$(find "$BUNDLE" -name "$so" | head -1)"
-    if [ -n "$f" ]; then cp -L "$f" "$LIBS/$so"; else say "device-agents: $so is in neither the image nor the bundle"; fi
-  done
-done
-say "== libraries taken from the bundle: $(ls "$LIBS" | tr '\n' ' ')"
-for e in $EXES; do
-  [ -x "$e" ] || { say "device-agents: $e is missing"; exit 2; }
-  m="$(ldd "$e" 2>&1 | grep 'not found' || true)"
-  [ -z "$m" ] || { say "device-agents: $e: unresolved libraries: $m"; exit 2; }
-done
-say "== redis-server: $(redis-server --version 2>&1 | head -1)"
+# ---- libraries and programs: the bundle's where the image lacks them (scripts/device-lib.sh)
+PROGS="$WORK/bin"
+duet_device_runtime "$WORK" $(for b in $BINS; do echo "$W/$b"; done) >"$WORK/runtime.txt" 2>&1  # not in a pipe: it exports
+rt=$?
+tee -a "$LOG" <"$WORK/runtime.txt"
+[ "$rt" = 0 ] || { say "device-agents: the runtime is incomplete"; exit 2; }
 
 # gnuplot for the bench's --plot: where the image has none, a stand-in that draws the bench's
 # plot script (points of end-to-end latency and TTFT by request start, failures, chaos lines)
@@ -184,7 +165,9 @@ if [ "$dry" = 0 ]; then
   done
 fi
 
-# ---- the runs
+# ---- the runs: both workers on the one GPU, or each on its GPU group (--prefill-gpus/--decode-gpus)
+where=(--device "$DEVICE")
+[ ${#groups[@]} -gt 0 ] && [ "$dry" = 0 ] && where=("${groups[@]}")
 fail=0
 export PYTHONUNBUFFERED=1
 for ik in $encodings; do
@@ -196,7 +179,7 @@ for ik in $encodings; do
     continue
   fi
   [ "$limit" -gt "$left" ] && limit=$left
-  say "== duet bench agents --device $DEVICE, KV bf16, index-K $ik (at most $limit s)"
+  say "== duet bench agents ${where[*]}, KV bf16, index-K $ik (at most $limit s)"
   run_tmp="$WORK/run-$ik"
   mkdir -p "$run_tmp"
   start=$SECONDS
@@ -204,7 +187,7 @@ for ik in $encodings; do
   # by pid and its logs kept.  At the limit, timeout sends SIGTERM to the whole group: the bench
   # stops its references and still reports; the workers write their exit lines.
   TMPDIR="$run_tmp" DUET_NO_BUILD=1 DUET_BUILD_DIR="$W" DUET_CACHE_DIR="$WORK/cache" \
-    timeout -k 20 "$limit" "$ROOT/duet" bench agents --device "$DEVICE" --model "$FIX/tiny-bf16" \
+    timeout -k 20 "$limit" "$ROOT/duet" bench agents "${where[@]}" --model "$FIX/tiny-bf16" \
       --kv-dtype bf16 --index-k-dtype "$ik" --keep-logs "$WORK/logs-$ik" --progress off --timeout "$req_timeout" \
       --json "$RES/agents-$ik.json" --plot "$RES/agents-$ik.png" --jobs "$jobs" "${load[@]}" \
       >"$WORK/bench-$ik.txt" 2>"$WORK/bench-$ik.err"
