@@ -378,6 +378,7 @@ struct duet_kv_cache_cuda {
     size_t bytes[DUET_POOL_COUNT];
     uint8_t *hmap[DUET_POOL_COUNT]; /* the host pools as the device sees them (duet_kv_cache_cuda_map_host) */
     int mapped;
+    int borrowed; /* hmap is another cache's registration (duet_kv_cache_cuda_map_host_shared) */
 };
 
 duet_status_t duet_kv_cache_cuda_create(duet_cuda_t *c, duet_kv_cache_t *host, duet_kv_cache_cuda_t **out,
@@ -418,7 +419,7 @@ void duet_kv_cache_cuda_destroy(duet_kv_cache_cuda_t **pdc)
     duet_cuda_sync(dc->c);
     for (int k = 0; k < DUET_POOL_COUNT; k++) {
         duet_cuda_free(dc->c, dc->mem[k]);
-        if (dc->hmap[k])
+        if (dc->hmap[k] && !dc->borrowed)
             duet_cuda_host_unregister(dc->c, duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)k));
     }
     free(dc);
@@ -498,6 +499,19 @@ duet_status_t duet_kv_cache_cuda_map_host(duet_kv_cache_cuda_t *dc, duet_err_t *
         }
         dc->hmap[k] = dev;
     }
+    dc->mapped = 1;
+    return DUET_OK;
+}
+
+duet_status_t duet_kv_cache_cuda_map_host_shared(duet_kv_cache_cuda_t *dc, const duet_kv_cache_cuda_t *owner,
+                                                duet_err_t *err)
+{
+    if (dc->mapped)
+        return DUET_OK;
+    if (!owner->mapped || owner->host != dc->host)
+        return duet_err_set(err, DUET_ERR_INVALID, "staging: the owner's host pools are not mapped");
+    memcpy(dc->hmap, owner->hmap, sizeof dc->hmap); /* portable registration, one address space (UVA) */
+    dc->borrowed = 1;
     dc->mapped = 1;
     return DUET_OK;
 }
@@ -1322,7 +1336,7 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     const duet_layer_weights_t *hw = &F->m->layers[layer];
     const layer_dev_t *lw = &F->mc->layers[layer];
     int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    int I = lw->experts[0].rows;
+    int I = lw->experts[3 * (size_t)F->mc->e0].rows; /* the first expert this rank holds */
     TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     duet_cuda_moe_route_t rp = {
         .n_experts = E,
@@ -1343,9 +1357,10 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
         CU(duet_cuda_moe_tiles_own(F->cu, F->m_tiles, E, F->mc->e0, F->mc->e1));
     duet_cuda_moe_plan_t p = {.n_experts = E, .n_assign = R * K, .offs = offs, .tiles = F->m_tiles, .xrow = F->m_xrow};
     const void **tab = lw->ex_ptr;
-    duet_cuda_expert_mats_t m1 = {&lw->experts[0], tab, lw->experts[0].scale ? tab + 3 * (size_t)E : NULL};
-    duet_cuda_expert_mats_t m3 = {&lw->experts[2], tab + (size_t)E, lw->experts[2].scale ? tab + 4 * (size_t)E : NULL};
-    duet_cuda_expert_mats_t m2 = {&lw->experts[1], tab + 2 * (size_t)E, lw->experts[1].scale ? tab + 5 * (size_t)E : NULL};
+    const duet_weight_t *x0 = &lw->experts[3 * (size_t)F->mc->e0]; /* the first expert this rank holds */
+    duet_cuda_expert_mats_t m1 = {&x0[0], tab, x0[0].scale ? tab + 3 * (size_t)E : NULL};
+    duet_cuda_expert_mats_t m3 = {&x0[2], tab + (size_t)E, x0[2].scale ? tab + 4 * (size_t)E : NULL};
+    duet_cuda_expert_mats_t m2 = {&x0[1], tab + 2 * (size_t)E, x0[1].scale ? tab + 5 * (size_t)E : NULL};
     CU(duet_cuda_matmul_grouped(F->cu, &m1, &m3, &p, F->xn, 1, F->eg, F->eu));
     CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, R * K, I, (float)c->swiglu_limit, F->eg));
     CU(duet_cuda_matmul_grouped(F->cu, &m2, NULL, &p, F->eg, 0, F->yg, NULL));

@@ -86,6 +86,11 @@ duet_status_t duet_kv_cache_cuda_copy_seq(duet_kv_cache_cuda_t *dc, const duet_s
 /* Pin and map every host pool (cudaHostRegister), once, before any staging copy; undone by
  * duet_kv_cache_cuda_destroy().  Idempotent. */
 duet_status_t duet_kv_cache_cuda_map_host(duet_kv_cache_cuda_t *dc, duet_err_t *err);
+/* The same for a second device's pools over the same host cache: the registration is portable
+ * (every device sees the host pools at one address), so `dc` uses `owner`'s and does not
+ * unregister it; `owner` must outlive `dc`'s staging. */
+duet_status_t duet_kv_cache_cuda_map_host_shared(duet_kv_cache_cuda_t *dc, const duet_kv_cache_cuda_t *owner,
+                                                duet_err_t *err);
 
 typedef enum { DUET_STAGE_TO_HOST = 0, DUET_STAGE_TO_DEVICE = 1 } duet_stage_dir_t;
 

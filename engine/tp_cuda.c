@@ -34,6 +34,7 @@ struct duet_tp_cuda {
     pthread_cond_t go, done;
     uint64_t gen;  /* job generation: a rank runs a job when gen moves */
     int n_done;
+    int first_fail; /* the rank that failed first in this job (-1: none): its error, not a peer's abort */
     int stop;
     int broken;
     duet_err_t broken_err;
@@ -74,8 +75,13 @@ static void *rank_main(void *arg)
         duet_err_t e = {0};
         duet_status_t st = bst != DUET_OK ? duet_err_set(&e, bst, "%s", duet_cuda_error(rk->cu)->msg)
                                           : duet_forward_cuda_ex(rk->mc, rk->dc, items, n_items, &o, &e);
-        if (st != DUET_OK)
+        if (st != DUET_OK) {
+            pthread_mutex_lock(&t->mu);
+            if (t->first_fail < 0)
+                t->first_fail = rk->rank;
+            pthread_mutex_unlock(&t->mu);
             abort_all(t); /* peers waiting on a collective with this rank end now */
+        }
         pthread_mutex_lock(&t->mu);
         rk->st = st;
         rk->err = e;
@@ -258,6 +264,7 @@ duet_status_t duet_tp_cuda_forward(duet_tp_cuda_t *t, duet_fwd_item_t *items, in
     t->n_items = n_items;
     t->opts = opts;
     t->n_done = 0;
+    t->first_fail = -1;
     for (int r = 0; r < t->size; r++)
         t->ranks[r].st = DUET_OK;
     t->gen++;
@@ -271,11 +278,10 @@ duet_status_t duet_tp_cuda_forward(duet_tp_cuda_t *t, duet_fwd_item_t *items, in
     }
     duet_status_t st = DUET_OK;
     duet_err_t first = {0};
-    for (int r = 0; r < t->size && all; r++)
-        if (t->ranks[r].st != DUET_OK && st == DUET_OK) {
-            st = t->ranks[r].st; /* the lowest failing rank; peers may only report the abort */
-            first = t->ranks[r].err;
-        }
+    if (all && t->first_fail >= 0) {
+        st = t->ranks[t->first_fail].st; /* the rank that failed first; its peers only saw the abort */
+        duet_err_set(&first, st, "rank %d: %s", t->first_fail, t->ranks[t->first_fail].err.msg);
+    }
     if (!all) {
         st = DUET_ERR_TIMEOUT;
         duet_err_set(&first, st, "tensor-parallel step: %d of %d ranks finished within %u ms", t->n_done, t->size,
@@ -303,8 +309,9 @@ duet_status_t duet_tp_cuda_map_host(duet_tp_cuda_t *t, duet_err_t *err)
 {
     for (int r = 0; r < t->size; r++) {
         duet_status_t st = duet_cuda_bind(t->ranks[r].cu);
-        if (st == DUET_OK)
-            st = duet_kv_cache_cuda_map_host(t->ranks[r].dc, err);
+        if (st == DUET_OK) /* one registration (rank 0's), seen by every device */
+            st = r == 0 ? duet_kv_cache_cuda_map_host(t->ranks[r].dc, err)
+                        : duet_kv_cache_cuda_map_host_shared(t->ranks[r].dc, t->ranks[0].dc, err);
         else if (err)
             *err = *duet_cuda_error(t->ranks[r].cu);
         if (st != DUET_OK)
