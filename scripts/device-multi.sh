@@ -78,8 +78,8 @@ fi
 # ---- tp: a group's output is one GPU's, bit for bit
 if has tp; then
   say "== tensor parallelism: --tp $TP against --tp 1"
-  lens="5 37 140 300 700 1100"
-  for enc in bf16 fp8; do
+  lens="${TP_LENS:-5 37 140 300 700 1100}"
+  for enc in ${TP_ENCODINGS:-bf16 fp8}; do
     same_logits=0 same_tokens=0 n=0 nl=0
     for len in $lens; do
       n=$((n + 1))
@@ -116,7 +116,7 @@ fi
 if has xfer; then
   say "== duet-bench-xfer --gpu 0,1"
   out="$WORK/xfer.txt"
-  timeout 300 "$W/tools/duet-bench-xfer" --gpu 0,1 --no-perftest >"$out" 2>>"$LOG"
+  timeout 150 "$W/tools/duet-bench-xfer" --gpu 0,1 --no-perftest --staging-path am >"$out" 2>>"$LOG"
   rc=$?
   cat "$out" | tee -a "$LOG"
   row "bench xfer --gpu 0,1" "exit $rc"
@@ -125,26 +125,26 @@ fi
 
 # ---- pd: groups of different sizes, exact against one GPU
 if has pd; then
-  for cfg in "0,1 1" "0 0,1"; do
-    set -- $cfg
+  for cfg in ${PD_CONFIGS:-0,1/1 0/0,1}; do  # prefill GPUs/decode GPUs
+    set -- ${cfg/\// }
     name="prefill $1 / decode $2"
     say "== duet bench agents, $name"
-    run_tmp="$WORK/pd-$1-$2"
+    run_tmp="$WORK/pd-${1//,/}-${2//,/}"  # no commas: the router's worker lists are comma-separated
     mkdir -p "$run_tmp"
     start=$SECONDS
     TMPDIR="$run_tmp" DUET_NO_BUILD=1 DUET_BUILD_DIR="$W" DUET_CACHE_DIR="$WORK/cache" \
       timeout -k 20 200 "$ROOT/duet" bench agents --prefill-gpus "$1" --decode-gpus "$2" --model "$FIX/tiny-bf16" \
         --kv-dtype bf16 --index-k-dtype bf16 --keep-logs "$run_tmp/logs" --progress off --timeout 60 \
-        --json "$RES/pd-${1/,/}-${2/,/}.json" --jobs 8 --concurrency 16 --sessions 16 --turns 2 --max-tokens 32 \
+        --json "$RES/pd-${1//,/}-${2//,/}.json" --jobs 8 --concurrency 16 --sessions 16 --turns 2 --max-tokens 32 \
         >"$run_tmp/bench.txt" 2>"$run_tmp/bench.err"
     rc=$?
     cat "$run_tmp/bench.err" "$run_tmp/bench.txt" >>"$LOG"
     pids="$(cat "$run_tmp"/duet-up.*/*.pid 2>/dev/null)"
     for p in $pids; do kill -9 "$p" 2>/dev/null; done
-    verdict="$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); c=j['correctness']; print(('CLEAN' if j['clean'] else 'NOT CLEAN: '+'; '.join(j['problems']))+', %d/%d equal, %d corrupted' % (c['equal'], c['compared'], c['corrupted']))" "$RES/pd-${1/,/}-${2/,/}.json" 2>/dev/null)"
+    verdict="$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); c=j['correctness']; print(('CLEAN' if j['clean'] else 'NOT CLEAN: '+'; '.join(j['problems']))+', %d/%d equal, %d corrupted' % (c['equal'], c['compared'], c['corrupted']))" "$RES/pd-${1//,/}-${2//,/}.json" 2>/dev/null)"
     row "pd $name" "exit $rc in $((SECONDS - start)) s: ${verdict:-no result}"
     for n in prefill-0 decode-0; do
-      grep -h 'device cuda\|CUDA memory\|tensor-parallel\|broken' "$run_tmp/logs/$n.log" 2>/dev/null | sed 's/^[^ ]* [^ ]* //' |
+      grep -h 'device cuda\|CUDA memory\|data plane\|tensor-parallel\|broken' "$run_tmp/logs/$n.log" 2>/dev/null | sed 's/^[^ ]* [^ ]* //' |
         cut -c1-220 | head -3 | sed "s/^/  $n: /" >>"$SUM"
     done
     [ "$rc" = 0 ] || fail=1
