@@ -105,6 +105,10 @@ duet_ucx_cuda_env() {
     *":$dir/lib:"*) ;;
     *) export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
   esac
+  case ":$PATH:" in  # its ucx_info: what ./duet asks to choose the transports
+    *":$dir/bin:"*) ;;
+    *) export PATH="$dir/bin:$PATH" ;;
+  esac
   version="$("$dir/bin/ucx_info" -v 2>/dev/null | sed -n 's/^# Version //p')"
   echo "duet: UCX ${version:-?} with CUDA from $dir/lib"
 }
