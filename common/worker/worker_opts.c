@@ -230,13 +230,13 @@ duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, in
     }
     if (o->pages == 0 || o->slots == 0 || o->max_batch == 0 || o->token_budget == 0)
         return duet_err_set(err, DUET_ERR_CONFIG, "pages, slots, max-batch and token-budget must be positive");
+    if (o->tp < 1 || o->tp > 8)
+        return duet_err_set(err, DUET_ERR_CONFIG, "--tp %u: expected 1 to 8 GPUs", o->tp);
     return DUET_OK;
 }
 
 duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_err_t *err)
 {
-    if (o->tp < 1 || o->tp > 8)
-        return duet_err_set(err, DUET_ERR_CONFIG, "--tp %u: expected 1 to 8", o->tp);
     if (o->device < 0 && o->tp > 1)
         return duet_err_set(err, DUET_ERR_UNSUPPORTED,
                             "--tp %u needs --device cuda: tensor parallelism runs on GPUs only", o->tp);

@@ -490,7 +490,12 @@ def sc_device_flag(a, rep):
     d = tempfile.mkdtemp(prefix="duet-pd-dev-")
     cases = [("prefill", ["--device", "gpu"], 2, "CONFIG"),
              ("decode", ["--device", "cuda:x"], 2, "CONFIG"),
-             ("prefill", ["--device", "cuda", "--hicache-device-pages", "4"], 1, "UNSUPPORTED")]
+             ("prefill", ["--device", "cuda", "--hicache-device-pages", "4"], 1, "UNSUPPORTED"),
+             # tensor parallelism: GPUs only, 1 to 8
+             ("decode", ["--tp", "2"], 1, "UNSUPPORTED"),
+             ("prefill", ["--device", "cuda", "--tp", "9"], 2, "CONFIG"),
+             ("decode", ["--device", "cuda", "--tp", "0"], 2, "CONFIG"),
+             ("prefill", ["--tp", "two"], 2, "CONFIG")]
     if not has_cuda:
         cases += [("prefill", ["--device", "cuda"], 1, "UNSUPPORTED"), ("decode", ["--device", "cuda:1"], 1, "UNSUPPORTED")]
     for role, extra, want_rc, want in cases:
@@ -499,6 +504,12 @@ def sc_device_flag(a, rep):
         first = (p.stderr.splitlines() or [""])[0]
         rep.check(p.returncode == want_rc and want in first,
                   f"duet-{role} {' '.join(extra)}: exit {p.returncode}, \"{first[:110]}\"")
+    # duet-generate: --tp without a GPU, or out of range, is a usage error
+    for extra in (["--tp", "2"], ["--device", "cuda", "--tp", "9"]):
+        argv = [f"{a.build}/tools/duet-generate", "--model", a.model, "--prompt-ids", "1,2,3"] + extra
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        first = (p.stderr.splitlines() or [""])[0]
+        rep.check(p.returncode == 2 and "--tp" in first, f"duet-generate {' '.join(extra)}: exit {p.returncode}, \"{first[:110]}\"")
 
 
 def main():
