@@ -2087,6 +2087,95 @@ static void group_copy_list(ck_t *ck)
     case_copy_list(ck, "empty", 0, 0, 0, 0, 0);
 }
 
+/* ---- tensor parallelism's MoE steps: moe_tiles_own, moe_pick (forward_cuda.h) ---- */
+
+static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "moe_tp %d %d %d %d", E, K, rows, T);
+    rng_init(&r, ck->seed, tag);
+    int n = rows * K;
+    int32_t *sel = xmalloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < rows; i++) /* K distinct experts a row, as routing gives */
+        for (int j = 0; j < K; j++) {
+            int e, dup;
+            do {
+                e = (int)(rng_u64(&r) % (uint64_t)E);
+                dup = 0;
+                for (int k = 0; k < j; k++)
+                    dup |= sel[i * K + k] == e;
+            } while (dup);
+            sel[i * K + j] = e;
+        }
+    int32_t *dsel = dupload(ck, sel, sizeof(int32_t) * (size_t)n);
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 8 * (size_t)(E + 1));
+    int32_t *dxrow = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
+    CK(duet_cuda_moe_sort(ck->c, dsel, rows, K, E, doffs, dtiles, dxrow, dpos));
+    int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(8 * (size_t)(E + 1));
+    int32_t *want = xmalloc(8 * (size_t)(E + 1)), *got = xmalloc(8 * (size_t)(E + 1));
+    CK(duet_cuda_sync(ck->c));
+    ddownload(ck, offs, doffs, 4 * (size_t)(E + 1));
+    ddownload(ck, tiles, dtiles, 8 * (size_t)(E + 1));
+    /* moe_tiles_own for every rank: t'[e] = t[clamp(e, e0, e1)] - t[e0] in both halves */
+    row_t row = row_new("moe_tp", "tiles_own E%d k%d r%d T%d", E, K, rows, T);
+    size_t bad = 0;
+    for (int rk = 0; rk < T; rk++) {
+        int e0 = (int)((int64_t)E * rk / T), e1 = (int)((int64_t)E * (rk + 1) / T);
+        for (int h = 0; h < 2; h++)
+            for (int e = 0; e <= E; e++) {
+                int ce = e < e0 ? e0 : e > e1 ? e1 : e;
+                want[h * (E + 1) + e] = tiles[h * (E + 1) + ce] - tiles[h * (E + 1) + e0];
+            }
+        int32_t *dt = dupload(ck, tiles, 8 * (size_t)(E + 1));
+        CK(duet_cuda_moe_tiles_own(ck->c, dt, E, e0, e1));
+        CK(duet_cuda_sync(ck->c));
+        ddownload(ck, got, dt, 8 * (size_t)(E + 1));
+        bad += memcmp(got, want, 8 * (size_t)(E + 1)) != 0;
+        duet_cuda_free(ck->c, dt);
+    }
+    row_bytes(&row, &bad, &(size_t){0}, sizeof bad);
+    print_row(ck, &row);
+    /* moe_pick: every sorted position from the rank that holds its expert */
+    float *recv = rand_f32(&r, (size_t)T * n * D, 1.0f), *pick = xmalloc(4 * (size_t)n * D);
+    float *y0 = rand_f32(&r, (size_t)n * D, 1.0f);
+    memcpy(pick, y0, 4 * (size_t)n * D);
+    for (int p = 0; p < offs[E]; p++) {
+        int e = 0;
+        while (e + 1 < E && offs[e + 1] <= p)
+            e++;
+        int owner = T - 1;
+        while (owner > 0 && (int)((int64_t)E * owner / T) > e)
+            owner--;
+        memcpy(pick + (size_t)p * D, recv + ((size_t)owner * n + p) * D, 4 * (size_t)D);
+    }
+    float *drecv = dupload(ck, recv, 4 * (size_t)T * n * D), *dy = dupload(ck, y0, 4 * (size_t)n * D);
+    CK(duet_cuda_moe_pick(ck->c, dy, drecv, n, D, doffs, E, T));
+    CK(duet_cuda_sync(ck->c));
+    float *g = xmalloc(4 * (size_t)n * D);
+    ddownload(ck, g, dy, 4 * (size_t)n * D);
+    row = row_new("moe_tp", "pick E%d k%d r%d T%d D%d", E, K, rows, T, D);
+    row_bytes(&row, g, pick, 4 * (size_t)n * D);
+    print_row(ck, &row);
+    duet_cuda_free(ck->c, dsel);
+    duet_cuda_free(ck->c, doffs);
+    duet_cuda_free(ck->c, dtiles);
+    duet_cuda_free(ck->c, dxrow);
+    duet_cuda_free(ck->c, dpos);
+    duet_cuda_free(ck->c, drecv);
+    duet_cuda_free(ck->c, dy);
+    free(sel); free(offs); free(tiles); free(want); free(got); free(recv); free(pick); free(y0); free(g);
+}
+
+static void group_moe_tp(ck_t *ck)
+{
+    case_moe_tp(ck, 16, 4, 1, 2, 128);
+    case_moe_tp(ck, 16, 4, 37, 2, 128);
+    case_moe_tp(ck, 256, 6, 300, 2, 4096);
+    case_moe_tp(ck, 256, 6, 300, 8, 512);
+    case_moe_tp(ck, 10, 3, 50, 4, 64); /* experts not divisible by the ranks */
+}
+
 /* ---- ceilings ---- */
 
 static void measure_ceilings(ck_t *ck)
@@ -2127,7 +2216,7 @@ static const group_t GROUPS[] = {
     {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
     {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
     {"argmax", group_argmax},   {"pages", group_pages},     {"moe", group_moe},
-    {"copy_list", group_copy_list},
+    {"copy_list", group_copy_list}, {"moe_tp", group_moe_tp},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 
