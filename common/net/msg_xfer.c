@@ -42,6 +42,7 @@ duet_status_t duet_msg_descriptor_from_xfer(const duet_xfer_desc_t *x, const cha
         p->page_bytes = xp->page_bytes;
         p->n_units = xp->n_units;
         p->n_layers = xp->n_layers;
+        p->device_memory = (xp->flags & DUET_XFER_POOL_DEVICE) != 0;
         if (duet_msg_set_bytes(&p->rkey, xp->rkey, xp->rkey_len))
             goto err_free;
     }
@@ -100,6 +101,7 @@ duet_status_t duet_msg_descriptor_to_xfer(const Duet__V1__TransferDescriptor *d,
         xp->page_bytes = p->page_bytes;
         xp->n_units = p->n_units;
         xp->n_layers = p->n_layers;
+        xp->flags = p->device_memory ? DUET_XFER_POOL_DEVICE : 0;
         xp->rkey_len = (uint32_t)p->rkey.len;
         if (!(xp->rkey = copy_bytes(p->rkey.data, p->rkey.len)))
             goto err_nomem;

@@ -128,7 +128,7 @@ typedef struct peer {
     uint64_t close_deadline_ns;
     uint64_t dead_since_ns;
     uint32_t refs;            /* sends and receives bound to it */
-    int use_am;               /* write pages with AM_DATA instead of ucp_put_nbx */
+    int rma_host, rma_cuda;   /* UCX gave the endpoint an RMA lane for host / GPU memory */
     int graceful;             /* close with a flush (engine shutdown), not FORCE */
 } peer_t;
 
@@ -185,6 +185,7 @@ typedef struct send {
     uint64_t bytes;
     uint64_t flush_deadline_ns;
     uint64_t am_bytes;        /* bytes sent as AM_DATA */
+    int use_am;               /* pages go as AM_DATA, not ucp_put_nbx (send_start) */
     uint8_t *begin_buf, *msg_buf;
     size_t begin_len, msg_len;
 } send_t;
@@ -464,23 +465,36 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     peer_fail(p->x, p, DUET_ERR_PEER, "endpoint error: %s", ucs_status_string(status));
 }
 
-/* 1 when UCX gave the endpoint a hardware RMA lane ("rma_bw#" in its lane
- * table).  Without one, UCX 1.13 emulates puts over active messages, and its
- * emulation aborts the target process when the origin dies mid-put
- * (ucp_put_handler -> ucs_fatal "unexpected error"), so duet then writes
+/* Which hardware RMA lanes UCX gave the endpoint ("rma_bw#" lines of its lane
+ * table): one on a CUDA transport (cuda_ipc: GPU memory to GPU memory) sets
+ * *cuda, any other (rc, cma, ...) *host.  Without a lane for the memory at hand,
+ * UCX 1.13 emulates puts over active messages, and its emulation aborts the
+ * target process when the origin dies mid-put (ucp_put_handler -> ucs_fatal
+ * "unexpected error") and reads GPU memory with memcpy, so duet then writes
  * pages with its own AM_DATA messages instead. */
-static int ep_has_rma_lane(ucp_ep_h ep)
+static void ep_rma_lanes(ucp_ep_h ep, int *host, int *cuda)
 {
     char *buf = NULL;
     size_t len = 0;
+    *host = *cuda = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f)
-        return 0;
+        return;
     ucp_ep_print_info(ep, f);
     fclose(f);
-    int has = buf && strstr(buf, "rma_bw#") != NULL;
+    for (char *line = buf; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = 0;
+        if (strstr(line, "rma_bw#")) {
+            if (strstr(line, "cuda"))
+                *cuda = 1;
+            else
+                *host = 1;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
     free(buf);
-    return has;
 }
 
 /* Find the live peer at `addr` or connect to it (error-handling mode PEER).
@@ -528,13 +542,13 @@ static peer_t *peer_get(duet_xfer_t *x, const uint8_t *addr, size_t len, uint64_
     p->addr_hash = h;
     p->remote_id = remote_id;
     p->state = PEER_UP;
-    p->use_am = x->path == DUET_XFER_PATH_AM || (x->path == DUET_XFER_PATH_AUTO && !ep_has_rma_lane(p->ep));
+    ep_rma_lanes(p->ep, &p->rma_host, &p->rma_cuda);
     p->last_progress_ns = duet_time_ns();
     p->last_heard_ns = p->last_progress_ns;
     p->next = x->peers;
     x->peers = p;
-    duet_debug("xfer %s: endpoint to %016" PRIx64 ", pages written with %s", x->name, remote_id,
-               p->use_am ? "active messages" : "ucp_put_nbx");
+    duet_debug("xfer %s: endpoint to %016" PRIx64 ", RMA lanes: host %s, GPU %s", x->name, remote_id,
+               p->rma_host ? "yes" : "no", p->rma_cuda ? "yes" : "no");
     return p;
 }
 
@@ -847,6 +861,21 @@ static void send_start(duet_xfer_t *x, send_t *t)
         return;
     }
     t->peer->refs++;
+    /* how this transfer writes pages: puts when UCX has an RMA lane for memory of the kind on both
+     * sides (GPU to GPU: cuda_ipc; host to host: rc, cma), active messages otherwise -- and always
+     * when the two sides' pools are of different kinds (a GPU pool into a host pool or back) */
+    int local_dev = 0, remote_dev = 0, mixed = 0;
+    for (uint32_t i = 0; i < t->desc.n_pools; i++) {
+        const duet_xfer_pool_desc_t *pd = &t->desc.pools[i];
+        int ld = x->pools[pd->kind].device, rd = (pd->flags & DUET_XFER_POOL_DEVICE) != 0;
+        mixed |= ld != rd;
+        local_dev |= ld;
+        remote_dev |= rd;
+    }
+    mixed |= local_dev != remote_dev;
+    t->use_am = x->path == DUET_XFER_PATH_AM ||
+                (x->path == DUET_XFER_PATH_AUTO &&
+                 (mixed || !(local_dev ? t->peer->rma_cuda : t->peer->rma_host)));
     for (uint32_t i = 0; i < t->desc.n_pools; i++) {
         const duet_xfer_pool_desc_t *pd = &t->desc.pools[i];
         ucs_status_t s = ucp_ep_rkey_unpack(t->peer->ep, pd->rkey, &t->rkeys[pd->kind]);
@@ -969,14 +998,14 @@ static void send_issue(duet_xfer_t *x, send_t *t)
             t->cur_off = 0;
             continue;
         }
-        int staged = p->use_am && r->device;
+        int staged = t->use_am && r->device;
         if (staged && (x->stg_nfree == 0 || nb == STG_LIST_MAX))
             break; /* every slot is in flight: completions free them */
         const run_t *rn = &runs[t->cur_run];
         uint64_t pb = r->spec.layout.page_bytes;
         uint64_t run_bytes = (uint64_t)rn->count * pb;
         uint64_t len = run_bytes - t->cur_off;
-        uint64_t chunk = p->use_am ? x->opts.am_chunk_bytes : x->opts.max_put_bytes;
+        uint64_t chunk = t->use_am ? x->opts.am_chunk_bytes : x->opts.max_put_bytes;
         if (len > chunk)
             len = chunk;
         uint8_t *laddr = (uint8_t *)r->spec.base +
@@ -987,7 +1016,7 @@ static void send_issue(duet_xfer_t *x, send_t *t)
             break;
         }
         ucs_status_ptr_t sp;
-        if (p->use_am) {
+        if (t->use_am) {
             hdr_fill(x, &o->hdr.h, AM_DATA, t->desc.rid, t->desc.epoch);
             o->hdr.pool = (uint32_t)j->pool;
             o->hdr.layer = j->layer;
@@ -1027,12 +1056,12 @@ static void send_issue(duet_xfer_t *x, send_t *t)
             };
             sp = ucp_put_nbx(p->ep, laddr, len, raddr, t->rkeys[j->pool], &prm);
         }
-        int tr = send_track(x, t, sp, 1, p->use_am ? "page message" : "put");
+        int tr = send_track(x, t, sp, 1, t->use_am ? "page message" : "put");
         if (tr <= 0)
             dop_put(x, o);
         if (tr < 0)
             break;
-        if (p->use_am)
+        if (t->use_am)
             t->am_bytes += len;
         t->bytes += len;
         STAT_ADD(x, puts, 1);
@@ -2369,6 +2398,7 @@ duet_status_t duet_xfer_recv_expect(duet_xfer_t *x, const char *rid, uint64_t ep
         pd->page_bytes = pr->spec.layout.page_bytes;
         pd->n_units = pr->spec.n_units;
         pd->n_layers = pr->spec.layout.n_layers;
+        pd->flags = pr->device ? DUET_XFER_POOL_DEVICE : 0;
         pd->rkey_len = (uint32_t)pr->rkey_len;
         pd->rkey = malloc(pr->rkey_len);
         if (!pd->rkey)
@@ -2728,6 +2758,7 @@ duet_status_t duet_xfer_desc_pack(const duet_xfer_desc_t *d, uint8_t **buf, size
         w_u64(&w, p->page_bytes);
         w_u32(&w, p->n_units);
         w_u32(&w, p->n_layers);
+        w_u32(&w, p->flags);
         w_u32(&w, p->rkey_len);
         w_bytes(&w, p->rkey, p->rkey_len);
     }
@@ -2822,6 +2853,7 @@ duet_status_t duet_xfer_desc_unpack(const uint8_t *buf, size_t len, duet_xfer_de
         p->page_bytes = r_u64(&r);
         p->n_units = r_u32(&r);
         p->n_layers = r_u32(&r);
+        p->flags = r_u32(&r);
         p->rkey_len = r_u32(&r);
         p->rkey = r_blob(&r, p->rkey_len);
     }

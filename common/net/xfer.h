@@ -151,6 +151,7 @@ typedef struct {
     uint32_t n_layers;
     uint32_t rkey_len;
     uint8_t *rkey;            /* packed ucp rkey */
+    uint32_t flags;           /* DUET_XFER_POOL_DEVICE: the receiver's pool is device memory */
 } duet_xfer_pool_desc_t;
 
 typedef struct {
