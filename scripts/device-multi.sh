@@ -18,7 +18,10 @@
 # Here:   scripts/device-agents.sh --prepare   (the same tarball: build-fwd/device-agents.tgz)
 # There:  run(command="bash scripts/device-multi.sh", carry=["build-fwd/device-agents.tgz", ".bundle"],
 #             kind="nvidia-h200-x2")
-# Options: --steps "machine tp xfer pd" (default all), --tp N (default 2).
+# With UCX built with CUDA (scripts/make-ucx-cuda.sh, in .bundle) the workers of the pd step send
+# GPU to GPU when run as  UCX_TLS=tcp,self,cuda_copy,cuda_ipc UCX_PROTO_ENABLE=y bash scripts/device-multi.sh
+# Options: --steps "machine tp xfer pd" (default all), --tp N (default 2); environment TP_ENCODINGS
+# ("bf16 fp8"), TP_LENS (prompt lengths), PD_CONFIGS ("0,1/1 0/0,1": prefill GPUs/decode GPUs).
 # $OUT gets device-multi.log and the bench JSON; the summary is printed last.  Exit 0 when
 # every check passed.
 set -uo pipefail
