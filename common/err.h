@@ -19,4 +19,12 @@ void duet_err_clear(duet_err_t *e);
 /* "CODE: message" for printing; valid until `e` changes. */
 const char *duet_err_text(const duet_err_t *e);
 
+/* Return early on a non-OK status. */
+#define DUET_TRY(expr)                                                                                             \
+    do {                                                                                                           \
+        duet_status_t st_ = (expr);                                                                                \
+        if (st_ != DUET_OK)                                                                                        \
+            return st_;                                                                                            \
+    } while (0)
+
 #endif

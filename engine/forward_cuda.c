@@ -132,13 +132,6 @@ static duet_status_t dev_weight(duet_model_cuda_t *mc, const duet_weight_t *h, d
     return st;
 }
 
-#define TRY(expr)                                                                                                  \
-    do {                                                                                                           \
-        duet_status_t st_ = (expr);                                                                                \
-        if (st_ != DUET_OK)                                                                                        \
-            return st_;                                                                                            \
-    } while (0)
-
 static int same_shape(const duet_weight_t *a, const duet_weight_t *b)
 {
     return a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols && a->scale_dtype == b->scale_dtype &&
@@ -155,9 +148,10 @@ static duet_status_t upload_moe_tables(duet_model_cuda_t *mc, int l, duet_err_t 
     if (E <= 0 || K <= 0)
         return DUET_OK;
     if (h->gate_bias)
-        TRY(dev_floats(mc, h->gate_bias, (size_t)E, &d->gate_bias, err));
+        DUET_TRY(dev_floats(mc, h->gate_bias, (size_t)E, &d->gate_bias, err));
     if (h->is_hash && h->tid2eid)
-        TRY(dev_copy(mc, h->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * (size_t)K, (void **)&d->tid2eid, err));
+        DUET_TRY(dev_copy(mc, h->tid2eid, sizeof(int32_t) * (size_t)c->vocab_size * (size_t)K,
+                          (void **)&d->tid2eid, err));
     const duet_weight_t *x0 = &d->experts[3 * (size_t)mc->e0]; /* the first expert this rank holds */
     int ok = K <= DUET_CUDA_MOE_MAX_K && K <= E && mc->e1 > mc->e0 && (!h->is_hash || h->tid2eid) &&
              same_shape(&x0[0], &x0[2]) && duet_cuda_matmul_grouped_ok(&x0[0], NULL) &&
@@ -188,52 +182,52 @@ static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
     const duet_layer_weights_t *h = &mc->m->layers[l];
     layer_dev_t *d = &mc->layers[l];
     int D = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
-    TRY(dev_weight(mc, &h->wq_a, &d->wq_a, err));
-    TRY(dev_weight(mc, &h->wq_b, &d->wq_b, err));
-    TRY(dev_weight(mc, &h->wkv, &d->wkv, err));
-    TRY(dev_weight(mc, &h->wo_a, &d->wo_a, err));
-    TRY(dev_weight(mc, &h->wo_b, &d->wo_b, err));
-    TRY(dev_weight(mc, &h->gate, &d->gate, err));
-    TRY(dev_floats(mc, h->attn_norm, D, &d->attn_norm, err));
-    TRY(dev_floats(mc, h->ffn_norm, D, &d->ffn_norm, err));
-    TRY(dev_floats(mc, h->q_norm, c->q_lora_rank, &d->q_norm, err));
-    TRY(dev_floats(mc, h->kv_norm, c->head_dim, &d->kv_norm, err));
-    TRY(dev_floats(mc, h->hc_attn_fn, (size_t)mix * hc * D, &d->hc_attn_fn, err));
-    TRY(dev_floats(mc, h->hc_attn_base, mix, &d->hc_attn_base, err));
-    TRY(dev_floats(mc, h->hc_attn_scale, 3, &d->hc_attn_scale, err));
-    TRY(dev_floats(mc, h->hc_ffn_fn, (size_t)mix * hc * D, &d->hc_ffn_fn, err));
-    TRY(dev_floats(mc, h->hc_ffn_base, mix, &d->hc_ffn_base, err));
-    TRY(dev_floats(mc, h->hc_ffn_scale, 3, &d->hc_ffn_scale, err));
-    TRY(dev_floats(mc, h->attn_sink, c->num_attention_heads, &d->attn_sink, err));
+    DUET_TRY(dev_weight(mc, &h->wq_a, &d->wq_a, err));
+    DUET_TRY(dev_weight(mc, &h->wq_b, &d->wq_b, err));
+    DUET_TRY(dev_weight(mc, &h->wkv, &d->wkv, err));
+    DUET_TRY(dev_weight(mc, &h->wo_a, &d->wo_a, err));
+    DUET_TRY(dev_weight(mc, &h->wo_b, &d->wo_b, err));
+    DUET_TRY(dev_weight(mc, &h->gate, &d->gate, err));
+    DUET_TRY(dev_floats(mc, h->attn_norm, D, &d->attn_norm, err));
+    DUET_TRY(dev_floats(mc, h->ffn_norm, D, &d->ffn_norm, err));
+    DUET_TRY(dev_floats(mc, h->q_norm, c->q_lora_rank, &d->q_norm, err));
+    DUET_TRY(dev_floats(mc, h->kv_norm, c->head_dim, &d->kv_norm, err));
+    DUET_TRY(dev_floats(mc, h->hc_attn_fn, (size_t)mix * hc * D, &d->hc_attn_fn, err));
+    DUET_TRY(dev_floats(mc, h->hc_attn_base, mix, &d->hc_attn_base, err));
+    DUET_TRY(dev_floats(mc, h->hc_attn_scale, 3, &d->hc_attn_scale, err));
+    DUET_TRY(dev_floats(mc, h->hc_ffn_fn, (size_t)mix * hc * D, &d->hc_ffn_fn, err));
+    DUET_TRY(dev_floats(mc, h->hc_ffn_base, mix, &d->hc_ffn_base, err));
+    DUET_TRY(dev_floats(mc, h->hc_ffn_scale, 3, &d->hc_ffn_scale, err));
+    DUET_TRY(dev_floats(mc, h->attn_sink, c->num_attention_heads, &d->attn_sink, err));
     if (h->ratio) {
         const duet_compressor_t *cp = &h->comp;
-        TRY(dev_weight(mc, &cp->wkv, &d->comp_wkv, err));
-        TRY(dev_weight(mc, &cp->wgate, &d->comp_wgate, err));
-        TRY(dev_floats(mc, cp->ape, (size_t)cp->ratio * cp->coff * cp->dim, &d->comp_ape, err));
-        TRY(dev_floats(mc, cp->norm, cp->dim, &d->comp_norm, err));
+        DUET_TRY(dev_weight(mc, &cp->wkv, &d->comp_wkv, err));
+        DUET_TRY(dev_weight(mc, &cp->wgate, &d->comp_wgate, err));
+        DUET_TRY(dev_floats(mc, cp->ape, (size_t)cp->ratio * cp->coff * cp->dim, &d->comp_ape, err));
+        DUET_TRY(dev_floats(mc, cp->norm, cp->dim, &d->comp_norm, err));
     }
     if (h->ratio == 4) {
         const duet_compressor_t *cp = &h->icomp;
-        TRY(dev_weight(mc, &cp->wkv, &d->icomp_wkv, err));
-        TRY(dev_weight(mc, &cp->wgate, &d->icomp_wgate, err));
-        TRY(dev_floats(mc, cp->ape, (size_t)cp->ratio * cp->coff * cp->dim, &d->icomp_ape, err));
-        TRY(dev_floats(mc, cp->norm, cp->dim, &d->icomp_norm, err));
-        TRY(dev_weight(mc, &h->idx_wq_b, &d->idx_wq_b, err));
-        TRY(dev_weight(mc, &h->idx_weights_proj, &d->idx_wproj, err));
+        DUET_TRY(dev_weight(mc, &cp->wkv, &d->icomp_wkv, err));
+        DUET_TRY(dev_weight(mc, &cp->wgate, &d->icomp_wgate, err));
+        DUET_TRY(dev_floats(mc, cp->ape, (size_t)cp->ratio * cp->coff * cp->dim, &d->icomp_ape, err));
+        DUET_TRY(dev_floats(mc, cp->norm, cp->dim, &d->icomp_norm, err));
+        DUET_TRY(dev_weight(mc, &h->idx_wq_b, &d->idx_wq_b, err));
+        DUET_TRY(dev_weight(mc, &h->idx_weights_proj, &d->idx_wproj, err));
     }
     int E = c->n_routed_experts;
     d->experts = duet_calloc((size_t)E * 3, sizeof(duet_weight_t));
     if (!d->experts)
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
     for (int e = mc->e0; e < mc->e1; e++) { /* the experts this rank holds; the others stay empty */
-        TRY(dev_weight(mc, &h->experts[e].w1, &d->experts[3 * e], err));
-        TRY(dev_weight(mc, &h->experts[e].w2, &d->experts[3 * e + 1], err));
-        TRY(dev_weight(mc, &h->experts[e].w3, &d->experts[3 * e + 2], err));
+        DUET_TRY(dev_weight(mc, &h->experts[e].w1, &d->experts[3 * e], err));
+        DUET_TRY(dev_weight(mc, &h->experts[e].w2, &d->experts[3 * e + 1], err));
+        DUET_TRY(dev_weight(mc, &h->experts[e].w3, &d->experts[3 * e + 2], err));
     }
     if (c->n_shared_experts > 0) {
-        TRY(dev_weight(mc, &h->shared.w1, &d->sh[0], err));
-        TRY(dev_weight(mc, &h->shared.w2, &d->sh[1], err));
-        TRY(dev_weight(mc, &h->shared.w3, &d->sh[2], err));
+        DUET_TRY(dev_weight(mc, &h->shared.w1, &d->sh[0], err));
+        DUET_TRY(dev_weight(mc, &h->shared.w2, &d->sh[1], err));
+        DUET_TRY(dev_weight(mc, &h->shared.w3, &d->sh[2], err));
     }
     return upload_moe_tables(mc, l, err);
 }
@@ -433,7 +427,7 @@ uint8_t *duet_kv_cache_cuda_pool_base(const duet_kv_cache_cuda_t *dc, duet_pool_
 /* A layer's device view: the host view's addresses moved into the device pools. */
 static duet_status_t dev_layer(duet_kv_cache_cuda_t *dc, int layer, duet_cache_layer_t *v)
 {
-    TRY(duet_kv_cache_layer(dc->host, layer, v));
+    DUET_TRY(duet_kv_cache_layer(dc->host, layer, v));
     for (int k = 0; k < DUET_POOL_COUNT; k++) {
         if (!v->base[k])
             continue;
@@ -596,7 +590,7 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
             units = v.n_units[k];
         }
         uint32_t *ids = NULL, cnt = 0;
-        TRY(stage_ids(l, units, n_layers, seqs, n_pages, n, &ids, &cnt, err));
+        DUET_TRY(stage_ids(l, units, n_layers, seqs, n_pages, n, &ids, &cnt, err));
         if (!cnt)
             continue;
         uint8_t *dev = dc->mem[k] + off, *host = dc->hmap[k] + off;
@@ -1177,37 +1171,38 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         return duet_err_set(err, st, "layer %d cache is not available", layer);
     const int64_t *pos = PD(F, int64_t, F->o_pos);
 
-    TRY(mm(F, &lw->wq_a, 0, qr, F->xn, R, F->qlora, err));
+    DUET_TRY(mm(F, &lw->wq_a, 0, qr, F->xn, R, F->qlora, err));
     CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
-    TRY(mm(F, &lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->qlora, R, F->q, err));
+    DUET_TRY(mm(F, &lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->qlora, R, F->q, err));
     CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q));
     CU(duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1));
-    TRY(mm(F, &lw->wkv, 0, hd, F->xn, R, F->kv, err));
+    DUET_TRY(mm(F, &lw->wkv, 0, hd, F->xn, R, F->kv, err));
     CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
     CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
     if (hw->ratio) {
         int w = hw->comp.coff * hd;
-        TRY(mm(F, &lw->comp_wkv, 0, w, F->xn, R, F->ckv, err));
-        TRY(mm(F, &lw->comp_wgate, 0, w, F->xn, R, F->cg, err));
+        DUET_TRY(mm(F, &lw->comp_wkv, 0, w, F->xn, R, F->ckv, err));
+        DUET_TRY(mm(F, &lw->comp_wgate, 0, w, F->xn, R, F->cg, err));
     }
     if (hw->ratio == 4) {
-        TRY(mm(F, &lw->icomp_wkv, 0, 2 * id, F->xn, R, F->ikv, err));
-        TRY(mm(F, &lw->icomp_wgate, 0, 2 * id, F->xn, R, F->ig, err));
-        TRY(mm(F, &lw->idx_wq_b, 0, ih * id, F->qlora, R, F->iq, err));
+        DUET_TRY(mm(F, &lw->icomp_wkv, 0, 2 * id, F->xn, R, F->ikv, err));
+        DUET_TRY(mm(F, &lw->icomp_wgate, 0, 2 * id, F->xn, R, F->ig, err));
+        DUET_TRY(mm(F, &lw->idx_wq_b, 0, ih * id, F->qlora, R, F->iq, err));
         CU(duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1));
-        TRY(mm(F, &lw->idx_wproj, 0, ih, F->xn, R, F->iw, err));
+        DUET_TRY(mm(F, &lw->idx_wproj, 0, ih, F->xn, R, F->iw, err));
         CU(duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)));
     }
     /* 1. compressors */
     if (hw->ratio == 4) {
-        TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C4_KV, F->NW4,
-                       F->o_desc4, F->o_w4kv_unit, F->o_w4kv_idx, F->o_w4pos, F->NSW4, F->o_sw4, err));
-        TRY(compressor(F, &v, &hw->icomp, lw->icomp_ape, lw->icomp_norm, 4 * hd, F->ikv, F->ig, DUET_POOL_C4_INDEX_K,
-                       F->NW4, F->o_desc4, F->o_w4ik_unit, F->o_w4ik_idx, F->o_w4pos, F->NSW4, F->o_sw4, err));
+        DUET_TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C4_KV, F->NW4,
+                            F->o_desc4, F->o_w4kv_unit, F->o_w4kv_idx, F->o_w4pos, F->NSW4, F->o_sw4, err));
+        DUET_TRY(compressor(F, &v, &hw->icomp, lw->icomp_ape, lw->icomp_norm, 4 * hd, F->ikv, F->ig,
+                            DUET_POOL_C4_INDEX_K, F->NW4, F->o_desc4, F->o_w4ik_unit, F->o_w4ik_idx, F->o_w4pos,
+                            F->NSW4, F->o_sw4, err));
     } else if (hw->ratio == 128) {
-        TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C128_KV,
-                       F->NW128, F->o_desc128, F->o_w128_unit, F->o_w128_idx, F->o_w128pos, F->NSW128, F->o_sw128,
-                       err));
+        DUET_TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C128_KV,
+                            F->NW128, F->o_desc128, F->o_w128_unit, F->o_w128_idx, F->o_w128pos, F->NSW128, F->o_sw128,
+                            err));
     }
     /* 2-3. keys decoded into src: cached window rows, this call's rows through the SWA encoding, C128 entries */
     const duet_cache_layout_t *swa_l = v.layout[DUET_POOL_SWA_KV];
@@ -1294,7 +1289,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     float *mid_l = F->mc->tp_size > 1 ? F->tp_send : F->mid;
     for (int g = 0; g < Gl; g++) {
         CU(duet_cuda_copy_2d(F->cu, F->gx, (size_t)gin, F->att + (size_t)g * gin, (size_t)Hl * hd, R, gin));
-        TRY(mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, F->gx, R, F->gy, err));
+        DUET_TRY(mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, F->gx, R, F->gy, err));
         CU(duet_cuda_copy_2d(F->cu, mid_l + (size_t)g * orank, lw_cols, F->gy, (size_t)orank, R, orank));
     }
     if (F->mc->tp_size > 1) {
@@ -1303,17 +1298,17 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
             CU(duet_cuda_copy_2d(F->cu, F->mid + (size_t)r * lw_cols, (size_t)G * orank,
                                  F->tp_recv + (size_t)r * R * lw_cols, lw_cols, R, lw_cols));
     }
-    TRY(mm(F, &lw->wo_b, 0, D, F->mid, R, F->f, err));
+    DUET_TRY(mm(F, &lw->wo_b, 0, D, F->mid, R, F->f, err));
     return DUET_OK;
 }
 
 static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *y, duet_err_t *err)
 {
     int D = F->c->hidden_size, I = w3[0].rows;
-    TRY(mm(F, &w3[0], 0, I, x, m, F->eg, err));
-    TRY(mm(F, &w3[2], 0, I, x, m, F->eu, err));
+    DUET_TRY(mm(F, &w3[0], 0, I, x, m, F->eg, err));
+    DUET_TRY(mm(F, &w3[2], 0, I, x, m, F->eu, err));
     CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, m, I, (float)F->c->swiglu_limit, F->eg));
-    TRY(mm(F, &w3[1], 0, D, F->eg, m, y, err));
+    DUET_TRY(mm(F, &w3[1], 0, D, F->eg, m, y, err));
     return DUET_OK;
 }
 
@@ -1337,7 +1332,7 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     const layer_dev_t *lw = &F->mc->layers[layer];
     int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     int I = lw->experts[3 * (size_t)F->mc->e0].rows; /* the first expert this rank holds */
-    TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
+    DUET_TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     duet_cuda_moe_route_t rp = {
         .n_experts = E,
         .top_k = K,
@@ -1372,8 +1367,8 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     }
     const float *shared = NULL;
     if (c->n_shared_experts > 0) {
-        TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
-        shared = F->xg;
+        DUET_TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
+             shared = F->xg;
     }
     CU(duet_cuda_moe_combine(F->cu, F->m_sel, F->m_wt, F->m_pos, R, K, F->yg, shared, D, F->f));
     return DUET_OK;
@@ -1432,7 +1427,7 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
     const layer_dev_t *lw = &F->mc->layers[layer];
     duet_model_cuda_t *mc = F->mc;
     int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
-    TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
+    DUET_TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     float *logit = duet_malloc_array((size_t)R * E, sizeof(float));
     int32_t *sel = malloc(sizeof(int32_t) * (size_t)R * K);
     float *wt = duet_malloc_array((size_t)R * K, sizeof(float)), *biased = duet_malloc_array((size_t)2 * E, sizeof(float));

@@ -1307,27 +1307,20 @@ typedef struct {
     float limit;
 } gx_arg_t;
 
-#define GX_TRY(expr)                                                                                               \
-    do {                                                                                                           \
-        duet_status_t st_ = (expr);                                                                                \
-        if (st_ != DUET_OK)                                                                                        \
-            return st_;                                                                                            \
-    } while (0)
-
 static duet_status_t gx_call(ck_t *ck, void *p)
 {
     gx_arg_t *a = p;
     int E = a->E, K = a->K, n = a->rows * K;
-    GX_TRY(duet_cuda_moe_sort(ck->c, a->dsel, a->rows, K, E, a->doffs, a->dtiles, a->dxrow, a->dpos));
+    DUET_TRY(duet_cuda_moe_sort(ck->c, a->dsel, a->rows, K, E, a->doffs, a->dtiles, a->dxrow, a->dpos));
     duet_cuda_moe_plan_t pl = {.n_experts = E, .n_assign = n, .offs = a->doffs, .tiles = a->dtiles, .xrow = a->dxrow};
     const void **t = a->dtab;
     int sc = a->proto[0].scale != NULL;
     duet_cuda_expert_mats_t m1 = {&a->proto[0], t, sc ? t + 3 * (size_t)E : NULL};
     duet_cuda_expert_mats_t m3 = {&a->proto[2], t + (size_t)E, sc ? t + 4 * (size_t)E : NULL};
     duet_cuda_expert_mats_t m2 = {&a->proto[1], t + 2 * (size_t)E, sc ? t + 5 * (size_t)E : NULL};
-    GX_TRY(duet_cuda_matmul_grouped(ck->c, &m1, &m3, &pl, a->dx, 1, a->deg, a->deu));
-    GX_TRY(duet_cuda_swiglu(ck->c, a->deg, a->deu, n, a->I, a->limit, a->deg));
-    GX_TRY(duet_cuda_matmul_grouped(ck->c, &m2, NULL, &pl, a->deg, 0, a->dy, NULL));
+    DUET_TRY(duet_cuda_matmul_grouped(ck->c, &m1, &m3, &pl, a->dx, 1, a->deg, a->deu));
+    DUET_TRY(duet_cuda_swiglu(ck->c, a->deg, a->deu, n, a->I, a->limit, a->deg));
+    DUET_TRY(duet_cuda_matmul_grouped(ck->c, &m2, NULL, &pl, a->deg, 0, a->dy, NULL));
     return duet_cuda_moe_combine(ck->c, a->dsel, a->dwt, a->dpos, a->rows, K, a->dy, a->dshared, a->D, a->dout);
 }
 

@@ -298,13 +298,6 @@ static duet_status_t add_linear(plan_t *p, duet_err_t *err, const char *prefix, 
     return duet_err_set(err, DUET_ERR_INTERNAL, "bad quantization format");
 }
 
-#define TRY(x)                                                                                       \
-    do {                                                                                             \
-        duet_status_t st_ = (x);                                                                     \
-        if (st_ != DUET_OK)                                                                          \
-            return st_;                                                                              \
-    } while (0)
-
 /* hc_{attn,ffn,head}_{fn,base,scale} under `pre` ("layers.3.hc_attn", "hc_head"). */
 static duet_status_t add_hc(plan_t *p, duet_err_t *err, const char *pre, int64_t rows, int64_t n_scale,
                             const preset_t *c)
@@ -312,9 +305,9 @@ static duet_status_t add_hc(plan_t *p, duet_err_t *err, const char *pre, int64_t
     char name[256];
     int64_t in = (int64_t)c->hc_mult * c->hidden;
     snprintf(name, sizeof name, "%s_fn", pre);
-    TRY(plan_add(p, err, name, NULL, ST_F32, V_UNIFORM, uni_a(1.0 / sqrt((double)in)), rows, in, 2, rows, in));
+    DUET_TRY(plan_add(p, err, name, NULL, ST_F32, V_UNIFORM, uni_a(1.0 / sqrt((double)in)), rows, in, 2, rows, in));
     snprintf(name, sizeof name, "%s_base", pre);
-    TRY(add_f32_vec(p, err, name, rows, V_UNIFORM, uni_a(0.5)));
+    DUET_TRY(add_f32_vec(p, err, name, rows, V_UNIFORM, uni_a(0.5)));
     snprintf(name, sizeof name, "%s_scale", pre);
     return add_f32_vec(p, err, name, n_scale, V_ONEPLUS, 0.2f);
 }
@@ -328,11 +321,11 @@ static duet_status_t add_compressor(plan_t *p, duet_err_t *err, const char *pre,
     int64_t coff = ratio == 4 ? 2 : 1;
     double lin_std = 1.0 / sqrt((double)c->hidden);
     snprintf(name, sizeof name, "%s.wkv.weight", pre);
-    TRY(add_mat(p, err, name, ST_BF16, coff * dim, c->hidden, lin_std));
+    DUET_TRY(add_mat(p, err, name, ST_BF16, coff * dim, c->hidden, lin_std));
     snprintf(name, sizeof name, "%s.wgate.weight", pre);
-    TRY(add_mat(p, err, name, ST_BF16, coff * dim, c->hidden, lin_std));
+    DUET_TRY(add_mat(p, err, name, ST_BF16, coff * dim, c->hidden, lin_std));
     snprintf(name, sizeof name, "%s.ape", pre);
-    TRY(plan_add(p, err, name, NULL, ST_F32, V_UNIFORM, uni_a(0.5), ratio, coff * dim, 2, ratio, coff * dim));
+    DUET_TRY(plan_add(p, err, name, NULL, ST_F32, V_UNIFORM, uni_a(0.5), ratio, coff * dim, 2, ratio, coff * dim));
     snprintf(name, sizeof name, "%s.norm.weight", pre);
     return add_norm(p, err, name, dim);
 }
@@ -348,70 +341,70 @@ static duet_status_t add_layer(plan_t *p, duet_err_t *err, const opts_t *o, int 
     snprintf(pre, sizeof pre, "layers.%d", li);
 
     snprintf(name, sizeof name, "%s.attn_norm.weight", pre);
-    TRY(add_norm(p, err, name, D));
+    DUET_TRY(add_norm(p, err, name, D));
     snprintf(name, sizeof name, "%s.ffn_norm.weight", pre);
-    TRY(add_norm(p, err, name, D));
+    DUET_TRY(add_norm(p, err, name, D));
     snprintf(name, sizeof name, "%s.hc_attn", pre);
-    TRY(add_hc(p, err, name, mix, 3, c));
+    DUET_TRY(add_hc(p, err, name, mix, 3, c));
     snprintf(name, sizeof name, "%s.hc_ffn", pre);
-    TRY(add_hc(p, err, name, mix, 3, c));
+    DUET_TRY(add_hc(p, err, name, mix, 3, c));
 
     /* attention */
     snprintf(name, sizeof name, "%s.attn.attn_sink", pre);
-    TRY(add_f32_vec(p, err, name, H, V_UNIFORM, uni_a(0.5)));
+    DUET_TRY(add_f32_vec(p, err, name, H, V_UNIFORM, uni_a(0.5)));
     snprintf(name, sizeof name, "%s.attn.wq_a", pre);
-    TRY(add_linear(p, err, name, qr, D, wq));
+    DUET_TRY(add_linear(p, err, name, qr, D, wq));
     snprintf(name, sizeof name, "%s.attn.q_norm.weight", pre);
-    TRY(add_norm(p, err, name, qr));
+    DUET_TRY(add_norm(p, err, name, qr));
     snprintf(name, sizeof name, "%s.attn.wq_b", pre);
-    TRY(add_linear(p, err, name, H * hd, qr, wq));
+    DUET_TRY(add_linear(p, err, name, H * hd, qr, wq));
     snprintf(name, sizeof name, "%s.attn.wkv", pre);
-    TRY(add_linear(p, err, name, hd, D, wq));
+    DUET_TRY(add_linear(p, err, name, hd, D, wq));
     snprintf(name, sizeof name, "%s.attn.kv_norm.weight", pre);
-    TRY(add_norm(p, err, name, hd));
+    DUET_TRY(add_norm(p, err, name, hd));
     snprintf(name, sizeof name, "%s.attn.wo_a", pre);
-    TRY(add_linear(p, err, name, G * orank, H * hd / G, wq));
+    DUET_TRY(add_linear(p, err, name, G * orank, H * hd / G, wq));
     snprintf(name, sizeof name, "%s.attn.wo_b", pre);
-    TRY(add_linear(p, err, name, D, G * orank, wq));
+    DUET_TRY(add_linear(p, err, name, D, G * orank, wq));
     if (ratio != 0) {
         snprintf(name, sizeof name, "%s.attn.compressor", pre);
-        TRY(add_compressor(p, err, name, ratio, hd, c));
+        DUET_TRY(add_compressor(p, err, name, ratio, hd, c));
     }
     if (ratio == 4) {
         int64_t ih = c->index_heads, id = c->index_head_dim;
         snprintf(name, sizeof name, "%s.attn.indexer.wq_b", pre);
-        TRY(add_linear(p, err, name, ih * id, qr, wq));
+        DUET_TRY(add_linear(p, err, name, ih * id, qr, wq));
         snprintf(name, sizeof name, "%s.attn.indexer.weights_proj.weight", pre);
-        TRY(add_mat(p, err, name, ST_BF16, ih, D, 1.0 / sqrt((double)D)));
+        DUET_TRY(add_mat(p, err, name, ST_BF16, ih, D, 1.0 / sqrt((double)D)));
         snprintf(name, sizeof name, "%s.attn.indexer.compressor", pre);
-        TRY(add_compressor(p, err, name, ratio, id, c));
+        DUET_TRY(add_compressor(p, err, name, ratio, id, c));
     }
 
     /* MoE */
     snprintf(name, sizeof name, "%s.ffn.gate.weight", pre);
-    TRY(add_mat(p, err, name, ST_BF16, E, D, 1.0 / sqrt((double)D)));
+    DUET_TRY(add_mat(p, err, name, ST_BF16, E, D, 1.0 / sqrt((double)D)));
     if (li < c->hash_layers) {
         snprintf(name, sizeof name, "%s.ffn.gate.tid2eid", pre);
-        TRY(plan_add(p, err, name, NULL, ST_I64, V_TID2EID, 0.0f, c->vocab, c->topk, 2, c->vocab, c->topk));
+        DUET_TRY(plan_add(p, err, name, NULL, ST_I64, V_TID2EID, 0.0f, c->vocab, c->topk, 2, c->vocab, c->topk));
         p->t[p->n - 1].n_experts = c->experts;
     } else {
         snprintf(name, sizeof name, "%s.ffn.gate.bias", pre);
-        TRY(add_f32_vec(p, err, name, E, V_UNIFORM, uni_a(0.1)));
+        DUET_TRY(add_f32_vec(p, err, name, E, V_UNIFORM, uni_a(0.1)));
     }
     int64_t Is = I * c->shared;
     snprintf(name, sizeof name, "%s.ffn.shared_experts.w1", pre);
-    TRY(add_linear(p, err, name, Is, D, wq));
+    DUET_TRY(add_linear(p, err, name, Is, D, wq));
     snprintf(name, sizeof name, "%s.ffn.shared_experts.w2", pre);
-    TRY(add_linear(p, err, name, D, Is, wq));
+    DUET_TRY(add_linear(p, err, name, D, Is, wq));
     snprintf(name, sizeof name, "%s.ffn.shared_experts.w3", pre);
-    TRY(add_linear(p, err, name, Is, D, wq));
+    DUET_TRY(add_linear(p, err, name, Is, D, wq));
     for (int64_t e = 0; e < E; e++) {
         snprintf(name, sizeof name, "%s.ffn.experts.%" PRId64 ".w1", pre, e);
-        TRY(add_linear(p, err, name, I, D, o->experts));
+        DUET_TRY(add_linear(p, err, name, I, D, o->experts));
         snprintf(name, sizeof name, "%s.ffn.experts.%" PRId64 ".w2", pre, e);
-        TRY(add_linear(p, err, name, D, I, o->experts));
+        DUET_TRY(add_linear(p, err, name, D, I, o->experts));
         snprintf(name, sizeof name, "%s.ffn.experts.%" PRId64 ".w3", pre, e);
-        TRY(add_linear(p, err, name, I, D, o->experts));
+        DUET_TRY(add_linear(p, err, name, I, D, o->experts));
     }
     return DUET_OK;
 }
@@ -426,18 +419,18 @@ static duet_status_t plan_tensors(plan_t *p, const opts_t *o, duet_err_t *err)
     if (c->topk > c->experts || c->topk > 64)
         return duet_err_set(err, DUET_ERR_INTERNAL, "preset %s: top-k above the expert count or 64", c->name);
 
-    TRY(add_mat(p, err, "embed.weight", ST_BF16, c->vocab, D, 1.0));
+    DUET_TRY(add_mat(p, err, "embed.weight", ST_BF16, c->vocab, D, 1.0));
     for (int li = 0; li < c->layers; li++)
-        TRY(add_layer(p, err, o, li));
-    TRY(add_norm(p, err, "norm.weight", D));
-    TRY(add_mat(p, err, "head.weight", ST_BF16, c->vocab, D, 1.0 / sqrt((double)D)));
-    TRY(add_hc(p, err, "hc_head", c->hc_mult, 1, c));
+        DUET_TRY(add_layer(p, err, o, li));
+    DUET_TRY(add_norm(p, err, "norm.weight", D));
+    DUET_TRY(add_mat(p, err, "head.weight", ST_BF16, c->vocab, D, 1.0 / sqrt((double)D)));
+    DUET_TRY(add_hc(p, err, "hc_head", c->hc_mult, 1, c));
     if (o->mtp) {
-        TRY(add_linear(p, err, "mtp.0.e_proj", D, D, o->weights));
-        TRY(add_linear(p, err, "mtp.0.h_proj", D, D, o->weights));
-        TRY(add_norm(p, err, "mtp.0.enorm.weight", D));
-        TRY(add_norm(p, err, "mtp.0.hnorm.weight", D));
-        TRY(add_norm(p, err, "mtp.0.norm.weight", D));
+        DUET_TRY(add_linear(p, err, "mtp.0.e_proj", D, D, o->weights));
+        DUET_TRY(add_linear(p, err, "mtp.0.h_proj", D, D, o->weights));
+        DUET_TRY(add_norm(p, err, "mtp.0.enorm.weight", D));
+        DUET_TRY(add_norm(p, err, "mtp.0.hnorm.weight", D));
+        DUET_TRY(add_norm(p, err, "mtp.0.norm.weight", D));
     }
     return DUET_OK;
 }

@@ -210,13 +210,6 @@ static duet_status_t check_enums(const ProtobufCMessage *m, path_t *p, duet_err_
 }
 
 #define FAIL(st, ...) return duet_err_set(err, (st), __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        duet_status_t st_ = (expr);                                                                \
-        if (st_)                                                                                   \
-            return st_;                                                                            \
-    } while (0)
-
 static int id_char(unsigned char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
@@ -305,7 +298,7 @@ static duet_status_t check_u64(uint64_t v, uint64_t lo, uint64_t hi, const char 
 static duet_status_t check_tokens(const int32_t *t, size_t n, size_t lo, const char *field,
                                   const duet_msg_limits_t *lim, duet_err_t *err)
 {
-    TRY(check_count(n, lo, lim->max_tokens, field, err));
+    DUET_TRY(check_count(n, lo, lim->max_tokens, field, err));
     for (size_t i = 0; i < n; i++)
         if (t[i] < 0)
             FAIL(DUET_ERR_RANGE, "%s[%zu]: token id %d is negative", field, i, t[i]);
@@ -338,19 +331,19 @@ static duet_status_t check_sampling(const Duet__V1__SamplingParams *s, const cha
 {
     char f[96];
     snprintf(f, sizeof f, "%s.sampling", where);
-    TRY(require(s, f, err));
+    DUET_TRY(require(s, f, err));
     snprintf(f, sizeof f, "%s.sampling.temperature", where);
-    TRY(check_unit_float(s->temperature, 0.0f, 100.0f, f, err));
+    DUET_TRY(check_unit_float(s->temperature, 0.0f, 100.0f, f, err));
     snprintf(f, sizeof f, "%s.sampling.top_p", where);
-    TRY(check_unit_float(s->top_p, 0.0f, 1.0f, f, err));
+    DUET_TRY(check_unit_float(s->top_p, 0.0f, 1.0f, f, err));
     snprintf(f, sizeof f, "%s.sampling.min_p", where);
-    TRY(check_unit_float(s->min_p, 0.0f, 1.0f, f, err));
+    DUET_TRY(check_unit_float(s->min_p, 0.0f, 1.0f, f, err));
     if (s->min_p >= 1.0f)
         FAIL(DUET_ERR_RANGE, "%s: %g is outside [0, 1)", f, (double)s->min_p);
     if (s->top_k < 0)
         FAIL(DUET_ERR_RANGE, "%s.sampling.top_k: %d is negative", where, s->top_k);
     snprintf(f, sizeof f, "%s.sampling.stop_token_ids", where);
-    TRY(check_count(s->n_stop_token_ids, 0, lim->max_stop_ids, f, err));
+    DUET_TRY(check_count(s->n_stop_token_ids, 0, lim->max_stop_ids, f, err));
     for (size_t i = 0; i < s->n_stop_token_ids; i++)
         if (s->stop_token_ids[i] < 0)
             FAIL(DUET_ERR_RANGE, "%s[%zu]: token id %d is negative", f, i, s->stop_token_ids[i]);
@@ -379,37 +372,37 @@ static duet_status_t check_descriptor(const Duet__V1__TransferDescriptor *d, con
     int have_paged = 0;
 
     snprintf(f, sizeof f, "%s.descriptor", where);
-    TRY(require(d, f, err));
+    DUET_TRY(require(d, f, err));
     snprintf(f, sizeof f, "%s.descriptor.decode_worker_id", where);
-    TRY(check_id(d->decode_worker_id, f, 1, err));
+    DUET_TRY(check_id(d->decode_worker_id, f, 1, err));
     snprintf(f, sizeof f, "%s.descriptor.ucx_address", where);
-    TRY(check_u64(d->ucx_address.len, 1, lim->max_blob_bytes, f, err));
+    DUET_TRY(check_u64(d->ucx_address.len, 1, lim->max_blob_bytes, f, err));
     snprintf(f, sizeof f, "%s.descriptor.page_tokens", where);
-    TRY(check_page_tokens(d->page_tokens, f, err));
+    DUET_TRY(check_page_tokens(d->page_tokens, f, err));
     if (d->epoch != epoch)
         FAIL(DUET_ERR_PROTOCOL, "%s.descriptor.epoch: %llu differs from the header's epoch %llu", where,
              (unsigned long long)d->epoch, (unsigned long long)epoch);
     if (epoch == 0)
         FAIL(DUET_ERR_PROTOCOL, "%s.descriptor.epoch: 0 (decode assigns epochs from 1)", where);
     snprintf(f, sizeof f, "%s.descriptor.pools", where);
-    TRY(check_count(d->n_pools, 1, DUET_POOL_COUNT, f, err));
+    DUET_TRY(check_count(d->n_pools, 1, DUET_POOL_COUNT, f, err));
     for (size_t i = 0; i < d->n_pools; i++) {
         const Duet__V1__PoolDescriptor *p = d->pools[i];
         snprintf(f, sizeof f, "%s.descriptor.pools[%zu]", where, i);
-        TRY(require(p, f, err));
+        DUET_TRY(require(p, f, err));
         snprintf(f, sizeof f, "%s.descriptor.pools[%zu].kind", where, i);
-        TRY(require_enum(p->kind, f, err));
+        DUET_TRY(require_enum(p->kind, f, err));
         if (seen & (1u << p->kind))
             FAIL(DUET_ERR_PROTOCOL, "%s: %s appears twice", f, pool_wire_name(p->kind));
         seen |= 1u << p->kind;
         snprintf(f, sizeof f, "%s.descriptor.pools[%zu].rkey", where, i);
-        TRY(check_u64(p->rkey.len, 1, lim->max_blob_bytes, f, err));
+        DUET_TRY(check_u64(p->rkey.len, 1, lim->max_blob_bytes, f, err));
         snprintf(f, sizeof f, "%s.descriptor.pools[%zu].page_bytes", where, i);
-        TRY(check_u64(p->page_bytes, 1, lim->max_page_bytes, f, err));
+        DUET_TRY(check_u64(p->page_bytes, 1, lim->max_page_bytes, f, err));
         snprintf(f, sizeof f, "%s.descriptor.pools[%zu].n_units", where, i);
-        TRY(check_u64(p->n_units, 1, lim->max_units, f, err));
+        DUET_TRY(check_u64(p->n_units, 1, lim->max_units, f, err));
         snprintf(f, sizeof f, "%s.descriptor.pools[%zu].n_layers", where, i);
-        TRY(check_u64(p->n_layers, 1, lim->max_layers, f, err));
+        DUET_TRY(check_u64(p->n_layers, 1, lim->max_layers, f, err));
         /* the whole pool must be addressable: base + layers * units * page_bytes
          * must not wrap (layers * units < 2^32 * 2^32 cannot overflow) */
         uint64_t span = (uint64_t)p->n_layers * p->n_units;
@@ -428,7 +421,7 @@ static duet_status_t check_descriptor(const Duet__V1__TransferDescriptor *d, con
         }
     }
     snprintf(f, sizeof f, "%s.descriptor.page_ids", where);
-    TRY(check_count(d->n_page_ids, 0, lim->max_pages, f, err));
+    DUET_TRY(check_count(d->n_page_ids, 0, lim->max_pages, f, err));
     if (!have_paged && d->n_page_ids)
         FAIL(DUET_ERR_RANGE, "%s: %zu page ids but no paged pool", f, d->n_page_ids);
     for (size_t i = 0; i < d->n_page_ids; i++)
@@ -446,24 +439,24 @@ static duet_status_t check_pool_layouts(Duet__V1__PoolLayout *const *pools, size
 {
     char f[96];
     uint32_t seen = 0;
-    TRY(check_count(n, 0, DUET_POOL_COUNT, where, err));
+    DUET_TRY(check_count(n, 0, DUET_POOL_COUNT, where, err));
     for (size_t i = 0; i < n; i++) {
         const Duet__V1__PoolLayout *p = pools[i];
         snprintf(f, sizeof f, "%s[%zu]", where, i);
-        TRY(require(p, f, err));
+        DUET_TRY(require(p, f, err));
         snprintf(f, sizeof f, "%s[%zu].kind", where, i);
-        TRY(require_enum(p->kind, f, err));
+        DUET_TRY(require_enum(p->kind, f, err));
         if (seen & (1u << p->kind))
             FAIL(DUET_ERR_PROTOCOL, "%s: %s appears twice", f, pool_wire_name(p->kind));
         seen |= 1u << p->kind;
         snprintf(f, sizeof f, "%s[%zu].dtype", where, i);
-        TRY(require_enum(p->dtype, f, err));
+        DUET_TRY(require_enum(p->dtype, f, err));
         snprintf(f, sizeof f, "%s[%zu].page_bytes", where, i);
-        TRY(check_u64(p->page_bytes, 1, lim->max_page_bytes, f, err));
+        DUET_TRY(check_u64(p->page_bytes, 1, lim->max_page_bytes, f, err));
         snprintf(f, sizeof f, "%s[%zu].n_layers", where, i);
-        TRY(check_u64(p->n_layers, 1, lim->max_layers, f, err));
+        DUET_TRY(check_u64(p->n_layers, 1, lim->max_layers, f, err));
         snprintf(f, sizeof f, "%s[%zu].n_units", where, i);
-        TRY(check_u64(p->n_units, 0, lim->max_units, f, err));
+        DUET_TRY(check_u64(p->n_units, 0, lim->max_units, f, err));
     }
     return DUET_OK;
 }
@@ -474,21 +467,21 @@ static duet_status_t check_load(const Duet__V1__Load *l, const char *where, cons
     char f[96];
     uint32_t seen = 0;
     snprintf(f, sizeof f, "%s.load", where);
-    TRY(require(l, f, err));
+    DUET_TRY(require(l, f, err));
     snprintf(f, sizeof f, "%s.load.requests", where);
-    TRY(check_count(l->n_requests, 0, N_ENUM_REQUEST_STATES - 1, f, err));
+    DUET_TRY(check_count(l->n_requests, 0, N_ENUM_REQUEST_STATES - 1, f, err));
     for (size_t i = 0; i < l->n_requests; i++) {
         snprintf(f, sizeof f, "%s.load.requests[%zu]", where, i);
-        TRY(require(l->requests[i], f, err));
+        DUET_TRY(require(l->requests[i], f, err));
         snprintf(f, sizeof f, "%s.load.requests[%zu].state", where, i);
-        TRY(require_enum(l->requests[i]->state, f, err));
+        DUET_TRY(require_enum(l->requests[i]->state, f, err));
         if (seen & (1u << l->requests[i]->state))
             FAIL(DUET_ERR_PROTOCOL, "%s: %s appears twice", f,
                  duet_msg_enum_name(&duet__v1__request_state__descriptor, l->requests[i]->state));
         seen |= 1u << l->requests[i]->state;
     }
     snprintf(f, sizeof f, "%s.load.oldest_waiting_rid", where);
-    TRY(check_id(l->oldest_waiting_rid, f, 0, err));
+    DUET_TRY(check_id(l->oldest_waiting_rid, f, 0, err));
     return DUET_OK;
 }
 
@@ -500,62 +493,62 @@ static duet_status_t check_body(const duet_envelope_t *e, const duet_msg_limits_
     switch (e->body_case) {
     case DUET__V1__ENVELOPE__BODY_WORKER_REGISTER: {
         const Duet__V1__WorkerRegister *m = e->worker_register;
-        TRY(require(m, "worker_register", err));
+        DUET_TRY(require(m, "worker_register", err));
         if (m->role != DUET__V1__ROLE__ROLE_PREFILL && m->role != DUET__V1__ROLE__ROLE_DECODE)
             FAIL(DUET_ERR_PROTOCOL, "worker_register.role: %s is not a worker role",
                  duet_msg_enum_name(&duet__v1__role__descriptor, m->role));
-        TRY(check_id(m->worker_id, "worker_register.worker_id", 1, err));
-        TRY(check_url(m->control_url, "worker_register.control_url", 1, lim, err));
-        TRY(check_url(m->event_url, "worker_register.event_url", 0, lim, err));
-        TRY(require(m->capacity, "worker_register.capacity", err));
-        TRY(check_page_tokens(m->capacity->page_tokens, "worker_register.capacity.page_tokens", err));
-        TRY(check_u64(m->capacity->pages, 0, lim->max_units, "worker_register.capacity.pages", err));
-        TRY(check_u64(m->capacity->slots, 0, lim->max_units, "worker_register.capacity.slots", err));
+        DUET_TRY(check_id(m->worker_id, "worker_register.worker_id", 1, err));
+        DUET_TRY(check_url(m->control_url, "worker_register.control_url", 1, lim, err));
+        DUET_TRY(check_url(m->event_url, "worker_register.event_url", 0, lim, err));
+        DUET_TRY(require(m->capacity, "worker_register.capacity", err));
+        DUET_TRY(check_page_tokens(m->capacity->page_tokens, "worker_register.capacity.page_tokens", err));
+        DUET_TRY(check_u64(m->capacity->pages, 0, lim->max_units, "worker_register.capacity.pages", err));
+        DUET_TRY(check_u64(m->capacity->slots, 0, lim->max_units, "worker_register.capacity.slots", err));
         return check_pool_layouts(m->capacity->pools, m->capacity->n_pools, "worker_register.capacity.pools", lim,
                                   err);
     }
     case DUET__V1__ENVELOPE__BODY_HEARTBEAT:
-        TRY(require(e->heartbeat, "heartbeat", err));
-        TRY(require_enum(e->heartbeat->role, "heartbeat.role", err));
+        DUET_TRY(require(e->heartbeat, "heartbeat", err));
+        DUET_TRY(require_enum(e->heartbeat->role, "heartbeat.role", err));
         return check_load(e->heartbeat->load, "heartbeat", lim, err);
     case DUET__V1__ENVELOPE__BODY_RESERVE: {
         const Duet__V1__Reserve *m = e->reserve;
-        TRY(require(m, "reserve", err));
-        TRY(check_u64(m->prompt_len, 1, lim->max_tokens, "reserve.prompt_len", err));
-        TRY(check_u64(m->max_new_tokens, 1, lim->max_tokens, "reserve.max_new_tokens", err));
-        TRY(check_u64(m->deadline_ms, 1, lim->max_deadline_ms, "reserve.deadline_ms", err));
-        TRY(check_id(m->prefill_worker_id, "reserve.prefill_worker_id", 0, err));
-        TRY(check_url(m->event_url, "reserve.event_url", 0, lim, err));
+        DUET_TRY(require(m, "reserve", err));
+        DUET_TRY(check_u64(m->prompt_len, 1, lim->max_tokens, "reserve.prompt_len", err));
+        DUET_TRY(check_u64(m->max_new_tokens, 1, lim->max_tokens, "reserve.max_new_tokens", err));
+        DUET_TRY(check_u64(m->deadline_ms, 1, lim->max_deadline_ms, "reserve.deadline_ms", err));
+        DUET_TRY(check_id(m->prefill_worker_id, "reserve.prefill_worker_id", 0, err));
+        DUET_TRY(check_url(m->event_url, "reserve.event_url", 0, lim, err));
         return check_sampling(m->sampling, "reserve", lim, err);
     }
     case DUET__V1__ENVELOPE__BODY_RESERVED:
-        TRY(require(e->reserved, "reserved", err));
+        DUET_TRY(require(e->reserved, "reserved", err));
         return check_descriptor(e->reserved->descriptor, "reserved", h->epoch, lim, err);
     case DUET__V1__ENVELOPE__BODY_REJECTED:
-        TRY(require(e->rejected, "rejected", err));
-        TRY(require_enum(e->rejected->reason, "rejected.reason", err));
+        DUET_TRY(require(e->rejected, "rejected", err));
+        DUET_TRY(require_enum(e->rejected->reason, "rejected.reason", err));
         return check_text(e->rejected->message, "rejected.message", lim, err);
     case DUET__V1__ENVELOPE__BODY_PREFILL: {
         const Duet__V1__Prefill *m = e->prefill;
-        TRY(require(m, "prefill", err));
-        TRY(check_tokens(m->tokens, m->n_tokens, 1, "prefill.tokens", lim, err));
-        TRY(check_u64(m->deadline_ms, 1, lim->max_deadline_ms, "prefill.deadline_ms", err));
-        TRY(check_url(m->event_url, "prefill.event_url", 0, lim, err));
-        TRY(check_sampling(m->sampling, "prefill", lim, err));
+        DUET_TRY(require(m, "prefill", err));
+        DUET_TRY(check_tokens(m->tokens, m->n_tokens, 1, "prefill.tokens", lim, err));
+        DUET_TRY(check_u64(m->deadline_ms, 1, lim->max_deadline_ms, "prefill.deadline_ms", err));
+        DUET_TRY(check_url(m->event_url, "prefill.event_url", 0, lim, err));
+        DUET_TRY(check_sampling(m->sampling, "prefill", lim, err));
         return check_descriptor(m->descriptor, "prefill", h->epoch, lim, err);
     }
     case DUET__V1__ENVELOPE__BODY_TRANSFER_DONE: {
         const Duet__V1__TransferDone *m = e->transfer_done;
-        TRY(require(m, "transfer_done", err));
+        DUET_TRY(require(m, "transfer_done", err));
         if (h->epoch == 0)
             FAIL(DUET_ERR_PROTOCOL, "header.epoch: 0 in a transfer_done (decode assigns epochs from 1)");
         if (m->first_token < 0)
             FAIL(DUET_ERR_RANGE, "transfer_done.first_token: token id %d is negative", m->first_token);
-        TRY(check_u64(m->n_tokens, 0, lim->max_tokens, "transfer_done.n_tokens", err));
+        DUET_TRY(check_u64(m->n_tokens, 0, lim->max_tokens, "transfer_done.n_tokens", err));
         const Duet__V1__PageChecksums *c = m->checksums;
         if (!c)
             return DUET_OK;
-        TRY(check_count(c->n_hash, 0, lim->max_checksums, "transfer_done.checksums.hash", err));
+        DUET_TRY(check_count(c->n_hash, 0, lim->max_checksums, "transfer_done.checksums.hash", err));
         if (c->n_pool != c->n_hash || c->n_layer != c->n_hash || c->n_page != c->n_hash)
             FAIL(DUET_ERR_PROTOCOL,
                  "transfer_done.checksums: pool, layer, page and hash have %zu, %zu, %zu and %zu entries", c->n_pool,
@@ -573,34 +566,34 @@ static duet_status_t check_body(const duet_envelope_t *e, const duet_msg_limits_
         return DUET_OK;
     }
     case DUET__V1__ENVELOPE__BODY_ABORT:
-        TRY(require(e->abort, "abort", err));
-        TRY(require_enum(e->abort->reason, "abort.reason", err));
+        DUET_TRY(require(e->abort, "abort", err));
+        DUET_TRY(require_enum(e->abort->reason, "abort.reason", err));
         return check_text(e->abort->message, "abort.message", lim, err);
     case DUET__V1__ENVELOPE__BODY_ABORT_ACK:
-        TRY(require(e->abort_ack, "abort_ack", err));
+        DUET_TRY(require(e->abort_ack, "abort_ack", err));
         return check_u64(e->abort_ack->pages_quarantined, 0, lim->max_pages, "abort_ack.pages_quarantined", err);
     case DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK: {
         const Duet__V1__TokenChunk *m = e->token_chunk;
-        TRY(require(m, "token_chunk", err));
-        TRY(check_tokens(m->tokens, m->n_tokens, 1, "token_chunk.tokens", lim, err));
+        DUET_TRY(require(m, "token_chunk", err));
+        DUET_TRY(check_tokens(m->tokens, m->n_tokens, 1, "token_chunk.tokens", lim, err));
         return check_u64((uint64_t)m->first_index + m->n_tokens, 1, lim->max_tokens,
                          "token_chunk.first_index + tokens", err);
     }
     case DUET__V1__ENVELOPE__BODY_REQUEST_FINISHED: {
         const Duet__V1__RequestFinished *m = e->request_finished;
-        TRY(require(m, "request_finished", err));
-        TRY(require_enum(m->reason, "request_finished.reason", err));
+        DUET_TRY(require(m, "request_finished", err));
+        DUET_TRY(require_enum(m->reason, "request_finished.reason", err));
         if (m->reason == DUET__V1__FINISH_REASON__FINISH_REASON_ERROR)
-            TRY(require_enum(m->error, "request_finished.error", err));
+            DUET_TRY(require_enum(m->error, "request_finished.error", err));
         if (m->reason == DUET__V1__FINISH_REASON__FINISH_REASON_ABORT)
-            TRY(require_enum(m->abort_reason, "request_finished.abort_reason", err));
-        TRY(check_u64(m->prompt_tokens, 0, lim->max_tokens, "request_finished.prompt_tokens", err));
-        TRY(check_u64(m->completion_tokens, 0, lim->max_tokens, "request_finished.completion_tokens", err));
+            DUET_TRY(require_enum(m->abort_reason, "request_finished.abort_reason", err));
+        DUET_TRY(check_u64(m->prompt_tokens, 0, lim->max_tokens, "request_finished.prompt_tokens", err));
+        DUET_TRY(check_u64(m->completion_tokens, 0, lim->max_tokens, "request_finished.completion_tokens", err));
         return check_u64(m->cached_tokens, 0, m->prompt_tokens, "request_finished.cached_tokens", err);
     }
     case DUET__V1__ENVELOPE__BODY_ERROR:
-        TRY(require(e->error, "error", err));
-        TRY(require_enum(e->error->code, "error.code", err));
+        DUET_TRY(require(e->error, "error", err));
+        DUET_TRY(require_enum(e->error->code, "error.code", err));
         return check_text(e->error->message, "error.message", lim, err);
     case DUET__V1__ENVELOPE__BODY_ACK:
         return require(e->ack, "ack", err);
@@ -608,17 +601,17 @@ static duet_status_t check_body(const duet_envelope_t *e, const duet_msg_limits_
         return require(e->state_dump_request, "state_dump_request", err);
     case DUET__V1__ENVELOPE__BODY_STATE_DUMP: {
         const Duet__V1__StateDump *m = e->state_dump;
-        TRY(require(m, "state_dump", err));
-        TRY(require_enum(m->role, "state_dump.role", err));
-        TRY(check_load(m->load, "state_dump", lim, err));
-        TRY(check_count(m->n_requests, 0, lim->max_requests, "state_dump.requests", err));
+        DUET_TRY(require(m, "state_dump", err));
+        DUET_TRY(require_enum(m->role, "state_dump.role", err));
+        DUET_TRY(check_load(m->load, "state_dump", lim, err));
+        DUET_TRY(check_count(m->n_requests, 0, lim->max_requests, "state_dump.requests", err));
         for (size_t i = 0; i < m->n_requests; i++) {
             snprintf(f, sizeof f, "state_dump.requests[%zu]", i);
-            TRY(require(m->requests[i], f, err));
+            DUET_TRY(require(m->requests[i], f, err));
             snprintf(f, sizeof f, "state_dump.requests[%zu].rid", i);
-            TRY(check_id(m->requests[i]->rid, f, 1, err));
+            DUET_TRY(check_id(m->requests[i]->rid, f, 1, err));
             snprintf(f, sizeof f, "state_dump.requests[%zu].state", i);
-            TRY(require_enum(m->requests[i]->state, f, err));
+            DUET_TRY(require_enum(m->requests[i]->state, f, err));
         }
         return DUET_OK;
     }
@@ -661,9 +654,9 @@ duet_status_t duet_msg_validate(const duet_envelope_t *e, const duet_msg_limits_
     if (e->header->version != DUET_PROTOCOL_VERSION)
         FAIL(DUET_ERR_VERSION, "header.version: %u, this process speaks version %d", e->header->version,
              DUET_PROTOCOL_VERSION);
-    TRY(check_id(e->header->sender_id, "header.sender_id", 1, err));
-    TRY(check_id(e->header->rid, "header.rid", kind_needs_rid(e->body_case), err));
-    TRY(check_enums(&e->base, &p, err));
+    DUET_TRY(check_id(e->header->sender_id, "header.sender_id", 1, err));
+    DUET_TRY(check_id(e->header->rid, "header.rid", kind_needs_rid(e->body_case), err));
+    DUET_TRY(check_enums(&e->base, &p, err));
     return check_body(e, lim, err);
 }
 
@@ -733,7 +726,7 @@ duet_status_t duet_msg_encoded_size(const duet_envelope_t *e, const duet_msg_lim
 {
     duet_msg_limits_t tmp;
     lim = limits_or_default(lim, &tmp);
-    TRY(duet_msg_validate(e, lim, err));
+    DUET_TRY(duet_msg_validate(e, lim, err));
     size_t n = protobuf_c_message_get_packed_size(&e->base);
     if (n > lim->max_message_bytes)
         FAIL(DUET_ERR_RANGE, "%s message: %zu bytes, at most %zu allowed", duet_msg_kind_name(e->body_case), n,
@@ -751,7 +744,7 @@ duet_status_t duet_msg_encode(const duet_envelope_t *e, const duet_msg_limits_t 
                               duet_err_t *err)
 {
     size_t n = 0;
-    TRY(duet_msg_encoded_size(e, lim, &n, err));
+    DUET_TRY(duet_msg_encoded_size(e, lim, &n, err));
     uint8_t *b = malloc(n ? n : 1);
     if (!b)
         FAIL(DUET_ERR_NOMEM, "%s message: cannot allocate %zu bytes", duet_msg_kind_name(e->body_case), n);
@@ -943,7 +936,7 @@ static duet_status_t set_opt_str(char **field, const char *s) { return s && *s ?
 
 static duet_status_t fill_reserve(Duet__V1__Reserve *r, const char *event_url)
 {
-    TRY(ALLOC_SUB(r->sampling, &duet__v1__sampling_params__descriptor));
+    DUET_TRY(ALLOC_SUB(r->sampling, &duet__v1__sampling_params__descriptor));
     return set_opt_str(&r->event_url, event_url);
 }
 
@@ -959,12 +952,12 @@ duet_status_t duet_msg_new_reserve(const duet_msg_origin_t *o, uint32_t prompt_l
 static duet_status_t fill_descriptor(Duet__V1__TransferDescriptor **slot, uint64_t epoch, const char *worker_id,
                                      const void *addr, size_t addr_len, uint32_t page_tokens, uint32_t slot_id)
 {
-    TRY(ALLOC_SUB(*slot, &duet__v1__transfer_descriptor__descriptor));
+    DUET_TRY(ALLOC_SUB(*slot, &duet__v1__transfer_descriptor__descriptor));
     Duet__V1__TransferDescriptor *d = *slot;
     d->epoch = epoch;
     d->page_tokens = page_tokens;
     d->slot = slot_id;
-    TRY(duet_msg_set_str(&d->decode_worker_id, worker_id));
+    DUET_TRY(duet_msg_set_str(&d->decode_worker_id, worker_id));
     return addr_len ? duet_msg_set_bytes(&d->ucx_address, addr, addr_len) : DUET_OK;
 }
 
@@ -990,12 +983,12 @@ static duet_status_t fill_prefill(Duet__V1__Prefill *p, uint64_t epoch, const in
                                   const char *event_url)
 {
     p->deadline_ms = deadline_ms;
-    TRY(set_opt_str(&p->event_url, event_url));
-    TRY(duet_msg_set_i32s(&p->tokens, &p->n_tokens, tokens, n));
-    TRY(ALLOC_SUB(p->sampling, &duet__v1__sampling_params__descriptor));
+    DUET_TRY(set_opt_str(&p->event_url, event_url));
+    DUET_TRY(duet_msg_set_i32s(&p->tokens, &p->n_tokens, tokens, n));
+    DUET_TRY(ALLOC_SUB(p->sampling, &duet__v1__sampling_params__descriptor));
     if (descriptor)
         return (p->descriptor = duet_msg_dup(&descriptor->base)) ? DUET_OK : DUET_ERR_NOMEM;
-    TRY(ALLOC_SUB(p->descriptor, &duet__v1__transfer_descriptor__descriptor));
+    DUET_TRY(ALLOC_SUB(p->descriptor, &duet__v1__transfer_descriptor__descriptor));
     p->descriptor->epoch = epoch;
     return DUET_OK;
 }
@@ -1012,7 +1005,7 @@ static duet_status_t fill_checksums(Duet__V1__TransferDone *t, size_t n)
 {
     if (!n)
         return DUET_OK;
-    TRY(ALLOC_SUB(t->checksums, &duet__v1__page_checksums__descriptor));
+    DUET_TRY(ALLOC_SUB(t->checksums, &duet__v1__page_checksums__descriptor));
     Duet__V1__PageChecksums *c = t->checksums;
     if (!(c->pool = duet_calloc(n, sizeof *c->pool)) || !(c->layer = duet_calloc(n, sizeof *c->layer)) ||
         !(c->page = duet_calloc(n, sizeof *c->page)) || !(c->hash = duet_calloc(n, sizeof *c->hash)))
@@ -1092,10 +1085,10 @@ static duet_status_t fill_register(Duet__V1__WorkerRegister *w, Duet__V1__Role r
                                    uint32_t page_tokens)
 {
     w->role = role;
-    TRY(duet_msg_set_str(&w->worker_id, worker_id));
-    TRY(duet_msg_set_str(&w->control_url, control_url));
-    TRY(duet_msg_set_str(&w->event_url, event_url));
-    TRY(ALLOC_SUB(w->capacity, &duet__v1__capacity__descriptor));
+    DUET_TRY(duet_msg_set_str(&w->worker_id, worker_id));
+    DUET_TRY(duet_msg_set_str(&w->control_url, control_url));
+    DUET_TRY(duet_msg_set_str(&w->event_url, event_url));
+    DUET_TRY(ALLOC_SUB(w->capacity, &duet__v1__capacity__descriptor));
     w->capacity->pages = pages;
     w->capacity->slots = slots;
     w->capacity->page_tokens = page_tokens;

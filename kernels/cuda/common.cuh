@@ -96,14 +96,6 @@ duet_status_t duet_cuda_failf(duet_cuda_t *c, duet_status_t st, const char *fmt,
 
 #define DUET_CUDA_CHECK_LAUNCH(c) DUET_CUDA_CHECK((c), cudaGetLastError())
 
-/* Return early on a non-OK status. */
-#define DUET_TRY(expr)                                                                                             \
-    do {                                                                                                           \
-        duet_status_t st_ = (expr);                                                                                \
-        if (st_ != DUET_OK)                                                                                        \
-            return st_;                                                                                            \
-    } while (0)
-
 /* Scratch of at least `bytes` (16-byte aligned at its start; valid until the next call). */
 duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p);
 /* Queue `bytes` of host data to a device buffer owned by the context (valid
