@@ -12,76 +12,22 @@
  * the transfer must equal the sender's, every other byte must be untouched.
  *
  * Bounds checked: peer death is reported within DETECT_BOUND_MS. */
-#include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kv_cache.h"
 #include "log.h"
 #include "time_util.h"
 #include "xfer.h"
+#include "xfer_harness.h"
 
-#define TIMEOUT_MS 2000          /* engine timeout_ms in these tests */
-#define KEEPALIVE_MS 500
 #define DETECT_BOUND_MS 4000     /* keepalive + timeout + 1.5 s of slack for a loaded machine */
-#define CASE_LIMIT_S 40          /* a case still running after this is killed and failed */
-#define N_PAGES 96
-#define N_SLOTS 4
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            g_fail++;                                                                     \
-        }                                                                                 \
-    } while (0)
-#define REQUIRE(cond, ...)                                                                \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            _exit(1);                                                                     \
-        }                                                                                 \
-    } while (0)
 
 /* ---------------------------------------------------------------- fixtures */
-
-/* A small model with every layer kind: ratios [0, 4, 128, 4, 0], so all six pools exist. */
-static void tiny_config(duet_model_config_t *c)
-{
-    memset(c, 0, sizeof *c);
-    c->hidden_size = 256;
-    c->num_hidden_layers = 5;
-    c->num_key_value_heads = 1;
-    c->head_dim = 128;
-    c->qk_rope_head_dim = 64;
-    c->index_head_dim = 64;
-    c->sliding_window = 128;
-    const int r[5] = {0, 4, 128, 4, 0};
-    for (int i = 0; i < 5; i++)
-        c->compress_ratios[i] = r[i];
-    c->n_compress_ratios = 5;
-}
-
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static void fill_pools(duet_kv_cache_t *c, uint64_t seed)
 {
@@ -90,7 +36,7 @@ static void fill_pools(duet_kv_cache_t *c, uint64_t seed)
         size_t n = duet_kv_cache_pool_bytes(c, (duet_pool_kind_t)k);
         uint64_t s = seed * 1000003u + (uint64_t)k;
         for (size_t i = 0; i + 8 <= n; i += 8) {
-            uint64_t v = splitmix(&s);
+            uint64_t v = xh_splitmix(&s);
             memcpy(b + i, &v, 8);
         }
     }
@@ -99,7 +45,7 @@ static void fill_pools(duet_kv_cache_t *c, uint64_t seed)
 static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed)
 {
     duet_model_config_t cfg;
-    tiny_config(&cfg);
+    xh_tiny_config(&cfg);
     duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = idx};
     duet_kv_cache_t *c = NULL;
     duet_err_t err;
@@ -118,117 +64,6 @@ static duet_xfer_t *make_engine(const char *name, int verify)
     duet_err_clear(&err);
     REQUIRE(duet_xfer_create(&o, &x, &err) == DUET_OK, "%s", err.msg);
     return x;
-}
-
-/* n distinct page ids in [0, N_PAGES): runs of random length at random places. */
-static void pick_pages(uint64_t seed, uint32_t *ids, uint32_t n)
-{
-    uint8_t used[N_PAGES] = {0};
-    uint64_t s = seed;
-    uint32_t i = 0;
-    while (i < n) {
-        uint32_t start = (uint32_t)(splitmix(&s) % N_PAGES);
-        uint32_t len = 1 + (uint32_t)(splitmix(&s) % 6);
-        for (uint32_t j = 0; j < len && i < n && start + j < N_PAGES && !used[start + j]; j++) {
-            used[start + j] = 1;
-            ids[i++] = start + j;
-        }
-    }
-}
-
-/* ---------------------------------------------------------------- sockets */
-
-static int sock_send(int fd, const void *buf, uint32_t len)
-{
-    if (send(fd, &len, 4, MSG_NOSIGNAL) != 4)
-        return -1;
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = send(fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        off += (size_t)w;
-    }
-    return 0;
-}
-
-static int read_full(int fd, void *buf, size_t len, uint64_t deadline)
-{
-    size_t off = 0;
-    while (off < len) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int left = (int)duet_deadline_left_ms(deadline);
-        if (left <= 0 || poll(&p, 1, left) <= 0)
-            return -1;
-        ssize_t r = read(fd, (uint8_t *)buf + off, len - off);
-        if (r <= 0)
-            return -1;
-        off += (size_t)r;
-    }
-    return 0;
-}
-
-/* Receive one message (malloc'd) within timeout_ms; NULL on timeout or EOF. */
-static uint8_t *sock_recv(int fd, uint32_t *len, uint32_t timeout_ms)
-{
-    uint64_t dl = duet_deadline_after_ms(timeout_ms);
-    uint32_t n;
-    if (read_full(fd, &n, 4, dl) != 0 || n > (64u << 20))
-        return NULL;
-    uint8_t *b = malloc(n ? n : 1);
-    if (!b || read_full(fd, b, n, dl) != 0) {
-        free(b);
-        return NULL;
-    }
-    *len = n;
-    return b;
-}
-
-static pid_t spawn(int (*fn)(int fd, const void *arg), const void *arg, int *fd)
-{
-    int sv[2];
-    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
-    pid_t pid = fork();
-    REQUIRE(pid >= 0, "fork");
-    if (pid == 0) {
-        close(sv[0]);
-        exit(fn(sv[1], arg));
-    }
-    close(sv[1]);
-    *fd = sv[0];
-    return pid;
-}
-
-static int reap(pid_t pid, uint32_t timeout_ms)
-{
-    uint64_t dl = duet_deadline_after_ms(timeout_ms);
-    int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (duet_deadline_left_ms(dl) == 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        usleep(5000);
-    }
-}
-
-/* Wait for an event of `kind` (others are skipped) within timeout_ms. */
-static int wait_event(duet_xfer_t *x, duet_xfer_event_kind_t kind, duet_xfer_event_t *ev, uint32_t timeout_ms)
-{
-    uint64_t dl = duet_deadline_after_ms(timeout_ms);
-    for (;;) {
-        uint32_t left = (uint32_t)duet_deadline_left_ms(dl);
-        if (left == 0)
-            return -1;
-        if (duet_xfer_wait(x, ev, left) != DUET_OK)
-            return -1;
-        if (ev->kind == kind)
-            return 0;
-    }
 }
 
 /* ---------------------------------------------------------------- receiver */
@@ -313,7 +148,7 @@ static int receiver_main(int fd, const void *argp)
     duet_err_clear(&err);
     REQUIRE(duet_xfer_register_cache(x, c, &err) == DUET_OK, "%s", err.msg);
     uint32_t pages[N_PAGES];
-    pick_pages(a->seed ^ 0x5555, pages, a->n_pages);
+    xh_pick_pages(a->seed ^ 0x5555, pages, a->n_pages);
     uint32_t slot = (uint32_t)(a->seed % N_SLOTS);
     duet_xfer_desc_t d;
     REQUIRE(duet_xfer_recv_expect(x, "req-0001", 7, pages, a->n_pages, slot,
@@ -322,17 +157,17 @@ static int receiver_main(int fd, const void *argp)
     uint8_t *buf;
     size_t len;
     REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
-    REQUIRE(sock_send(fd, buf, (uint32_t)len) == 0, "send desc");
+    REQUIRE(xh_send(fd, buf, (uint32_t)len) == 0, "send desc");
     free(buf);
     duet_xfer_desc_fini(&d);
 
     uint32_t n;
-    sender_info_t *si = (sender_info_t *)sock_recv(fd, &n, 10000);
+    sender_info_t *si = (sender_info_t *)xh_recv(fd, &n, 10000);
     REQUIRE(si && n == sizeof *si, "sender info");
 
     recv_result_t res = {0};
     duet_xfer_event_t ev;
-    int got = wait_event(x, DUET_XFER_EV_RECV, &ev, a->deadline_ms + 5000);
+    int got = xh_wait_event(x, DUET_XFER_EV_RECV, &ev, a->deadline_ms + 5000);
     REQUIRE(got == 0, "no RECV event");
     CHECK(ev.user == 42 && ev.epoch == 7 && strcmp(ev.rid, "req-0001") == 0, "event identity");
     res.status = ev.status;
@@ -343,7 +178,7 @@ static int receiver_main(int fd, const void *argp)
     res.mismatches = verify_bytes(c, a->seed, theirs, si, pages, slot, ev.status == DUET_OK);
     res.bytes_ok = res.mismatches == 0;
     duet_kv_cache_destroy(&theirs);
-    sock_send(fd, &res, sizeof res);
+    xh_send(fd, &res, sizeof res);
     if (a->hold)
         pause();
     duet_xfer_destroy(&x);
@@ -380,7 +215,7 @@ static void sender_fini(sender_t *s)
 static void read_desc(int fd, duet_xfer_desc_t *d)
 {
     uint32_t n;
-    uint8_t *b = sock_recv(fd, &n, 10000);
+    uint8_t *b = xh_recv(fd, &n, 10000);
     REQUIRE(b, "no descriptor from the receiver");
     duet_err_t err;
     duet_err_clear(&err);
@@ -396,8 +231,8 @@ static uint64_t begin(sender_t *s, int fd, const duet_xfer_desc_t *d, sender_inf
     si->n_pages = d->n_pages;
     si->slot = (uint32_t)((s->seed + 1) % N_SLOTS);
     si->sent_layers_all = all;
-    pick_pages(s->seed ^ 0xaaaa, si->pages, d->n_pages);
-    REQUIRE(sock_send(fd, si, sizeof *si) == 0, "send info");
+    xh_pick_pages(s->seed ^ 0xaaaa, si->pages, d->n_pages);
+    REQUIRE(xh_send(fd, si, sizeof *si) == 0, "send info");
     uint64_t tid = 0;
     duet_err_t err;
     duet_err_clear(&err);
@@ -425,7 +260,7 @@ static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_on
 {
     recv_args_t ra = {.kv = kv, .idx = idx, .seed = 11, .n_pages = 40, .deadline_ms = 15000, .verify = 1};
     int fd;
-    pid_t r = spawn(receiver_main, &ra, &fd);
+    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
     sender_init(&s, kv, idx, 22, "sender");
     duet_xfer_desc_t d;
@@ -435,11 +270,11 @@ static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_on
     put_layerwise(&s, tid, skip_one);
     CHECK(duet_xfer_send_finish(s.x, tid, 1234) == DUET_OK, "finish");
     duet_xfer_event_t ev;
-    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
+    REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
     CHECK(ev.status == DUET_OK && ev.tid == tid && ev.user == 9, "send: %s %s",
           duet_status_code(ev.status), ev.msg);
     uint32_t n;
-    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, 10000);
     REQUIRE(res && n == sizeof *res, "no result from the receiver");
     if (!skip_one) {
         CHECK(res->status == DUET_OK, "receiver: %s %s", duet_status_code(res->status), res->msg);
@@ -457,7 +292,7 @@ static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_on
     /* coalescing: the runs of the two page lists give fewer puts than pages */
     CHECK(st.puts < (uint64_t)d.n_pages * 13, "puts %" PRIu64, st.puts);
     duet_xfer_desc_fini(&d);
-    CHECK(reap(r, 10000) == 0, "receiver exit");
+    CHECK(xh_reap(r, 10000) == 0, "receiver exit");
     close(fd);
     sender_fini(&s);
 }
@@ -474,7 +309,7 @@ static void case_foreign_pages_refused(void)
     recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_FP8, .seed = 71, .n_pages = 40,
                       .deadline_ms = 15000, .verify = 1};
     int fd;
-    pid_t r = spawn(receiver_main, &ra, &fd);
+    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
     sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 72, "sender");
     duet_xfer_desc_t d;
@@ -490,15 +325,15 @@ static void case_foreign_pages_refused(void)
     put_layerwise(&s, tid, 0);
     CHECK(duet_xfer_send_finish(s.x, tid, 5) == DUET_OK, "finish");
     duet_xfer_event_t ev;
-    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
+    REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
     uint32_t n;
-    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, 10000);
     REQUIRE(res && n == sizeof *res, "no result from the receiver");
     CHECK(res->status == DUET_ERR_PROTOCOL, "receiver: %s %s", duet_status_code(res->status), res->msg);
     CHECK(res->bytes_ok, "receiver memory changed: %" PRIu64 " units", res->mismatches);
     free(res);
     duet_xfer_desc_fini(&d);
-    CHECK(reap(r, 10000) == 0, "receiver exit");
+    CHECK(xh_reap(r, 10000) == 0, "receiver exit");
     close(fd);
     sender_fini(&s);
 }
@@ -509,14 +344,14 @@ static void case_layout_mismatch(void)
     recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_BF16, .seed = 31, .n_pages = 24,
                       .deadline_ms = 1500, .verify = 1};
     int fd;
-    pid_t r = spawn(receiver_main, &ra, &fd);
+    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
     sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 32, "sender");
     duet_xfer_desc_t d;
     read_desc(fd, &d);
     sender_info_t si = {.seed = 32, .n_pages = 0};
     uint32_t pages[N_PAGES];
-    pick_pages(1, pages, d.n_pages);
+    xh_pick_pages(1, pages, d.n_pages);
     uint64_t tid = 0;
     duet_err_t err;
     duet_err_clear(&err);
@@ -535,16 +370,16 @@ static void case_layout_mismatch(void)
     duet_xfer_stats_t sts;
     duet_xfer_stats(s.x, &sts);
     CHECK(sts.puts == 0 && sts.sends_active == 0, "a refused descriptor moved bytes");
-    REQUIRE(sock_send(fd, &si, sizeof si) == 0, "send info");
+    REQUIRE(xh_send(fd, &si, sizeof si) == 0, "send info");
     /* the receiver times out on its deadline, and its memory is untouched */
     uint32_t n;
-    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, 10000);
     REQUIRE(res && n == sizeof *res, "no result from the receiver");
     CHECK(res->status == DUET_ERR_TIMEOUT, "receiver: %s", duet_status_code(res->status));
     CHECK(res->bytes_ok, "receiver memory changed: %" PRIu64 " units", res->mismatches);
     free(res);
     duet_xfer_desc_fini(&d);
-    CHECK(reap(r, 10000) == 0, "receiver exit");
+    CHECK(xh_reap(r, 10000) == 0, "receiver exit");
     close(fd);
     sender_fini(&s);
 }
@@ -555,7 +390,7 @@ static void case_abort_ack(void)
     recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_FP8, .seed = 41, .n_pages = 16,
                       .deadline_ms = 10000, .verify = 1};
     int fd;
-    pid_t r = spawn(receiver_main, &ra, &fd);
+    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
     sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 42, "sender");
     duet_xfer_desc_t d;
@@ -565,15 +400,15 @@ static void case_abort_ack(void)
     CHECK(duet_xfer_send_put(s.x, tid, DUET_POOL_SWA_KV, DUET_XFER_ALL_LAYERS) == DUET_OK, "put");
     CHECK(duet_xfer_send_abort(s.x, tid) == DUET_OK, "abort");
     duet_xfer_event_t ev;
-    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
+    REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
     CHECK(ev.status == DUET_ERR_ABORTED, "send: %s", duet_status_code(ev.status));
     uint32_t n;
-    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, 10000);
+    recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, 10000);
     REQUIRE(res && n == sizeof *res, "no result from the receiver");
     CHECK(res->status == DUET_ERR_ABORTED, "receiver: %s %s", duet_status_code(res->status), res->msg);
     free(res);
     duet_xfer_desc_fini(&d);
-    CHECK(reap(r, 10000) == 0, "receiver exit");
+    CHECK(xh_reap(r, 10000) == 0, "receiver exit");
     close(fd);
     sender_fini(&s);
 }
@@ -590,8 +425,8 @@ static void case_kill_receiver(void)
     ra2.n_pages = 48;
     ra2.hold = 0;
     int fd1, fd2;
-    pid_t r1 = spawn(receiver_main, &ra1, &fd1);
-    pid_t r2 = spawn(receiver_main, &ra2, &fd2);
+    pid_t r1 = xh_spawn(receiver_main, &ra1, &fd1);
+    pid_t r2 = xh_spawn(receiver_main, &ra2, &fd2);
     sender_t s;
     sender_init(&s, DUET_CACHE_BF16, DUET_CACHE_BF16, 53, "sender");
     duet_xfer_desc_t d1, d2;
@@ -633,10 +468,10 @@ static void case_kill_receiver(void)
     printf("  receiver kill -9 -> sender %s after %.1f ms (%s)\n", duet_status_code(ev.status), ms, ev.msg);
     /* the healthy receiver is still served */
     CHECK(duet_xfer_send_finish(s.x, t2, 77) == DUET_OK, "finish");
-    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event for r2");
+    REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event for r2");
     CHECK(ev.tid == t2 && ev.status == DUET_OK, "send to r2: %s %s", duet_status_code(ev.status), ev.msg);
     uint32_t n;
-    recv_result_t *res = (recv_result_t *)sock_recv(fd2, &n, 10000);
+    recv_result_t *res = (recv_result_t *)xh_recv(fd2, &n, 10000);
     REQUIRE(res && n == sizeof *res, "no result from r2");
     CHECK(res->status == DUET_OK && res->bytes_ok && res->first_token == 77, "r2: %s %s",
           duet_status_code(res->status), res->msg);
@@ -647,7 +482,7 @@ static void case_kill_receiver(void)
     duet_err_clear(&err);
     REQUIRE(duet_xfer_send_begin(s.x, &d1, si1.pages, d1.n_pages, si1.slot, 3, &t3, &err) == DUET_OK, "%s",
             err.msg);
-    REQUIRE(wait_event(s.x, DUET_XFER_EV_SEND, &ev, 5000) == 0, "no SEND event for t3");
+    REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 5000) == 0, "no SEND event for t3");
     CHECK(ev.tid == t3 && (ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT), "t3: %s",
           duet_status_code(ev.status));
     duet_xfer_stats_t st;
@@ -656,8 +491,8 @@ static void case_kill_receiver(void)
           st.ops_inflight, st.sends_active);
     duet_xfer_desc_fini(&d1);
     duet_xfer_desc_fini(&d2);
-    reap(r1, 5000);
-    CHECK(reap(r2, 10000) == 0, "r2 exit");
+    xh_reap(r1, 5000);
+    CHECK(xh_reap(r2, 10000) == 0, "r2 exit");
     close(fd1);
     close(fd2);
     sender_fini(&s);
@@ -690,30 +525,30 @@ static int endless_sender_main(int fd, const void *arg)
 static void case_kill_sender(void)
 {
     int fd;
-    pid_t sp = spawn(endless_sender_main, NULL, &fd);
+    pid_t sp = xh_spawn(endless_sender_main, NULL, &fd);
     duet_kv_cache_t *c = make_cache(DUET_CACHE_FP8, DUET_CACHE_FP8, 61);
     duet_xfer_t *x = make_engine("receiver", 1);
     duet_err_t err;
     duet_err_clear(&err);
     REQUIRE(duet_xfer_register_cache(x, c, &err) == DUET_OK, "%s", err.msg);
     uint32_t pages[N_PAGES];
-    pick_pages(5, pages, N_PAGES);
+    xh_pick_pages(5, pages, N_PAGES);
     duet_xfer_desc_t d;
     REQUIRE(duet_xfer_recv_expect(x, "req-kill", 3, pages, N_PAGES, 1, duet_deadline_after_ms(30000), 5,
                                   &d, &err) == DUET_OK, "%s", err.msg);
     uint8_t *buf;
     size_t len;
     REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
-    REQUIRE(sock_send(fd, buf, (uint32_t)len) == 0, "send desc");
+    REQUIRE(xh_send(fd, buf, (uint32_t)len) == 0, "send desc");
     free(buf);
     duet_xfer_desc_fini(&d);
     duet_xfer_event_t ev;
-    REQUIRE(wait_event(x, DUET_XFER_EV_RECV_BEGUN, &ev, 10000) == 0, "transfer never started");
+    REQUIRE(xh_wait_event(x, DUET_XFER_EV_RECV_BEGUN, &ev, 10000) == 0, "transfer never started");
     CHECK(ev.peer_id != 0, "begun without a peer id");
     usleep(300000); /* mid-transfer */
     kill(sp, SIGKILL);
     uint64_t killed_ns = duet_time_ns();
-    REQUIRE(wait_event(x, DUET_XFER_EV_RECV, &ev, 10000) == 0, "no RECV event after the sender was killed");
+    REQUIRE(xh_wait_event(x, DUET_XFER_EV_RECV, &ev, 10000) == 0, "no RECV event after the sender was killed");
     double ms = (double)(duet_time_ns() - killed_ns) / 1e6;
     CHECK(ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT, "recv: %s %s",
           duet_status_code(ev.status), ev.msg);
@@ -722,7 +557,7 @@ static void case_kill_sender(void)
     duet_xfer_stats_t st;
     duet_xfer_stats(x, &st);
     CHECK(st.recvs_pending == 0, "receiver still has %" PRIu64 " pending", st.recvs_pending);
-    reap(sp, 5000);
+    xh_reap(sp, 5000);
     close(fd);
     duet_xfer_destroy(&x);
     duet_kv_cache_destroy(&c);
@@ -763,7 +598,7 @@ static void case_descriptor_codec(void)
     for (int i = 0; i < 200; i++) {
         uint8_t *g = malloc(len);
         memcpy(g, buf, len);
-        g[splitmix(&s) % len] ^= (uint8_t)(1 + splitmix(&s) % 255);
+        g[xh_splitmix(&s) % len] ^= (uint8_t)(1 + xh_splitmix(&s) % 255);
         if (duet_xfer_desc_unpack(g, len, &e, &err) == DUET_OK)
             duet_xfer_desc_fini(&e); /* a flipped fingerprint or id in range is still well-formed */
         free(g);
@@ -786,12 +621,7 @@ static void case_descriptor_codec(void)
 
 /* ---------------------------------------------------------------- main */
 
-typedef struct {
-    const char *name;
-    void (*fn)(void);
-} case_t;
-
-static const case_t cases[] = {
+static const xh_case_t cases[] = {
     {"descriptor_codec", case_descriptor_codec},
     {"roundtrip_fp8", case_roundtrip_fp8},
     {"roundtrip_bf16", case_roundtrip_bf16},
@@ -804,42 +634,4 @@ static const case_t cases[] = {
     {"kill_sender", case_kill_sender},
 };
 
-int main(int argc, char **argv)
-{
-    signal(SIGPIPE, SIG_IGN);
-    if (!getenv("UCX_TLS")) {
-        setenv("UCX_TLS", "tcp", 1);
-        setenv("UCX_NET_DEVICES", "lo", 1);
-    }
-    if (!getenv("DUET_LOG_LEVEL"))
-        duet_log_set_level(DUET_LOG_ERROR);
-    else
-        duet_log_init_from_env();
-    printf("UCX_TLS=%s UCX_NET_DEVICES=%s\n", getenv("UCX_TLS"),
-           getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES") : "(all)");
-    fflush(stdout);
-    int passed = 0, failed = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)
-            continue;
-        double t0 = duet_time_s();
-        pid_t pid = fork();
-        if (pid == 0) {
-            cases[i].fn();
-            fflush(stdout);
-            exit(g_fail ? 1 : 0); /* exit, not _exit: leak checkers run at exit */
-        }
-        int rc = reap(pid, CASE_LIMIT_S * 1000);
-        double dt = duet_time_s() - t0;
-        if (rc == 0) {
-            passed++;
-            printf("ok   %s (%.2f s)\n", cases[i].name, dt);
-        } else {
-            failed++;
-            printf("FAIL %s (%s, %.2f s)\n", cases[i].name, rc < 0 ? "timed out" : "failed", dt);
-        }
-        fflush(stdout);
-    }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
-}
+int main(int argc, char **argv) { return xh_run(cases, sizeof cases / sizeof cases[0], argc, argv, NULL); }

@@ -21,81 +21,25 @@
  *
  * Harness as test_xfer.c: every case in a process of its own, peers forked
  * before any UCX call, descriptors over a socketpair, "N passed, N failed". */
-#include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kv_cache.h"
 #include "log.h"
 #include "time_util.h"
 #include "xfer.h"
-
-#define TIMEOUT_MS 2000
-#define KEEPALIVE_MS 500
-#define CASE_LIMIT_S 40
-#define N_PAGES 96
-#define N_SLOTS 4
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            g_fail++;                                                                     \
-        }                                                                                 \
-    } while (0)
-#define REQUIRE(cond, ...)                                                                \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-            _exit(1);                                                                     \
-        }                                                                                 \
-    } while (0)
+#include "xfer_harness.h"
 
 /* ---------------------------------------------------------------- fixtures */
-
-/* A small model with every layer kind: ratios [0, 4, 128, 4, 0], so all six pools exist. */
-static void tiny_config(duet_model_config_t *c)
-{
-    memset(c, 0, sizeof *c);
-    c->hidden_size = 256;
-    c->num_hidden_layers = 5;
-    c->num_key_value_heads = 1;
-    c->head_dim = 128;
-    c->qk_rope_head_dim = 64;
-    c->index_head_dim = 64;
-    c->sliding_window = 128;
-    const int r[5] = {0, 4, 128, 4, 0};
-    for (int i = 0; i < 5; i++)
-        c->compress_ratios[i] = r[i];
-    c->n_compress_ratios = 5;
-}
-
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, uint64_t seed)
 {
     duet_model_config_t cfg;
-    tiny_config(&cfg);
+    xh_tiny_config(&cfg);
     duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = kv};
     duet_kv_cache_t *c = NULL;
     duet_err_t err;
@@ -106,27 +50,11 @@ static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, uint64_t seed)
         size_t n = duet_kv_cache_pool_bytes(c, (duet_pool_kind_t)k);
         uint64_t s = seed * 1000003u + (uint64_t)k;
         for (size_t i = 0; i + 8 <= n; i += 8) {
-            uint64_t v = splitmix(&s);
+            uint64_t v = xh_splitmix(&s);
             memcpy(b + i, &v, 8);
         }
     }
     return c;
-}
-
-/* n distinct page ids in [0, N_PAGES): runs of random length at random places. */
-static void pick_pages(uint64_t seed, uint32_t *ids, uint32_t n)
-{
-    uint8_t used[N_PAGES] = {0};
-    uint64_t s = seed;
-    uint32_t i = 0;
-    while (i < n) {
-        uint32_t start = (uint32_t)(splitmix(&s) % N_PAGES);
-        uint32_t len = 1 + (uint32_t)(splitmix(&s) % 6);
-        for (uint32_t j = 0; j < len && i < n && start + j < N_PAGES && !used[start + j]; j++) {
-            used[start + j] = 1;
-            ids[i++] = start + j;
-        }
-    }
 }
 
 static uint64_t max_page_bytes(duet_kv_cache_t *c)
@@ -279,100 +207,6 @@ static void end_fini(end_t *e)
     }
 }
 
-/* ---------------------------------------------------------------- sockets */
-
-static int sock_send(int fd, const void *buf, uint32_t len)
-{
-    if (send(fd, &len, 4, MSG_NOSIGNAL) != 4)
-        return -1;
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = send(fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        off += (size_t)w;
-    }
-    return 0;
-}
-
-static int read_full(int fd, void *buf, size_t len, uint64_t deadline)
-{
-    size_t off = 0;
-    while (off < len) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int left = (int)duet_deadline_left_ms(deadline);
-        if (left <= 0 || poll(&p, 1, left) <= 0)
-            return -1;
-        ssize_t r = read(fd, (uint8_t *)buf + off, len - off);
-        if (r <= 0)
-            return -1;
-        off += (size_t)r;
-    }
-    return 0;
-}
-
-/* Receive one message (malloc'd) within timeout_ms; NULL on timeout or EOF. */
-static uint8_t *sock_recv(int fd, uint32_t *len, uint32_t timeout_ms)
-{
-    uint64_t dl = duet_deadline_after_ms(timeout_ms);
-    uint32_t n;
-    if (read_full(fd, &n, 4, dl) != 0 || n > (64u << 20))
-        return NULL;
-    uint8_t *b = malloc(n ? n : 1);
-    if (!b || read_full(fd, b, n, dl) != 0) {
-        free(b);
-        return NULL;
-    }
-    *len = n;
-    return b;
-}
-
-static pid_t spawn(int (*fn)(int fd, const void *arg), const void *arg, int *fd)
-{
-    int sv[2];
-    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
-    pid_t pid = fork();
-    REQUIRE(pid >= 0, "fork");
-    if (pid == 0) {
-        close(sv[0]);
-        exit(fn(sv[1], arg));
-    }
-    close(sv[1]);
-    *fd = sv[0];
-    return pid;
-}
-
-static int reap(pid_t pid, uint32_t timeout_ms)
-{
-    uint64_t dl = duet_deadline_after_ms(timeout_ms);
-    int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (duet_deadline_left_ms(dl) == 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        usleep(5000);
-    }
-}
-
-static int wait_event(duet_xfer_t *x, duet_xfer_event_kind_t kind, duet_xfer_event_t *ev, uint32_t timeout_ms)
-{
-    uint64_t dl = duet_deadline_after_ms(timeout_ms);
-    for (;;) {
-        uint32_t left = (uint32_t)duet_deadline_left_ms(dl);
-        if (left == 0)
-            return -1;
-        if (duet_xfer_wait(x, ev, left) != DUET_OK)
-            return -1;
-        if (ev->kind == kind)
-            return 0;
-    }
-}
-
 /* ---------------------------------------------------------------- receiver */
 
 typedef struct {
@@ -449,7 +283,7 @@ static int receiver_main(int fd, const void *argp)
     end_t e;
     end_init(&e, &a->side, a->kv, a->seed, "receiver", 1);
     uint32_t pages[N_PAGES];
-    pick_pages(a->seed ^ 0x5555, pages, a->n_pages);
+    xh_pick_pages(a->seed ^ 0x5555, pages, a->n_pages);
     uint32_t slot = (uint32_t)(a->seed % N_SLOTS);
     duet_xfer_desc_t d;
     duet_err_t err;
@@ -459,15 +293,15 @@ static int receiver_main(int fd, const void *argp)
     uint8_t *buf;
     size_t len;
     REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
-    REQUIRE(sock_send(fd, buf, (uint32_t)len) == 0, "send desc");
+    REQUIRE(xh_send(fd, buf, (uint32_t)len) == 0, "send desc");
     free(buf);
     duet_xfer_desc_fini(&d);
     uint32_t n;
-    sender_info_t *si = (sender_info_t *)sock_recv(fd, &n, 10000);
+    sender_info_t *si = (sender_info_t *)xh_recv(fd, &n, 10000);
     REQUIRE(si && n == sizeof *si, "sender info");
     recv_result_t res = {0};
     duet_xfer_event_t ev;
-    REQUIRE(wait_event(e.x, DUET_XFER_EV_RECV, &ev, a->deadline_ms + 5000) == 0, "no RECV event");
+    REQUIRE(xh_wait_event(e.x, DUET_XFER_EV_RECV, &ev, a->deadline_ms + 5000) == 0, "no RECV event");
     CHECK(ev.user == 17 && ev.epoch == 3 && strcmp(ev.rid, "req-dev") == 0, "event identity");
     res.status = ev.status;
     res.first_token = ev.first_token;
@@ -487,7 +321,7 @@ static int receiver_main(int fd, const void *argp)
     duet_xfer_stats_t st;
     duet_xfer_stats(e.x, &st);
     CHECK(st.recvs_pending == 0, "receiver still has %" PRIu64 " pending", st.recvs_pending);
-    sock_send(fd, &res, sizeof res);
+    xh_send(fd, &res, sizeof res);
     end_fini(&e);
     free(si);
     return g_fail ? 1 : 0;
@@ -509,11 +343,11 @@ static void transfer(const side_t *snd, const side_t *rcv, duet_cache_dtype_t kv
     memset(out, 0, sizeof *out);
     recv_args_t ra = {.side = *rcv, .kv = kv, .seed = 11, .n_pages = 40, .deadline_ms = deadline_ms};
     int fd;
-    pid_t r = spawn(receiver_main, &ra, &fd);
+    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     end_t e;
     end_init(&e, snd, kv, 22, "sender", 1);
     uint32_t n;
-    uint8_t *b = sock_recv(fd, &n, 10000);
+    uint8_t *b = xh_recv(fd, &n, 10000);
     REQUIRE(b, "no descriptor from the receiver");
     duet_xfer_desc_t d;
     duet_err_t err;
@@ -521,8 +355,8 @@ static void transfer(const side_t *snd, const side_t *rcv, duet_cache_dtype_t kv
     REQUIRE(duet_xfer_desc_unpack(b, n, &d, &err) == DUET_OK, "%s", err.msg);
     free(b);
     sender_info_t si = {.seed = 22, .n_pages = d.n_pages, .slot = 2};
-    pick_pages(22 ^ 0xaaaa, si.pages, d.n_pages);
-    REQUIRE(sock_send(fd, &si, sizeof si) == 0, "send info");
+    xh_pick_pages(22 ^ 0xaaaa, si.pages, d.n_pages);
+    REQUIRE(xh_send(fd, &si, sizeof si) == 0, "send info");
     uint64_t tid = 0;
     REQUIRE(duet_xfer_send_begin(e.x, &d, si.pages, d.n_pages, si.slot, 9, &tid, &err) == DUET_OK, "begin: %s",
             duet_err_text(&err));
@@ -532,8 +366,8 @@ static void transfer(const side_t *snd, const side_t *rcv, duet_cache_dtype_t kv
             CHECK(duet_xfer_send_put(e.x, tid, k, layer) == DUET_OK, "put");
     }
     CHECK(duet_xfer_send_finish(e.x, tid, 321) == DUET_OK, "finish");
-    REQUIRE(wait_event(e.x, DUET_XFER_EV_SEND, &out->send_ev, 10000) == 0, "no SEND event");
-    recv_result_t *res = (recv_result_t *)sock_recv(fd, &n, deadline_ms + 10000);
+    REQUIRE(xh_wait_event(e.x, DUET_XFER_EV_SEND, &out->send_ev, 10000) == 0, "no SEND event");
+    recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, deadline_ms + 10000);
     REQUIRE(res && n == sizeof *res, "no result from the receiver");
     out->recv = *res;
     free(res);
@@ -550,7 +384,7 @@ static void transfer(const side_t *snd, const side_t *rcv, duet_cache_dtype_t kv
     CHECK(st.ops_inflight == 0 && st.sends_active == 0, "sender leaks: %" PRIu64 " ops, %" PRIu64 " sends",
           st.ops_inflight, st.sends_active);
     duet_xfer_desc_fini(&d);
-    CHECK(reap(r, 10000) == 0, "receiver exit");
+    CHECK(xh_reap(r, 10000) == 0, "receiver exit");
     close(fd);
     end_fini(&e);
 }
@@ -772,12 +606,7 @@ static void case_refused_without_staging(void)
 
 /* ---------------------------------------------------------------- main */
 
-typedef struct {
-    const char *name;
-    void (*fn)(void);
-} case_t;
-
-static const case_t cases[] = {
+static const xh_case_t cases[] = {
     {"refused_without_staging", case_refused_without_staging},
     {"rma_fp8", case_rma_fp8},
     {"rma_bf16", case_rma_bf16},
@@ -790,42 +619,7 @@ static const case_t cases[] = {
 
 int main(int argc, char **argv)
 {
-    signal(SIGPIPE, SIG_IGN);
-    if (!getenv("UCX_TLS")) {
-        setenv("UCX_TLS", "tcp", 1);
-        setenv("UCX_NET_DEVICES", "lo", 1);
-    }
     if (!getenv("DUET_XFER_FAKE_DEVICE"))
         setenv("DUET_XFER_FAKE_DEVICE", "1", 1);
-    if (!getenv("DUET_LOG_LEVEL"))
-        duet_log_set_level(DUET_LOG_ERROR);
-    else
-        duet_log_init_from_env();
-    printf("UCX_TLS=%s UCX_NET_DEVICES=%s DUET_XFER_FAKE_DEVICE=%s\n", getenv("UCX_TLS"),
-           getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES") : "(all)", getenv("DUET_XFER_FAKE_DEVICE"));
-    fflush(stdout);
-    int passed = 0, failed = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (argc > 1 && strcmp(argv[1], cases[i].name) != 0)
-            continue;
-        double t0 = duet_time_s();
-        pid_t pid = fork();
-        if (pid == 0) {
-            cases[i].fn();
-            fflush(stdout);
-            exit(g_fail ? 1 : 0);
-        }
-        int rc = reap(pid, CASE_LIMIT_S * 1000);
-        double dt = duet_time_s() - t0;
-        if (rc == 0) {
-            passed++;
-            printf("ok   %s (%.2f s)\n", cases[i].name, dt);
-        } else {
-            failed++;
-            printf("FAIL %s (%s, %.2f s)\n", cases[i].name, rc < 0 ? "timed out" : "failed", dt);
-        }
-        fflush(stdout);
-    }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return xh_run(cases, sizeof cases / sizeof cases[0], argc, argv, " DUET_XFER_FAKE_DEVICE=1");
 }
