@@ -125,6 +125,17 @@ static uint8_t *sk_recv(int fd, uint32_t *n)
     return b;
 }
 
+/* One message of exactly `len` bytes into `dst`: anything else ends the run. */
+static void sk_recv_into(int fd, void *dst, size_t len)
+{
+    uint32_t n;
+    uint8_t *b = sk_recv(fd, &n);
+    if (n != len)
+        die("bad message");
+    memcpy(dst, b, len);
+    free(b);
+}
+
 /* ---------------------------------------------------------------- setup */
 
 static void flash_config(duet_model_config_t *c)
@@ -265,12 +276,7 @@ static int receiver_main(int fd)
     uint64_t seq = 1;
     for (;;) {
         cmdmsg_t m;
-        uint32_t mlen;
-        uint8_t *mb = sk_recv(fd, &mlen);
-        if (mlen != sizeof m)
-            die("bad command");
-        memcpy(&m, mb, sizeof m);
-        free(mb);
+        sk_recv_into(fd, &m, sizeof m);
         if (m.op == OP_END)
             break;
         if (m.op == OP_RAW || m.op == OP_POOLS) {
@@ -348,10 +354,7 @@ static double timed_transfer(int fd, duet_xfer_t *x, const uint32_t *local, uint
         exit(1);
     }
     int32_t rst;
-    uint32_t n;
-    uint8_t *r = sk_recv(fd, &n);
-    memcpy(&rst, r, sizeof rst);
-    free(r);
+    sk_recv_into(fd, &rst, sizeof rst);
     if (rst != DUET_OK) {
         fprintf(stderr, "duet-bench-xfer: receiver reports %s\n", duet_status_code(rst));
         exit(1);
@@ -729,13 +732,8 @@ static int gpu_receiver_main(int fd, int dev)
         die("out of memory");
     uint64_t seq = 1;
     for (;;) {
-        uint32_t mlen;
         gmsg_t m;
-        uint8_t *mb = sk_recv(fd, &mlen);
-        if (mlen != sizeof m)
-            die("bad command");
-        memcpy(&m, mb, sizeof m);
-        free(mb);
+        sk_recv_into(fd, &m, sizeof m);
         if (m.op == G_END)
             break;
         if (m.op == G_SETUP) {
@@ -804,17 +802,14 @@ static int g_setup_both(int fd, gside_t *g, const gmsg_t *m, const char *what)
         return 0;
     }
     sk_send(fd, m, sizeof *m);
-    uint32_t n;
-    greply_t *r = (greply_t *)sk_recv(fd, &n);
-    if (n != sizeof *r)
-        die("bad reply");
-    int ok = r->status == DUET_OK;
+    greply_t r;
+    sk_recv_into(fd, &r, sizeof r);
+    int ok = r.status == DUET_OK;
     if (!ok) {
-        printf("%s: not measured: receiver: %s\n", what, r->msg);
+        printf("%s: not measured: receiver: %s\n", what, r.msg);
         fflush(stdout);
         g_teardown(g);
     }
-    free(r);
     return ok;
 }
 
@@ -857,25 +852,16 @@ static double g_transfer(int fd, gside_t *g, const gmsg_t *m, uint64_t *moved)
         fprintf(stderr, "duet-bench-xfer: transfer failed: %s %s\n", duet_status_code(ev.status), ev.msg);
         exit(1);
     }
-    uint32_t rn;
-    uint8_t *rb = sk_recv(fd, &rn);
-    double dt = duet_time_s() - t0;
     int32_t rst;
-    if (rn != sizeof rst)
-        die("bad reply");
-    memcpy(&rst, rb, sizeof rst);
-    free(rb);
+    sk_recv_into(fd, &rst, sizeof rst);
+    double dt = duet_time_s() - t0;
     if (rst != DUET_OK) {
         fprintf(stderr, "duet-bench-xfer: receiver reports %s\n", duet_status_code(rst));
         exit(1);
     }
     if (m->verify) {
         uint64_t bad;
-        rb = sk_recv(fd, &rn);
-        if (rn != sizeof bad)
-            die("bad reply");
-        memcpy(&bad, rb, sizeof bad);
-        free(rb);
+        sk_recv_into(fd, &bad, sizeof bad);
         if (bad) {
             fprintf(stderr, "duet-bench-xfer: %s: %" PRIu64 " units on cuda:B differ from the sender's\n",
                     g->staged ? "staging" : "direct", bad);
