@@ -160,6 +160,17 @@ duet_status_t duet_tp_cuda_open(const duet_model_t *m, duet_kv_cache_t *host, in
     return DUET_OK;
 }
 
+static void deadline_after(struct timespec *ts, uint32_t ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 void duet_tp_cuda_close(duet_tp_cuda_t **pt)
 {
     if (!pt || !*pt)
@@ -170,13 +181,25 @@ void duet_tp_cuda_close(duet_tp_cuda_t **pt)
     pthread_cond_broadcast(&t->go);
     pthread_mutex_unlock(&t->mu);
     if (t->ranks) {
+        if (t->broken)
+            abort_all(t); /* a rank still inside a collective leaves it */
+        /* a rank is idle between steps, so it ends at once; one of a broken group may still be
+         * stuck in its device: it gets a deadline, and if it misses it the group is left as it is
+         * (the process is about to end) rather than waited on forever or freed under it */
+        struct timespec dl;
+        deadline_after(&dl, 10000);
+        int stuck = 0;
         for (int r = 0; r < t->size; r++)
-            if (t->ranks[r].started)
-                pthread_join(t->ranks[r].thread, NULL);
+            if (t->ranks[r].started && pthread_timedjoin_np(t->ranks[r].thread, NULL, &dl) != 0)
+                stuck++;
+        if (stuck) {
+            duet_error("tensor-parallel group: %d of %d ranks did not stop within 10 s; left running", stuck,
+                       t->size);
+            *pt = NULL;
+            return;
+        }
         for (int r = 0; r < t->size; r++) {
             rank_t *rk = &t->ranks[r];
-            if (t->broken)
-                duet_cuda_comm_abort(rk->comm);
             duet_cuda_comm_destroy(&rk->comm);
             duet_kv_cache_cuda_destroy(&rk->dc);
             duet_model_cuda_destroy(&rk->mc);
@@ -218,16 +241,6 @@ void duet_tp_cuda_describe(const duet_tp_cuda_t *t, char *buf, size_t len)
              t->device0 + t->size - 1, info.name, info.cc_major, info.cc_minor, t->size, nccl);
 }
 
-static void deadline_after(struct timespec *ts, uint32_t ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
 
 /* Wait until every rank has reported or the deadline passes (t->mu held). */
 static int wait_ranks(struct duet_tp_cuda *t, uint32_t ms)

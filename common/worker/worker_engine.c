@@ -153,50 +153,46 @@ duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_
     return duet_forward_hooked(e->model, e->cache, items, n_items, layer_done, arg, err);
 }
 
+#if DUET_HAVE_CUDA
+/* A staging copy through the group (none when the data plane uses the device pools), counted. */
+static duet_status_t stage(duet_worker_engine_t *e, duet_stage_dir_t dir, int layer, const duet_seq_t *const *seqs,
+                           const uint32_t *n_pages, uint32_t n, duet_err_t *err)
+{
+    if (!e->gpu || !n || e->direct)
+        return DUET_OK;
+    uint64_t bytes = 0, t0 = duet_time_ns();
+    duet_status_t st = duet_tp_cuda_stage(e->gpu, dir, layer, seqs, n_pages, n, &bytes, err);
+    if (st != DUET_OK)
+        return st;
+    int up = dir == DUET_STAGE_TO_DEVICE;
+    *(up ? &e->h2d_ns : &e->d2h_ns) += duet_time_ns() - t0;
+    *(up ? &e->h2d_bytes : &e->d2h_bytes) += bytes;
+    (*(up ? &e->h2d_calls : &e->d2h_calls))++;
+    return DUET_OK;
+}
+#endif
+
 duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
                                          uint32_t n, duet_err_t *err)
 {
 #if DUET_HAVE_CUDA
-    if (e->gpu && n && !e->direct) {
-        uint64_t bytes = 0, t0 = duet_time_ns();
-        duet_status_t st = duet_tp_cuda_stage(e->gpu, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, &bytes, err);
-        if (st != DUET_OK)
-            return st;
-        e->d2h_ns += duet_time_ns() - t0;
-        e->d2h_bytes += bytes;
-        e->d2h_calls++;
-    }
+    return stage(e, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, err);
 #else
-    (void)layer;
-    (void)seqs;
-#endif
-    (void)e;
-    (void)n;
-    (void)err;
+    (void)e, (void)layer, (void)seqs, (void)n, (void)err;
     return DUET_OK;
+#endif
 }
 
 duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_seq_t *seq, uint32_t n_pages,
                                            duet_err_t *err)
 {
 #if DUET_HAVE_CUDA
-    if (e->gpu && !e->direct) {
-        uint64_t bytes = 0, t0 = duet_time_ns();
-        const duet_seq_t *one[1] = {seq};
-        duet_status_t st = duet_tp_cuda_stage(e->gpu, DUET_STAGE_TO_DEVICE, -1, one, &n_pages, 1, &bytes, err);
-        if (st != DUET_OK)
-            return st;
-        e->h2d_ns += duet_time_ns() - t0;
-        e->h2d_bytes += bytes;
-        e->h2d_calls++;
-    }
+    const duet_seq_t *one[1] = {seq};
+    return stage(e, DUET_STAGE_TO_DEVICE, -1, one, &n_pages, 1, err);
 #else
-    (void)seq;
-    (void)n_pages;
-#endif
-    (void)e;
-    (void)err;
+    (void)e, (void)seq, (void)n_pages, (void)err;
     return DUET_OK;
+#endif
 }
 
 void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who)
