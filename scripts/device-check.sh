@@ -10,7 +10,7 @@
 # (only build-cuda/tools/duet-check-ops is read there: carry that path alone if the
 # tree and build-cuda together approach the device tool's 64 MiB limit)
 #
-# On the GPU it unpacks .bundle/*.deb into /tmp/bundle, finds cuBLAS 13, checks
+# On the GPU it sets up the runtime (scripts/device-lib.sh: duet_device_runtime), checks
 # that the carried binary loads and holds sm_90a code, measures the ceilings
 # once (device copy, bf16 and fp8 GEMMs, fp32 FMA, pinned host copies), then
 # runs duet-check-ops once per operation (a crash or hang in one cannot hide the
@@ -60,22 +60,15 @@ say() { echo "$@" | tee -a "$LOG"; }
 
 [ -x "$BIN" ] || { say "device-check: $BIN is missing: run scripts/device-check.sh --prepare here and carry build-cuda"; exit 2; }
 
-# Runtime libraries from the offline bundle.
-if compgen -G "$ROOT/.bundle/*.deb" >/dev/null; then
-  mkdir -p /tmp/bundle
-  for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
-  export LD_LIBRARY_PATH="/tmp/bundle/usr/lib/x86_64-linux-gnu:/tmp/bundle/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-# cuBLAS / cuBLASLt 13: the toolkit's, else the Python wheel's.
-cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$cublas_dir:$LD_LIBRARY_PATH"
+# Libraries: the bundle's where the image lacks them, cuBLAS from the image (scripts/device-lib.sh).
+duet_device_runtime /tmp/duet-check "$BIN" >/tmp/duet-check-runtime.txt 2>&1  # not in a pipe: it exports
+rt=$?
+tee -a "$LOG" </tmp/duet-check-runtime.txt
+[ "$rt" = 0 ] || { say "device-check: the runtime is incomplete"; exit 2; }
 
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv 2>&1 | tee -a "$LOG"
 say "== binary"
-missing="$(ldd "$BIN" 2>&1 | grep 'not found' || true)"
-if [ -n "$missing" ]; then
-  say "device-check: unresolved libraries:"; say "$missing"; exit 2
-fi
 if command -v cuobjdump >/dev/null; then
   say "embedded GPU code: $(cuobjdump --list-elf "$BIN" 2>/dev/null | grep -o 'sm_[0-9]*a\?' | sort | uniq -c | tr '\n' ' ')"
 fi

@@ -63,19 +63,11 @@ SUM="$RES/summary.txt"
 : >"$SUM"
 say() { echo "$@" | tee -a "$LOG"; }
 
-# Runtime libraries from the offline bundle; cuBLAS 13 from the toolkit or the Python wheel.
-if compgen -G "$ROOT/.bundle/*.deb" >/dev/null; then
-  mkdir -p /tmp/bundle
-  for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
-  export LD_LIBRARY_PATH="/tmp/bundle/usr/lib/x86_64-linux-gnu:/tmp/bundle/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$cublas_dir:$LD_LIBRARY_PATH"
-
-for b in duet-check-forward duet-mkmodel; do
-  [ -x "$BIN/$b" ] || { say "device-forward: $BIN/$b is missing: run scripts/device-forward.sh --prepare and carry it"; exit 2; }
-  missing="$(ldd "$BIN/$b" 2>&1 | grep 'not found' || true)"
-  [ -z "$missing" ] || { say "device-forward: $b: unresolved libraries: $missing"; exit 2; }
-done
+# Libraries: the bundle's where the image lacks them, cuBLAS from the image (scripts/device-lib.sh).
+duet_device_runtime /tmp/duet-forward "$BIN/duet-check-forward" "$BIN/duet-mkmodel" >/tmp/duet-forward-runtime.txt 2>&1
+rt=$?  # (not in a pipe: it exports)
+tee -a "$LOG" </tmp/duet-forward-runtime.txt
+[ "$rt" = 0 ] || { say "device-forward: the runtime is incomplete (scripts/device-forward.sh --prepare, and carry the binaries)"; exit 2; }
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 

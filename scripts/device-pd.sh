@@ -63,26 +63,11 @@ say() { echo "$@" | tee -a "$LOG"; }
 row() { printf '%-44s %s\n' "$1" "$2" | tee -a "$SUM"; }
 T0=$SECONDS
 
-# Libraries: cuBLAS 13 from the toolkit or the Python wheel; from the bundle only what the image lacks.
-LIBS=/tmp/duet-libs
-mkdir -p "$LIBS" /tmp/bundle
-for f in "$ROOT"/.bundle/*.deb; do dpkg -x "$f" /tmp/bundle; done
-export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-cublas_dir="$(duet_cublas_dir)" && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
-for pass in 1 2 3 4 5; do
-  missing="$(for b in $BINS; do ldd "$BUILD/$b" 2>/dev/null | awk '/not found/ {print $1}'; done | sort -u)"
-  [ -z "$missing" ] && break
-  for so in $missing; do
-    f="$(find /tmp/bundle -name "$so" | head -1)"
-    if [ -n "$f" ]; then cp -L "$f" "$LIBS/$so"; else say "device-pd: $so is in neither the image nor the bundle"; fi
-  done
-done
-say "== libraries taken from the bundle: $(ls "$LIBS" | tr '\n' ' ')"
-for b in $BINS; do
-  [ -x "$BUILD/$b" ] || { say "device-pd: $BUILD/$b is missing: run scripts/device-pd.sh --prepare and carry it"; exit 2; }
-  m="$(ldd "$BUILD/$b" 2>&1 | grep 'not found' || true)"
-  [ -z "$m" ] || { say "device-pd: $b: unresolved libraries: $m"; exit 2; }
-done
+# Libraries: the bundle's where the image lacks them, cuBLAS from the image (scripts/device-lib.sh).
+duet_device_runtime /tmp/duet-pd $(for b in $BINS; do echo "$BUILD/$b"; done) >/tmp/duet-pd-runtime.txt 2>&1  # exports: no pipe
+rt=$?
+tee -a "$LOG" </tmp/duet-pd-runtime.txt
+[ "$rt" = 0 ] || { say "device-pd: the runtime is incomplete (scripts/device-pd.sh --prepare, and carry the binaries)"; exit 2; }
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 nproc | sed 's/^/cpus: /' | tee -a "$LOG"
