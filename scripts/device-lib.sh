@@ -1,13 +1,13 @@
 # Sourced by the scripts/device-*.sh runners: what they share on the device machine.
 
-# The directory holding cuBLAS / cuBLASLt 13: the CUDA toolkit's, else the Python wheel's
-# (nvidia-cublas or the cu13 bundle); nothing when neither is there.
-duet_cublas_dir() {
+# The directory holding SONAME ($1) of the CUDA libraries: the toolkit's or the system's, else
+# NVIDIA's Python wheel (module nvidia.$2, or the cu13 bundle); nothing when none has it.
+duet_cuda_lib_dir() {
   local d
-  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-           $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null) \
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
+           $(python3 -c "import nvidia.$2, os; print(os.path.join(list(nvidia.$2.__path__)[0], 'lib'))" 2>/dev/null) \
            $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
-    if [ -e "$d/libcublasLt.so.13" ]; then
+    if [ -e "$d/$1" ]; then
       echo "$d"
       return 0
     fi
@@ -15,20 +15,9 @@ duet_cublas_dir() {
   return 1
 }
 
-# The directory holding NCCL's libnccl.so.2 (tensor parallelism loads it at run time): the CUDA
-# toolkit's, else the Python wheel's (nvidia-nccl-cu13); nothing when neither is there.
-duet_nccl_dir() {
-  local d
-  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu \
-           $(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null) \
-           $(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null); do
-    if [ -e "$d/libnccl.so.2" ]; then
-      echo "$d"
-      return 0
-    fi
-  done
-  return 1
-}
+# cuBLAS / cuBLASLt 13; NCCL (tensor parallelism loads it at run time).
+duet_cublas_dir() { duet_cuda_lib_dir libcublasLt.so.13 cublas; }
+duet_nccl_dir() { duet_cuda_lib_dir libnccl.so.2 nccl; }
 
 # The runtime of the carried binaries on the device machine, under WORK ($1): the .deb files
 # of $ROOT/.bundle unpacked (dpkg -x) into WORK/bundle, and of their libraries only the sonames
