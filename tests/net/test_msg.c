@@ -18,6 +18,7 @@
 #include "msg.h"
 #include "msg_samples.h"
 #include "msg_xfer.h"
+#include "../cache_fixture.h"
 
 /* Decode must fail with one of the statuses a peer may send back, and say why. */
 static int is_decode_status(duet_status_t st)
@@ -615,22 +616,6 @@ static void test_out_of_range_fields(void **state)
 }
 
 /* ------------------------------------------------------------------ descriptors and layouts */
-
-static void tiny_config(duet_model_config_t *c)
-{
-    memset(c, 0, sizeof *c);
-    c->hidden_size = 256;
-    c->num_hidden_layers = 5;
-    c->num_key_value_heads = 1;
-    c->head_dim = 128;
-    c->qk_rope_head_dim = 64;
-    c->index_head_dim = 64;
-    c->sliding_window = 128;
-    const int r[5] = {0, 4, 128, 4, 0};
-    for (int i = 0; i < 5; i++)
-        c->compress_ratios[i] = r[i];
-    c->n_compress_ratios = 5;
-}
 
 static void test_descriptor_layouts(void **state)
 {

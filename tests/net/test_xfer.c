@@ -45,7 +45,7 @@ static void fill_pools(duet_kv_cache_t *c, uint64_t seed)
 static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed)
 {
     duet_model_config_t cfg;
-    xh_tiny_config(&cfg);
+    tiny_config(&cfg);
     duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = idx};
     duet_kv_cache_t *c = NULL;
     duet_err_t err;

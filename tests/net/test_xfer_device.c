@@ -39,7 +39,7 @@
 static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, uint64_t seed)
 {
     duet_model_config_t cfg;
-    xh_tiny_config(&cfg);
+    tiny_config(&cfg);
     duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = kv};
     duet_kv_cache_t *c = NULL;
     duet_err_t err;

@@ -14,22 +14,6 @@
 
 int g_fail;
 
-void xh_tiny_config(duet_model_config_t *c)
-{
-    memset(c, 0, sizeof *c);
-    c->hidden_size = 256;
-    c->num_hidden_layers = 5;
-    c->num_key_value_heads = 1;
-    c->head_dim = 128;
-    c->qk_rope_head_dim = 64;
-    c->index_head_dim = 64;
-    c->sliding_window = 128;
-    const int r[5] = {0, 4, 128, 4, 0};
-    for (int i = 0; i < 5; i++)
-        c->compress_ratios[i] = r[i];
-    c->n_compress_ratios = 5;
-}
-
 uint64_t xh_splitmix(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);

@@ -13,6 +13,7 @@
 
 #include "model_config.h"
 #include "xfer.h"
+#include "../cache_fixture.h" /* tiny_config */
 
 #define TIMEOUT_MS 2000          /* engine timeout_ms in these tests */
 #define KEEPALIVE_MS 500
@@ -41,8 +42,6 @@ extern int g_fail; /* CHECK failures in this process */
         }                                                                                 \
     } while (0)
 
-/* A small model with every layer kind: ratios [0, 4, 128, 4, 0], so all six pools exist. */
-void xh_tiny_config(duet_model_config_t *c);
 uint64_t xh_splitmix(uint64_t *s);
 /* n distinct page ids of N_PAGES in short runs (so transfers coalesce some and not others). */
 void xh_pick_pages(uint64_t seed, uint32_t *ids, uint32_t n);

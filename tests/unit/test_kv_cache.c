@@ -10,23 +10,7 @@
 #include <string.h>
 
 #include "kv_cache.h"
-
-/* A small model with every layer kind: ratios [0, 4, 128, 4, 0]. */
-static void tiny_config(duet_model_config_t *c)
-{
-    memset(c, 0, sizeof *c);
-    c->hidden_size = 256;
-    c->num_hidden_layers = 5;
-    c->num_key_value_heads = 1;
-    c->head_dim = 128;
-    c->qk_rope_head_dim = 64;
-    c->index_head_dim = 64;
-    c->sliding_window = 128;
-    const int r[5] = {0, 4, 128, 4, 0};
-    for (int i = 0; i < 5; i++)
-        c->compress_ratios[i] = r[i];
-    c->n_compress_ratios = 5;
-}
+#include "../cache_fixture.h"
 
 /* DeepSeek-V4-Flash: 43 layers, [0, 0] + [4, 128] * 20 + [4]. */
 static void flash_config(duet_model_config_t *c)
