@@ -553,6 +553,20 @@ static int stage_equal(gpu_t *g, const duet_seq_t *s, duet_err_t *err)
     return 1;
 }
 
+/* Every device pool of g filled with seeded random bytes (pool k from seed + k). */
+static duet_status_t fill_device_pools(gpu_t *g, uint64_t seed, duet_err_t *err)
+{
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        uint8_t *db = duet_kv_cache_cuda_pool_base(g->dc, (duet_pool_kind_t)k);
+        size_t bytes = duet_kv_cache_pool_bytes(g->hc, (duet_pool_kind_t)k);
+        if (db && bytes && duet_cuda_fill_random(g->cu, db, bytes, DUET_DT_U8, seed + (uint64_t)k) != DUET_OK) {
+            *err = *duet_cuda_error(g->cu);
+            return DUET_ERR_CUDA;
+        }
+    }
+    return DUET_OK;
+}
+
 static int staging(const args_t *a, const duet_model_t *m, gpu_t *g)
 {
     duet_err_t err = {0};
@@ -570,14 +584,8 @@ static int staging(const args_t *a, const duet_model_t *m, gpu_t *g)
         duet_seq_init(g->hc, &s0, &err) != DUET_OK || duet_seq_reserve(g->hc, &s0, tokens, &err) != DUET_OK ||
         duet_seq_init(g->hc, &s1, &err) != DUET_OK || duet_seq_reserve(g->hc, &s1, tokens, &err) != DUET_OK)
         goto fail;
-    for (int k = 0; k < DUET_POOL_COUNT; k++) {
-        uint8_t *db = duet_kv_cache_cuda_pool_base(g->dc, (duet_pool_kind_t)k);
-        size_t bytes = duet_kv_cache_pool_bytes(g->hc, (duet_pool_kind_t)k);
-        if (db && bytes && duet_cuda_fill_random(g->cu, db, bytes, DUET_DT_U8, 1234 + (uint64_t)k) != DUET_OK) {
-            err = *duet_cuda_error(g->cu);
-            goto fail;
-        }
-    }
+    if (fill_device_pools(g, 1234, &err) != DUET_OK)
+        goto fail;
     const duet_seq_t *one[1] = {&s1};
     double t_layer[16], t_all[16], t_up[16];
     uint64_t bytes = 0, b = 0;
@@ -604,14 +612,8 @@ static int staging(const args_t *a, const duet_model_t *m, gpu_t *g)
             goto fail;
         bad |= !eq;
         /* the way back: clobber the device copy, then host -> device */
-        for (int k = 0; k < DUET_POOL_COUNT; k++) {
-            uint8_t *db = duet_kv_cache_cuda_pool_base(g->dc, (duet_pool_kind_t)k);
-            size_t pb = duet_kv_cache_pool_bytes(g->hc, (duet_pool_kind_t)k);
-            if (db && pb && duet_cuda_fill_random(g->cu, db, pb, DUET_DT_U8, 99 + (uint64_t)r) != DUET_OK) {
-                err = *duet_cuda_error(g->cu);
-                goto fail;
-            }
-        }
+        if (fill_device_pools(g, 99 + (uint64_t)r * DUET_POOL_COUNT, &err) != DUET_OK)
+            goto fail;
         if (duet_cuda_sync(g->cu) != DUET_OK) {
             err = *duet_cuda_error(g->cu);
             goto fail;
