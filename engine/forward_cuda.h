@@ -38,15 +38,15 @@ duet_status_t duet_model_cuda_upload(duet_cuda_t *c, const duet_model_t *m, duet
 
 /* Tensor parallelism (docs/CUDA.md, "Tensor parallelism"): rank r of T computes
  *   attention: heads [r*H/T, (r+1)*H/T) (its rows of wq_b, its heads of the attention) and output
- *              groups [r*G/T, (r+1)*G/T) of wo_a (both matrices are uploaded whole; only the
- *              routed experts and the head are split in memory); the groups' outputs are all-gathered and wo_b
- *              (whole on every rank) reads what one GPU reads.  What writes the cache (wkv, the
- *              compressors, the indexer) is whole on every rank: the MQA cache is replicated and
- *              every rank's device pools hold the same bytes.
- *   MoE:       routed experts [r*E/T, (r+1)*E/T), each held by its rank only; routing, the sort and the shared expert run
- *              whole on every rank; each rank computes its experts' rows at their sorted
- *              positions, the rows are all-gathered and every rank combines them in one GPU's
- *              order.
+ *              groups [r*G/T, (r+1)*G/T) of wo_a (both matrices are held whole: only the routed
+ *              experts and the head are split in memory); the groups' outputs are all-gathered
+ *              and wo_b (whole on every rank) reads what one GPU reads.  What writes the cache
+ *              (wkv, the compressors, the indexer) is whole on every rank: the MQA cache is
+ *              replicated and every rank's device pools hold the same bytes.
+ *   MoE:       routed experts [r*E/T, (r+1)*E/T), each held by its rank only; routing, the sort
+ *              and the shared expert run whole on every rank; each rank computes its experts'
+ *              rows at their sorted positions, the rows are all-gathered and every rank
+ *              combines them in one GPU's order.
  *   head:      rank 0 only (the logits are rank 0's).
  * Every step is one GPU's arithmetic on the same values (the batch-invariant kernels give a
  * row, a head or an expert's tile the same bits whatever else is in the launch), so the
