@@ -18,12 +18,15 @@
 #     batch vs CPU (logits nmse, first greedy difference), plus the GPU
 #     batch-invariance check (alone vs batched, chunked vs single-shot);
 #   - tiny-bf16 with fp8 KV and fp8 index-K; tiny-fp8-fp4 with bf16 and fp8 caches;
-#   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1
-#     and 32 with a 4k context, each against its roofline.
+#   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1,
+#     32 and 128 with a 4k context, and prefill and decode at batch 1 and 32
+#     with a 32k context, each against its roofline;
+#   - with --ops-bench, duet-check-ops --bench for the matmul and MoE groups.
 # Prints one table at the end; full logs go to $OUT (elsewhere
 # build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
 #
 # Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops,
+# --ops-bench, --batches LIST (default 1,32,128), --long-ctx N (default 32768; 0: none),
 # --prompts N, --tokens N, --moe-host (time the slice a second time with
 # DUET_MOE_HOST=1: the per-expert MoE path with routing on the host).  Exit status 0 when every check passed.
 set -uo pipefail
@@ -34,7 +37,7 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 
 BIN="$BUILD/tools"
 RES="${OUT:-$BUILD/device-forward}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 ops_bench=0 batches=1,32,128 long_ctx=32768
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,9 +52,12 @@ while [ $# -gt 0 ]; do
     --no-bench) bench=0 ;;
     --no-ops) ops=0 ;;
     --moe-host) moe_host=1 ;;
+    --ops-bench) ops_bench=1 ;;
+    --batches) batches="$2"; shift ;;
+    --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--moe-host] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -91,6 +97,14 @@ if [ "$ops" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
   grep ' FAIL' "$RES/check-ops.txt" | cut -c1-200 | tee -a "$SUM"
   [ "$rc" = 0 ] || fail=1
 fi
+if [ "$ops_bench" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
+  say "== operation timings (matmul, moe)"
+  for op in matmul moe; do
+    timeout 200 "$BIN/duet-check-ops" --bench --op "$op" >"$RES/bench-ops-$op.txt" 2>>"$LOG"
+    echo "[ops bench $op] exit $?" | tee -a "$SUM"
+    cat "$RES/bench-ops-$op.txt" >>"$SUM"
+  done
+fi
 
 # name, model, kv, index-k, tolerance
 run_check() {
@@ -123,12 +137,20 @@ if [ -n "$slice_pid" ]; then
   wait "$slice_pid"
   cat "$RES/mkmodel-slice.log" >>"$LOG"
   tail -1 "$RES/mkmodel-slice.log" | tee -a "$SUM"
-  timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 \
+  timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches "$batches" \
     >"$RES/bench-slice.txt" 2>>"$LOG"
   rc=$?
   cat "$RES/bench-slice.txt" >>"$LOG"
   { echo "[slice bench] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice.txt"; } | tee -a "$SUM"
   [ "$rc" = 0 ] || fail=1
+  if [ "$long_ctx" -gt 0 ]; then
+    timeout 300 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx "$long_ctx" --batches 1,32 \
+      >"$RES/bench-slice-long.txt" 2>>"$LOG"
+    rc=$?
+    cat "$RES/bench-slice-long.txt" >>"$LOG"
+    { echo "[slice bench, context $long_ctx] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice-long.txt"; } | tee -a "$SUM"
+    [ "$rc" = 0 ] || fail=1
+  fi
   if [ "$moe_host" = 1 ]; then
     # the older MoE path (routing on the host, one launch set per expert) in the same run
     DUET_MOE_HOST=1 timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 \

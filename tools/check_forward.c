@@ -48,7 +48,7 @@
 
 typedef struct {
     const char *model_dir;
-    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp;
+    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp, decode_only;
     int batches[8], n_batches;
     uint64_t seed;
     double tol;
@@ -429,7 +429,7 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
     duet_fwd_cuda_stats_t stt;
     o.stats = &stt;
     /* prefill: warm-up, then timed, in both matmul modes */
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < (a->decode_only ? 0 : 2); mode++) {
         duet_cuda_set_invariant(g->cu, mode == 0);
         double best = 1e30;
         for (int rep = 0; rep < 2; rep++) {
@@ -660,6 +660,7 @@ static void usage(FILE *f)
                "  --chunk N                 chunk size of the invariance check's chunked prefill (default 7)\n"
                "  --invariance N,S          prompts and steps of the invariance check (default 4,8)\n"
                "  --bench                   timings instead: --ctx N (default 4096), --batches 1,32\n"
+               "  --decode-only             with --bench: the decode steps only (no prefill timings)\n"
                "  --staging N               the workers' staging copies for an N-token sequence, checked and timed\n"
                "  --tp N                    check mode on a tensor-parallel group of GPUs N.. of --device (NCCL)\n"
                "  --device N --seed S --page-tokens N\n");
@@ -671,12 +672,13 @@ int main(int argc, char **argv)
                 .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
                 .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
     enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
-           O_STAGE, O_TP, O_HELP };
+           O_STAGE, O_TP, O_DECODE_ONLY, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
-        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP}, {"help", 0, 0, O_HELP},
+        {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP},
+        {"decode-only", 0, 0, O_DECODE_ONLY}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
@@ -702,6 +704,7 @@ int main(int argc, char **argv)
         case O_CHUNK: a.chunk = atoi(optarg); break;
         case O_INV: sscanf(optarg, "%d,%d", &a.inv_prompts, &a.inv_steps); break;
         case O_BENCH: a.bench = 1; break;
+        case O_DECODE_ONLY: a.decode_only = 1; break;
         case O_CTX: a.ctx = atoi(optarg); break;
         case O_BATCH: {
             a.n_batches = 0;

@@ -65,6 +65,11 @@ struct duet_cuda {
     cudaEvent_t t0, t1;
     int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
     int topk_smem_set;    /* topk's shared-memory limit raised */
+    unsigned long long tc_smem_set; /* matmul tensor-core kernels whose shared-memory limit was raised */
+    void *tc_part;        /* matmul split-K partials, grown on demand */
+    size_t tc_part_bytes;
+    void *tc_count;       /* matmul split-K counters (int), zero between launches */
+    int tc_count_n;
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;

@@ -54,6 +54,8 @@ static void ctx_release(duet_cuda_t *c)
     cudaFree(c->args_dev);
     cudaFree(c->flush_buf);
     cudaFree(c->scratch);
+    cudaFree(c->tc_part);
+    cudaFree(c->tc_count);
     cudaFree(c->workspace);
     if (c->lt)
         cublasLtDestroy(c->lt);

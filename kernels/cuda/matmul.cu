@@ -228,23 +228,59 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) with x split exactly enough:
  * x = hi + mid + lo, each part bf16 (residual below 2^-24 |x|), and the weight
  * values exact in bf16 (bf16 as stored; e4m3 codes; e2m1 times its power-of-two
- * scale), so the products carry fp32 accuracy.  Rows = M (16 a tile, 2 tiles a
- * warp), tokens = N (8 a tile, up to 4 tiles), columns = K.  The order of the
- * columns inside a 64-column step is free (a dot product), so each lane loads 16
- * contiguous columns of its rows with 16-byte loads and the same columns of x:
- * in k-step m the lane's k-slots {2t, 2t+1, 2t+8, 2t+9} are its columns
- * 16t + 4m + {0..3}.  fp8 block scales multiply each 128-column partial; a
- * block's warps split the columns and are summed in order at the end. */
-#define TC_ROWS 32
+ * scale), so the products carry fp32 accuracy.
+ *
+ * A block is TC_WARPS warps; each warp owns 32 weight rows (two m16 tiles) and
+ * every warp walks the same columns, 128 (a "unit") at a time, for up to 32
+ * tokens (n8 tiles).  Per unit:
+ *  - weights stream into shared memory with cp.async, TC_STAGES units ahead,
+ *    each lane copying the 16-byte chunks it will itself read back (rows g and
+ *    g+8 of both m16 tiles; chunk 4j+tq of the row's unit slice, so one
+ *    instruction of the warp covers whole 64-byte row pieces);
+ *  - x is read one unit ahead into registers, and the block splits it once into
+ *    the bf16 hi/mid/lo B fragments all its warps use (shared memory, double
+ *    buffered: one barrier a unit);
+ *  - a lane's column quads pair its A and B fragments: k-slots {2tq, 2tq+1} and
+ *    {2tq+8, 2tq+9} of k-step ks are the four columns of quad ks of its chunks.
+ * Summation order, fixed by the weight's shape alone: a unit's products in
+ * (k-step, hi, mid, lo) order into a fresh partial, times the fp8 block scale;
+ * units into a chunk partial (TC_CHUNK_UNITS units from column 0); chunks added
+ * in order to 0.  A launch may give each chunk its own block (split-K, when the
+ * rows and tokens alone leave SMs idle); the last block of a tile to finish adds
+ * the chunk partials in the same order, so the result is the same bit for bit
+ * whichever way the launch is cut, and a token's result never depends on the
+ * other tokens of its tile. */
+#define TC_WARPS 4
+#define TC_ROWS 32 /* rows a warp */
+#define TC_BLOCK_ROWS (TC_WARPS * TC_ROWS)
 #define TC_MAX_NT 4
+#define TC_CHUNK_UNITS 4
+#define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
+
+/* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B, fp4 64 B
+ * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); STAGES: units in flight. */
+template <int WT> struct tc_traits;
+template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
+template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 3; };
+template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = 3; };
+
+template <int WT> __host__ __device__ constexpr int tc_wstage_bytes()
+{
+    return TC_WARPS * 4 * tc_traits<WT>::CPR * 32 * 16 + (WT == WT_F4 ? TC_WARPS * 32 * 4 : 0);
+}
+template <int NT> __host__ __device__ constexpr int tc_split_bytes() { return NT * 8 * 3 * 32 * 8; }
+template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
+{
+    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<NT>();
+}
 
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
@@ -253,190 +289,383 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* 16 columns of one row -> 8 bf16 pairs (column order), exact. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* Quad q (columns 4q..4q+3 of the chunk) of a weight chunk as two bf16 pairs, exact:
+ * w[0] = columns 0,1, w[1] = columns 2,3.  s4: the fp4 group's power-of-two scale. */
 template <int WT>
-__device__ __forceinline__ void tc_row(const uint8_t *rowp, int col, float s4, uint32_t *w)
+__device__ __forceinline__ void tc_quad(const uint4 &v, int q, float s4, uint32_t *w)
 {
     if constexpr (WT == WT_BF16) {
-        uint4 a = ld_stream(rowp + (size_t)col * 2), b = ld_stream(rowp + (size_t)col * 2 + 16);
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        w[0] = u4_word(v, 2 * q);
+        w[1] = u4_word(v, 2 * q + 1);
     } else if constexpr (WT == WT_F8) {
-        uint4 a = ld_stream(rowp + col);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t u = u4_word(a, i);
-            __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
-            __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
-            float2 fa = __half22float2(*reinterpret_cast<__half2 *>(&lo));
-            float2 fb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
-            w[2 * i] = pack_bf16(fa.x, fa.y);
-            w[2 * i + 1] = pack_bf16(fb.x, fb.y);
-        }
-    } else { /* WT_F4: 8 bytes, low nibble first; s4 is the group's power-of-two scale */
-        uint2 a;
-        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(a.x), "=r"(a.y) : "l"(rowp + col / 2));
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t byte = ((i < 4 ? a.x : a.y) >> (8 * (i & 3))) & 0xffu;
-            w[i] = pack_bf16(duet_d_e2m1_to_f32(byte & 0xf) * s4, duet_d_e2m1_to_f32(byte >> 4) * s4);
-        }
+        uint32_t u = u4_word(v, q);
+        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+        float2 fa = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+        float2 fb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+        w[0] = pack_bf16(fa.x, fa.y);
+        w[1] = pack_bf16(fb.x, fb.y);
+    } else { /* WT_F4: 2 bytes, low nibble first */
+        uint32_t u = u4_word(v, q >> 1) >> (16 * (q & 1));
+        w[0] = pack_bf16(duet_d_e2m1_to_f32(u) * s4, duet_d_e2m1_to_f32(u >> 4) * s4);
+        w[1] = pack_bf16(duet_d_e2m1_to_f32(u >> 8) * s4, duet_d_e2m1_to_f32(u >> 12) * s4);
     }
 }
 
-template <int WT, int NT, class TM>
-__device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int r0, int t0)
+/* x column chunk (4 floats of the unit, 0..31) of quad ks of lane tq. */
+template <int WT> __device__ __forceinline__ int tc_xchunk(int tq, int ks)
 {
-    __shared__ float red[GEMV_MAX_SPLIT][2 * NT * 4][32];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ksplit = blockDim.x >> 5;
-    int g = lane >> 2, tq = lane & 3;
-    const uint8_t *rp[2][2];
-    int rrow[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            rrow[mt][h] = min(r0 + 16 * mt + g + 8 * h, a.row_end - 1);
-            rp[mt][h] = a.w + (size_t)rrow[mt][h] * a.row_bytes;
-        }
-    const float *xp[NT];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-        xp[nt] = tm.xrow(t0 + 8 * nt + g);
+    constexpr int QPC = tc_traits<WT>::QPC;
+    return (4 * (ks / QPC) + tq) * QPC + ks % QPC;
+}
 
-    float acc[2][NT][4];
+/* Where a block's partial results go when its launch is split along the columns. */
+struct tc_split {
+    float *part;  /* [chunk][token][row - row_begin] */
+    int *count;   /* a counter per (row block, token tile), 0 between launches */
+    int chunks;   /* 1: no split */
+};
+
+template <int WT, int NT, class TM>
+__device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
+                                             int tile_id)
+{
+    constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_traits<WT>::STAGES;
+    constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<NT>();
+    constexpr int NX = 2 * NT; /* x quads a thread splits per unit */
+    extern __shared__ __align__(16) uint8_t tc_smem[];
+    uint8_t *wsm = tc_smem;
+    uint2 *xsm = reinterpret_cast<uint2 *>(tc_smem + S * WSTAGE);
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, tq = lane & 3;
+    int r0 = rb0 + TC_ROWS * warp;
+    bool active = r0 < a.row_end;
+    const uint8_t *rp[4]; /* rows g, g+8, g+16, g+24 of the warp: (mt, h) = (r4 >> 1, r4 & 1) */
+    int rrow[4];
+#pragma unroll
+    for (int r4 = 0; r4 < 4; r4++) {
+        rrow[r4] = min(r0 + 16 * (r4 >> 1) + g + 8 * (r4 & 1), a.row_end - 1);
+        rp[r4] = a.w + (size_t)rrow[r4] * a.row_bytes + 16 * tq;
+    }
+    const uint8_t *srow = NULL; /* fp4: this lane's row of scales (row r0 + lane) */
+    if constexpr (WT == WT_F4)
+        srow = (const uint8_t *)a.scale + (size_t)min(r0 + lane, a.row_end - 1) * a.scale_cols;
+
+    int units = a.cols / 128;
+    int ub = 0, ue = units;
+    if (sp.chunks > 1) {
+        ub = blockIdx.z * TC_CHUNK_UNITS;
+        ue = min(ub + TC_CHUNK_UNITS, units);
+    }
+
+    auto load_w = [&](int u, int slot) {
+        if (!active)
+            return;
+        uint8_t *st = wsm + slot * WSTAGE + warp * (4 * CPR * 32 * 16);
+        size_t off = (size_t)u * (CPR * 64);
+#pragma unroll
+        for (int r4 = 0; r4 < 4; r4++)
+#pragma unroll
+            for (int j = 0; j < CPR; j++)
+                cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + off + 64 * j);
+        if constexpr (WT == WT_F4)
+            cp_async4(wsm + slot * WSTAGE + TC_WARPS * 4 * CPR * 32 * 16 + (warp * 32 + lane) * 4, srow + 4 * u);
+    };
+    float4 xr[NX];
+    auto load_x = [&](int u) {
+#pragma unroll
+        for (int i = 0; i < NX; i++) {
+            int q = i * (TC_WARPS * 32) + threadIdx.x;
+            int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
+            const float *xp = tm.xrow(t0 + 8 * nt + (ln >> 2)) + u * 128 + 4 * tc_xchunk<WT>(ln & 3, ks);
+            xr[i] = __ldg(reinterpret_cast<const float4 *>(xp));
+        }
+    };
+    auto split_x = [&](uint2 *dst) {
+#pragma unroll
+        for (int i = 0; i < NX; i++) {
+            int q = i * (TC_WARPS * 32) + threadIdx.x;
+            int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
+            float xv[4] = {xr[i].x, xr[i].y, xr[i].z, xr[i].w};
+            uint32_t p[3][2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float x0 = xv[2 * e], x1 = xv[2 * e + 1];
+                float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+                float d0 = x0 - h0, d1 = x1 - h1;
+                float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
+                p[0][e] = pack_bf16(h0, h1);
+                p[1][e] = pack_bf16(m0, m1);
+                p[2][e] = pack_bf16(d0 - m0, d1 - m1);
+            }
+#pragma unroll
+            for (int s = 0; s < 3; s++)
+                dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = make_uint2(p[s][0], p[s][1]);
+        }
+    };
+
+    float pc[2][NT][4], tot[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                acc[mt][nt][i] = 0.0f;
+                pc[mt][nt][i] = tot[mt][nt][i] = 0.0f;
 
-    int units = a.cols / 128;
-    for (int u = warp; u < units; u += ksplit) {
-        float part[2][NT][4];
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (ub + s < ue)
+            load_w(ub + s, s);
+        cp_commit();
+    }
+    load_x(ub);
+    for (int u = ub; u < ue; u++) {
+        int i = u - ub;
+        uint2 *xs = xsm + (i & 1) * (XSPLIT / 8);
+        split_x(xs);
+        if (u + 1 < ue)
+            load_x(u + 1);
+        cp_wait<S - 2>();
+        __syncthreads();
+        if (u + S - 1 < ue)
+            load_w(u + S - 1, (i + S - 1) % S);
+        cp_commit();
+        if (active) {
+            const uint4 *wst = reinterpret_cast<const uint4 *>(wsm + (i % S) * WSTAGE + warp * (4 * CPR * 32 * 16));
+            float s4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            if constexpr (WT == WT_F4) {
+                const uint32_t *sw = reinterpret_cast<const uint32_t *>(wsm + (i % S) * WSTAGE + TC_WARPS * 4 * CPR * 32 * 16) + warp * 32;
+#pragma unroll
+                for (int r4 = 0; r4 < 4; r4++)
+                    s4[r4] = duet_d_e8m0_to_f32((sw[16 * (r4 >> 1) + g + 8 * (r4 & 1)] >> (8 * tq)) & 0xffu);
+            }
+            float bs[2] = {1.0f, 1.0f};
+            if constexpr (WT == WT_F8)
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    bs[mt] = scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
+            float part[2][NT][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        part[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CPR; j++) {
+                uint4 wc[4];
+#pragma unroll
+                for (int r4 = 0; r4 < 4; r4++)
+                    wc[r4] = wst[(r4 * CPR + j) * 32 + lane];
+#pragma unroll
+                for (int q = 0; q < QPC; q++) {
+                    int ks = j * QPC + q;
+                    uint32_t wa[4][2];
+#pragma unroll
+                    for (int r4 = 0; r4 < 4; r4++)
+                        tc_quad<WT>(wc[r4], q, s4[r4], wa[r4]);
+                    /* hi, mid, lo in turn across all accumulators: consecutive MMAs are independent */
+#pragma unroll
+                    for (int s = 0; s < 3; s++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
+                                mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
+                                         wa[2 * mt + 1][1], b.x, b.y);
+                        }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        pc[mt][nt][e] = WT == WT_F8 ? fmaf(part[mt][nt][e], bs[mt], pc[mt][nt][e])
+                                                    : pc[mt][nt][e] + part[mt][nt][e];
+            if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            tot[mt][nt][e] += pc[mt][nt][e];
+                            pc[mt][nt][e] = 0.0f;
+                        }
+            }
+        }
+    }
+    cp_wait<0>();
+
+    int m_out = a.row_end - a.row_begin;
+    if (sp.chunks <= 1) {
+        if (active)
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int row = r0 + 16 * mt + g + 8 * (e >> 1);
+                        int tok = t0 + 8 * nt + 2 * tq + (e & 1);
+                        if (row < a.row_end && tm.ok(tok))
+                            a.y[tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
+                    }
+        return;
+    }
+    /* split along the columns: this chunk's partial, then the tile's last block adds them in order */
+    size_t plane = (size_t)a.n * m_out;
+    if (active)
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    part[mt][nt][i] = 0.0f;
-#pragma unroll
-        for (int st = 0; st < 2; st++) {
-            int col = u * 128 + st * 64 + 16 * tq;
-            uint32_t w[2][2][8];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float s4 = 1.0f;
-                    if constexpr (WT == WT_F4)
-                        s4 = scale_load(a.scale, a.scale_f32, (size_t)rrow[mt][h] * a.scale_cols + col / 32);
-                    tc_row<WT>(rp[mt][h], col, s4, w[mt][h]);
+                for (int e = 0; e < 4; e++) {
+                    int row = r0 + 16 * mt + g + 8 * (e >> 1);
+                    int tok = t0 + 8 * nt + 2 * tq + (e & 1);
+                    if (row < a.row_end && tm.ok(tok))
+                        sp.part[blockIdx.z * plane + tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
                 }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float xv[16];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float4 f = __ldg((const float4 *)(xp[nt] + col) + q);
-                    xv[4 * q] = f.x;
-                    xv[4 * q + 1] = f.y;
-                    xv[4 * q + 2] = f.z;
-                    xv[4 * q + 3] = f.w;
-                }
-                uint32_t b[3][8]; /* hi, mid, lo parts as bf16 pairs */
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float x0 = xv[2 * i], x1 = xv[2 * i + 1];
-                    float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-                    float r0v = x0 - h0, r1v = x1 - h1;
-                    float m0 = __bfloat162float(__float2bfloat16_rn(r0v)), m1 = __bfloat162float(__float2bfloat16_rn(r1v));
-                    b[0][i] = pack_bf16(h0, h1);
-                    b[1][i] = pack_bf16(m0, m1);
-                    b[2][i] = pack_bf16(r0v - m0, r1v - m1);
-                }
-#pragma unroll
-                for (int m = 0; m < 4; m++)
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int sp = 0; sp < 3; sp++)
-                            mma_bf16(part[mt][nt], w[mt][0][2 * m], w[mt][1][2 * m], w[mt][0][2 * m + 1],
-                                     w[mt][1][2 * m + 1], b[sp][2 * m], b[sp][2 * m + 1]);
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            float s = 1.0f;
-            if constexpr (WT == WT_F8)
-                s = scale_load(a.scale, a.scale_f32, (size_t)(rrow[mt][0] / 128) * a.scale_cols + u);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc[mt][nt][i] = fmaf(part[mt][nt][i], s, acc[mt][nt][i]);
-        }
-    }
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                red[warp][(mt * NT + nt) * 4 + i][lane] = acc[mt][nt][i];
+    __threadfence();
     __syncthreads();
-    int m_out = a.row_end - a.row_begin;
-    for (int idx = threadIdx.x; idx < 2 * NT * 4 * 32; idx += blockDim.x) {
-        int e = idx / 32, ln = idx % 32;
-        int i = e % 4, nt = (e / 4) % NT, mt = e / (4 * NT);
+    __shared__ int last;
+    if (threadIdx.x == 0)
+        last = atomicAdd(sp.count + tile_id, 1) == sp.chunks - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < TC_BLOCK_ROWS * 8 * NT; idx += blockDim.x) {
+        int row = rb0 + idx % TC_BLOCK_ROWS, tok = t0 + idx / TC_BLOCK_ROWS;
+        if (row >= a.row_end || !tm.ok(tok))
+            continue;
+        size_t o = tm.yrow(tok) * m_out + (row - a.row_begin);
         float v = 0.0f;
-        for (int wi = 0; wi < ksplit; wi++)
-            v += red[wi][e][ln];
-        int row = r0 + 16 * mt + (ln >> 2) + 8 * (i >> 1);
-        int tok = t0 + 8 * nt + 2 * (ln & 3) + (i & 1);
-        if (row < a.row_end && tm.ok(tok))
-            a.y[tm.yrow(tok) * m_out + (row - a.row_begin)] = v;
+        int z = 0;
+        for (; z + 4 <= sp.chunks; z += 4) { /* four loads in flight, added in order */
+            float p0 = __ldcg(sp.part + z * plane + o), p1 = __ldcg(sp.part + (z + 1) * plane + o);
+            float p2 = __ldcg(sp.part + (z + 2) * plane + o), p3 = __ldcg(sp.part + (z + 3) * plane + o);
+            v += p0;
+            v += p1;
+            v += p2;
+            v += p3;
+        }
+        for (; z < sp.chunks; z++)
+            v += __ldcg(sp.part + z * plane + o);
+        a.y[o] = v;
     }
+    if (threadIdx.x == 0)
+        sp.count[tile_id] = 0;
 }
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_kernel(gemv_args a)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     tok_plain tm{a.x, a.n, a.cols};
-    gemv_tc_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * TC_ROWS, blockIdx.y * (8 * NT));
+    gemv_tc_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
+                         blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 /* Shapes the tensor-core kernel takes: bf16/fp8/fp4 weights, columns a multiple of 128, rows
- * starting on a 16-row boundary (an fp8 scale block per row tile), 16-byte aligned rows and x. */
+ * starting on a 16-row boundary (an fp8 scale block per row tile), 16-byte aligned rows and x;
+ * fp4 with ue8m0 scales, 4-byte aligned scale rows. */
 static int tc_eligible(const gemv_args &a, int wt)
 {
     if (wt == WT_F32 || a.cols % 128 || a.row_begin % 16)
         return 0;
-    if (wt == WT_F4 && a.scale_f32) /* the fp4 scale is folded into bf16 weights: exact only for powers of two */
-        return 0;
+    if (wt == WT_F4 && (a.scale_f32 || a.scale_cols % 4 || (uintptr_t)a.scale % 4))
+        return 0; /* the fp4 scale is folded into bf16 weights: exact only for powers of two */
     return ((uintptr_t)a.w % 16) == 0 && ((uintptr_t)a.x % 16) == 0 && a.row_bytes % 16 == 0;
 }
 
-template <int WT>
-static void gemv_tc_launch(const gemv_args &a, cudaStream_t s)
+/* Raise a kernel's dynamic shared memory limit once per context (the attribute is per device). */
+template <class K> static duet_status_t tc_smem(duet_cuda_t *c, K kernel, int bytes, unsigned bit)
 {
+    if (c->tc_smem_set & (1ull << bit))
+        return DUET_OK;
+    DUET_CUDA_CHECK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    c->tc_smem_set |= 1ull << bit;
+    return DUET_OK;
+}
+
+/* The split-K buffers: partials and zeroed counters, grown on demand. */
+static duet_status_t tc_split_buffers(duet_cuda_t *c, size_t part_bytes, int counters, tc_split *sp)
+{
+    if (part_bytes > c->tc_part_bytes) {
+        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_CUDA_CHECK(c, cudaFree(c->tc_part));
+        c->tc_part = NULL;
+        c->tc_part_bytes = 0;
+        DUET_CUDA_CHECK(c, cudaMalloc(&c->tc_part, part_bytes));
+        c->tc_part_bytes = part_bytes;
+    }
+    if (counters > c->tc_count_n) {
+        int want = counters < 1024 ? 1024 : counters;
+        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_CUDA_CHECK(c, cudaFree(c->tc_count));
+        c->tc_count = NULL;
+        c->tc_count_n = 0;
+        DUET_CUDA_CHECK(c, cudaMalloc(&c->tc_count, sizeof(int) * (size_t)want));
+        DUET_CUDA_CHECK(c, cudaMemsetAsync(c->tc_count, 0, sizeof(int) * (size_t)want, c->stream));
+        c->tc_count_n = want;
+    }
+    sp->part = (float *)c->tc_part;
+    sp->count = (int *)c->tc_count;
+    return DUET_OK;
+}
+
+template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
+{
+    constexpr int smem = tc_smem_bytes<WT, NT>();
+    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
     int rows = a.row_end - a.row_begin, units = a.cols / 128;
-    int ksplit = units / 2;
-    ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
+    int chunks = duet_cdiv(units, TC_CHUNK_UNITS);
+    int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
+    tc_split sp = {NULL, NULL, 1};
+    size_t part_bytes = sizeof(float) * (size_t)chunks * a.n * rows;
+    int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    if (chunks > 1 && row_blocks * tok_tiles < sms && part_bytes <= TC_SPLIT_MAX_BYTES) {
+        DUET_TRY(tc_split_buffers(c, part_bytes, row_blocks * tok_tiles, &sp));
+        sp.chunks = chunks;
+    }
+    dim3 grid(row_blocks, tok_tiles, sp.chunks);
+    gemv_tc_kernel<WT, NT><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, sp);
+    return DUET_OK;
+}
+
+template <int WT> static duet_status_t gemv_tc_launch(duet_cuda_t *c, const gemv_args &a)
+{
     int nt = (a.n >= 8 * TC_MAX_NT) ? TC_MAX_NT : (a.n + 7) / 8;
-    dim3 grid(duet_cdiv(rows, TC_ROWS), duet_cdiv(a.n, 8 * nt));
-    int threads = ksplit * 32;
     if (nt == 1)
-        gemv_tc_kernel<WT, 1><<<grid, threads, 0, s>>>(a);
-    else if (nt == 2)
-        gemv_tc_kernel<WT, 2><<<grid, threads, 0, s>>>(a);
-    else if (nt == 3)
-        gemv_tc_kernel<WT, 3><<<grid, threads, 0, s>>>(a);
-    else
-        gemv_tc_kernel<WT, 4><<<grid, threads, 0, s>>>(a);
+        return gemv_tc_launch_nt<WT, 1>(c, a);
+    if (nt == 2)
+        return gemv_tc_launch_nt<WT, 2>(c, a);
+    if (nt == 3)
+        return gemv_tc_launch_nt<WT, 3>(c, a);
+    return gemv_tc_launch_nt<WT, 4>(c, a);
 }
 
 /* Any shape and alignment: one thread per (token, row), scalar decode. */
@@ -594,11 +823,11 @@ extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_wei
                                "a multiple of 128, row_begin a multiple of 16, aligned buffers)",
                                duet_dtype_name(w->dtype), w->cols, row_begin);
     if (wt == WT_BF16)
-        gemv_tc_launch<WT_BF16>(a, c->stream);
+        DUET_TRY(gemv_tc_launch<WT_BF16>(c, a));
     else if (wt == WT_F8)
-        gemv_tc_launch<WT_F8>(a, c->stream);
+        DUET_TRY(gemv_tc_launch<WT_F8>(c, a));
     else
-        gemv_tc_launch<WT_F4>(a, c->stream);
+        DUET_TRY(gemv_tc_launch<WT_F4>(c, a));
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -653,7 +882,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
 }
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_group_kernel(gemv_args a, group_args g)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_group_kernel(gemv_args a, group_args g)
 {
     int e, t0;
     if (!group_tile(g, blockIdx.x, 8 * NT, &e, &t0))
@@ -664,7 +893,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_tc_group_kernel(gemv
     a.scale = g.scale[mi] ? g.scale[mi][e] : NULL;
     a.y = g.y[mi];
     tok_group tm{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
-    gemv_tc_body<WT, NT>(a, tm, (blockIdx.y - mi * g.row_tiles) * TC_ROWS, t0);
+    tc_split sp = {NULL, NULL, 1};
+    gemv_tc_body<WT, NT>(a, tm, (blockIdx.y - mi * g.row_tiles) * TC_BLOCK_ROWS, t0, sp, 0);
 }
 
 static int grouped_kind(const duet_weight_t *w, const float *x)
@@ -730,17 +960,19 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
          * tile), else 8; a token's result does not depend on the tile size */
         int nt = n >= 16 * E ? TC_MAX_NT : 1;
         g.tiles = p->tiles + (nt == 1 ? 0 : E + 1);
-        g.row_tiles = duet_cdiv(w->rows, TC_ROWS);
-        int units = w->cols / 128, ksplit = units / 2;
-        ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
+        g.row_tiles = duet_cdiv(w->rows, TC_BLOCK_ROWS);
         dim3 grid(duet_cdiv(n, 8 * nt) + nonempty, g.row_tiles * n_mat);
-        int threads = ksplit * 32;
 #define TC_GROUP(W)                                                                                                \
     do {                                                                                                           \
-        if (nt == 1)                                                                                               \
-            gemv_tc_group_kernel<W, 1><<<grid, threads, 0, c->stream>>>(a, g);                                     \
-        else                                                                                                       \
-            gemv_tc_group_kernel<W, TC_MAX_NT><<<grid, threads, 0, c->stream>>>(a, g);                             \
+        if (nt == 1) {                                                                                             \
+            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1>, tc_smem_bytes<W, 1>(), 32 + W * 8 + 1));               \
+            gemv_tc_group_kernel<W, 1><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g);           \
+        } else {                                                                                                   \
+            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT>, tc_smem_bytes<W, TC_MAX_NT>(),                 \
+                             32 + W * 8 + TC_MAX_NT));                                                             \
+            gemv_tc_group_kernel<W, TC_MAX_NT>                                                                     \
+                <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g);                         \
+        }                                                                                                          \
     } while (0)
         if (wt == WT_BF16)
             TC_GROUP(WT_BF16);
