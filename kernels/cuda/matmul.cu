@@ -258,16 +258,22 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B, fp4 64 B
- * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); STAGES: units in flight. */
+ * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); SU: units a stage holds
+ * (256 contiguous bytes of each row a fetch); two stages: one computed, one in flight. */
 template <int WT> struct tc_traits;
-template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
-template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 3; };
-template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = 3; };
+template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, SU = 1, STAGES = 2; };
+template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, SU = 1, STAGES = 3; };
+template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, SU = 1, STAGES = 3; };
 
-template <int WT> __host__ __device__ constexpr int tc_wstage_bytes()
+/* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
+ * (16-byte reads of eight rows hit distinct banks), then the rows' scale words ([row][unit]). */
+#define TC_F4_ROW_STRIDE (64 * tc_traits<WT_F4>::SU + 16)
+template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
-    return TC_WARPS * 4 * tc_traits<WT>::CPR * 32 * 16 + (WT == WT_F4 ? TC_WARPS * 32 * 4 : 0);
+    return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 * tc_traits<WT>::SU
+                       : tc_traits<WT>::SU * 4 * tc_traits<WT>::CPR * 32 * 16;
 }
+template <int WT> __host__ __device__ constexpr int tc_wstage_bytes() { return TC_WARPS * tc_wwarp_bytes<WT>(); }
 template <int NT> __host__ __device__ constexpr int tc_split_bytes() { return NT * 8 * 3 * 32 * 8; }
 template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
@@ -305,10 +311,10 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-/* Quad q (columns 4q..4q+3 of the chunk) of a weight chunk as two bf16 pairs, exact:
- * w[0] = columns 0,1, w[1] = columns 2,3.  s4: the fp4 group's power-of-two scale. */
+/* Quad q (columns 4q..4q+3 of the chunk) of a bf16 or fp8 weight chunk as two bf16 pairs,
+ * exact: w[0] = columns 0,1, w[1] = columns 2,3. */
 template <int WT>
-__device__ __forceinline__ void tc_quad(const uint4 &v, int q, float s4, uint32_t *w)
+__device__ __forceinline__ void tc_quad(const uint4 &v, int q, uint32_t *w)
 {
     if constexpr (WT == WT_BF16) {
         w[0] = u4_word(v, 2 * q);
@@ -321,19 +327,20 @@ __device__ __forceinline__ void tc_quad(const uint4 &v, int q, float s4, uint32_
         float2 fb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
         w[0] = pack_bf16(fa.x, fa.y);
         w[1] = pack_bf16(fb.x, fb.y);
-    } else { /* WT_F4: 2 bytes, low nibble first */
-        uint32_t u = u4_word(v, q >> 1) >> (16 * (q & 1));
-        w[0] = pack_bf16(duet_d_e2m1_to_f32(u) * s4, duet_d_e2m1_to_f32(u >> 4) * s4);
-        w[1] = pack_bf16(duet_d_e2m1_to_f32(u >> 8) * s4, duet_d_e2m1_to_f32(u >> 12) * s4);
     }
 }
 
-/* x column chunk (4 floats of the unit, 0..31) of quad ks of lane tq. */
-template <int WT> __device__ __forceinline__ int tc_xchunk(int tq, int ks)
+/* The unit's columns (0..127) of lane tq's B fragment in k-step ks: words .x = columns c, c+1
+ * and .y = columns c + d, c + d + 1.  bf16/fp8: the lane's own quad (d = 2); fp4: the standard
+ * m16n8k16 slots of the 16 columns ks*16.. (d = 8), so that a k-step stays in one scale group. */
+template <int WT> __device__ __forceinline__ int tc_xcol(int tq, int ks)
 {
+    if constexpr (WT == WT_F4)
+        return ks * 16 + 2 * tq;
     constexpr int QPC = tc_traits<WT>::QPC;
-    return (4 * (ks / QPC) + tq) * QPC + ks % QPC;
+    return 4 * ((4 * (ks / QPC) + tq) * QPC + ks % QPC);
 }
+template <int WT> __device__ __forceinline__ int tc_xgap() { return WT == WT_F4 ? 8 : 2; }
 
 /* Where a block's partial results go when its launch is split along the columns. */
 struct tc_split {
@@ -347,6 +354,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                              int tile_id)
 {
     constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_traits<WT>::STAGES;
+    constexpr int SU = tc_traits<WT>::SU;
     constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<NT>();
     constexpr int NX = 2 * NT; /* x quads a thread splits per unit */
     extern __shared__ __align__(16) uint8_t tc_smem[];
@@ -364,9 +372,17 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         rrow[r4] = min(r0 + 16 * (r4 >> 1) + g + 8 * (r4 & 1), a.row_end - 1);
         rp[r4] = a.w + (size_t)rrow[r4] * a.row_bytes + 16 * tq;
     }
-    const uint8_t *srow = NULL; /* fp4: this lane's row of scales (row r0 + lane) */
-    if constexpr (WT == WT_F4)
+    /* fp4: lane copies 16-byte pieces (lane & 3) of rows (lane >> 2) + 8j, and row r0 + lane's scales */
+    const uint8_t *srow = NULL, *frow[4];
+    __shared__ uint32_t f4_lut[256]; /* fp4: byte (two e2m1 codes) -> two bf16, low nibble first */
+    if constexpr (WT == WT_F4) {
         srow = (const uint8_t *)a.scale + (size_t)min(r0 + lane, a.row_end - 1) * a.scale_cols;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            frow[j] = a.w + (size_t)min(r0 + (lane >> 2) + 8 * j, a.row_end - 1) * a.row_bytes + 16 * (lane & 3);
+        for (int b = threadIdx.x; b < 256; b += blockDim.x)
+            f4_lut[b] = pack_bf16(duet_d_e2m1_to_f32(b & 15), duet_d_e2m1_to_f32(b >> 4));
+    }
 
     int units = a.cols / 128;
     int ub = 0, ue = units;
@@ -375,35 +391,61 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         ue = min(ub + TC_CHUNK_UNITS, units);
     }
 
-    auto load_w = [&](int u, int slot) {
+    int nstages = (ue - ub + SU - 1) / SU;
+    auto load_w = [&](int k, int slot) { /* stage k: units ub + k*SU .. */
         if (!active)
             return;
-        uint8_t *st = wsm + slot * WSTAGE + warp * (4 * CPR * 32 * 16);
-        size_t off = (size_t)u * (CPR * 64);
+        uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
+        int u0 = ub + k * SU, nu = min(SU, ue - u0);
+        if constexpr (WT == WT_F4) {
 #pragma unroll
-        for (int r4 = 0; r4 < 4; r4++)
+            for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int j = 0; j < CPR; j++)
-                cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + off + 64 * j);
-        if constexpr (WT == WT_F4)
-            cp_async4(wsm + slot * WSTAGE + TC_WARPS * 4 * CPR * 32 * 16 + (warp * 32 + lane) * 4, srow + 4 * u);
-    };
-    float4 xr[NX];
-    auto load_x = [&](int u) {
+                for (int su = 0; su < SU; su++)
+                    if (su < nu)
+                        cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + su * 64 + 16 * (lane & 3),
+                                   frow[j] + (size_t)(u0 + su) * 64);
 #pragma unroll
-        for (int i = 0; i < NX; i++) {
-            int q = i * (TC_WARPS * 32) + threadIdx.x;
-            int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
-            const float *xp = tm.xrow(t0 + 8 * nt + (ln >> 2)) + u * 128 + 4 * tc_xchunk<WT>(ln & 3, ks);
-            xr[i] = __ldg(reinterpret_cast<const float4 *>(xp));
+            for (int su = 0; su < SU; su++)
+                if (su < nu)
+                    cp_async4(st + 32 * TC_F4_ROW_STRIDE + (lane * SU + su) * 4, srow + 4 * (u0 + su));
+        } else {
+#pragma unroll
+            for (int r4 = 0; r4 < 4; r4++)
+#pragma unroll
+                for (int su = 0; su < SU; su++)
+                    if (su < nu)
+#pragma unroll
+                        for (int j = 0; j < CPR; j++)
+                            cp_async16(st + (((su * 4 + r4) * CPR + j) * 32 + lane) * 16,
+                                       rp[r4] + (size_t)(u0 + su) * (CPR * 64) + 64 * j);
         }
     };
-    auto split_x = [&](uint2 *dst) {
+    /* x: the thread's NX row pointers once (a gathered row's index is read once), each unit's
+     * values read XD units ahead (two with one token tile, where a unit's MMAs are few) */
+    constexpr int XD = NT == 1 ? 2 : 1;
+    const float *xb[NX];
+#pragma unroll
+    for (int i = 0; i < NX; i++) {
+        int q = i * (TC_WARPS * 32) + threadIdx.x;
+        int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
+        xb[i] = tm.xrow(t0 + 8 * nt + (ln >> 2)) + tc_xcol<WT>(ln & 3, ks);
+    }
+    float2 xr[XD][NX][2];
+    auto load_x = [&](float2 (&dst)[NX][2], int u) {
+#pragma unroll
+        for (int i = 0; i < NX; i++) {
+            const float *xp = xb[i] + u * 128;
+            dst[i][0] = __ldg(reinterpret_cast<const float2 *>(xp));
+            dst[i][1] = __ldg(reinterpret_cast<const float2 *>(xp + tc_xgap<WT>()));
+        }
+    };
+    auto split_x = [&](const float2 (&src)[NX][2], uint2 *dst) {
 #pragma unroll
         for (int i = 0; i < NX; i++) {
             int q = i * (TC_WARPS * 32) + threadIdx.x;
             int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
-            float xv[4] = {xr[i].x, xr[i].y, xr[i].z, xr[i].w};
+            float xv[4] = {src[i][0].x, src[i][0].y, src[i][1].x, src[i][1].y};
             uint32_t p[3][2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
@@ -432,36 +474,36 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (ub + s < ue)
-            load_w(ub + s, s);
+        if (s < nstages)
+            load_w(s, s);
         cp_commit();
     }
-    load_x(ub);
+    load_x(xr[0], ub);
+    if (XD == 2 && ub + 1 < ue)
+        load_x(xr[XD - 1], ub + 1);
     for (int u = ub; u < ue; u++) {
         int i = u - ub;
         uint2 *xs = xsm + (i & 1) * (XSPLIT / 8);
-        split_x(xs);
-        if (u + 1 < ue)
-            load_x(u + 1);
-        cp_wait<S - 2>();
+        if (XD == 1 || !(i & 1)) {
+            split_x(xr[0], xs);
+            if (u + XD < ue)
+                load_x(xr[0], u + XD);
+        } else {
+            split_x(xr[XD - 1], xs);
+            if (u + XD < ue)
+                load_x(xr[XD - 1], u + XD);
+        }
+        int k = i / SU, su = i % SU;
+        if (su == 0)
+            cp_wait<S - 2>();
         __syncthreads();
-        if (u + S - 1 < ue)
-            load_w(u + S - 1, (i + S - 1) % S);
-        cp_commit();
+        if (su == 0) {
+            if (k + S - 1 < nstages)
+                load_w(k + S - 1, (k + S - 1) % S);
+            cp_commit();
+        }
         if (active) {
-            const uint4 *wst = reinterpret_cast<const uint4 *>(wsm + (i % S) * WSTAGE + warp * (4 * CPR * 32 * 16));
-            float s4[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-            if constexpr (WT == WT_F4) {
-                const uint32_t *sw = reinterpret_cast<const uint32_t *>(wsm + (i % S) * WSTAGE + TC_WARPS * 4 * CPR * 32 * 16) + warp * 32;
-#pragma unroll
-                for (int r4 = 0; r4 < 4; r4++)
-                    s4[r4] = duet_d_e8m0_to_f32((sw[16 * (r4 >> 1) + g + 8 * (r4 & 1)] >> (8 * tq)) & 0xffu);
-            }
-            float bs[2] = {1.0f, 1.0f};
-            if constexpr (WT == WT_F8)
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-                    bs[mt] = scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
+            const uint8_t *wwarp = wsm + (k % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
             float part[2][NT][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
@@ -470,40 +512,88 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         part[mt][nt][e] = 0.0f;
+            /* hi, mid, lo in turn across all accumulators: consecutive MMAs are independent */
+            auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
 #pragma unroll
-            for (int j = 0; j < CPR; j++) {
-                uint4 wc[4];
+                for (int s = 0; s < 3; s++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+                            mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
+                                     wa[2 * mt + 1][1], b.x, b.y);
+                    }
+            };
+            if constexpr (WT == WT_F4) {
+                /* group G (32 columns) is k-steps 2G, 2G+1; its partial times each row's scale */
+                const uint32_t *sw = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE);
+                uint32_t sc[4];
 #pragma unroll
                 for (int r4 = 0; r4 < 4; r4++)
-                    wc[r4] = wst[(r4 * CPR + j) * 32 + lane];
+                    sc[r4] = sw[(16 * (r4 >> 1) + g + 8 * (r4 & 1)) * SU + su];
 #pragma unroll
-                for (int q = 0; q < QPC; q++) {
-                    int ks = j * QPC + q;
-                    uint32_t wa[4][2];
+                for (int G = 0; G < 4; G++) {
+                    uint4 v[4];
 #pragma unroll
                     for (int r4 = 0; r4 < 4; r4++)
-                        tc_quad<WT>(wc[r4], q, s4[r4], wa[r4]);
-                    /* hi, mid, lo in turn across all accumulators: consecutive MMAs are independent */
+                        v[r4] = *reinterpret_cast<const uint4 *>(wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) *
+                                                                           TC_F4_ROW_STRIDE + su * 64 + 16 * G);
 #pragma unroll
-                    for (int s = 0; s < 3; s++)
+                    for (int hb = 0; hb < 2; hb++) {
+                        uint32_t wa[4][2];
 #pragma unroll
-                        for (int nt = 0; nt < NT; nt++) {
-                            uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
-#pragma unroll
-                            for (int mt = 0; mt < 2; mt++)
-                                mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
-                                         wa[2 * mt + 1][1], b.x, b.y);
+                        for (int r4 = 0; r4 < 4; r4++) {
+                            wa[r4][0] = f4_lut[(u4_word(v[r4], 2 * hb) >> (8 * tq)) & 0xffu];
+                            wa[r4][1] = f4_lut[(u4_word(v[r4], 2 * hb + 1) >> (8 * tq)) & 0xffu];
                         }
+                        mmas(2 * G + hb, wa);
+                    }
+                    float gs[4];
+#pragma unroll
+                    for (int r4 = 0; r4 < 4; r4++)
+                        gs[r4] = duet_d_e8m0_to_f32((uint8_t)(sc[r4] >> (8 * G)));
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                pc[mt][nt][e] = fmaf(part[mt][nt][e], gs[2 * mt + (e >> 1)], pc[mt][nt][e]);
+                                part[mt][nt][e] = 0.0f;
+                            }
                 }
+            } else {
+                const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp) + su * 4 * CPR * 32;
+                float bs[2] = {1.0f, 1.0f};
+                if constexpr (WT == WT_F8)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+                        bs[mt] = scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
+#pragma unroll
+                for (int j = 0; j < CPR; j++) {
+                    uint4 wc[4];
+#pragma unroll
+                    for (int r4 = 0; r4 < 4; r4++)
+                        wc[r4] = wst[(r4 * CPR + j) * 32 + lane];
+#pragma unroll
+                    for (int q = 0; q < QPC; q++) {
+                        uint32_t wa[4][2];
+#pragma unroll
+                        for (int r4 = 0; r4 < 4; r4++)
+                            tc_quad<WT>(wc[r4], q, wa[r4]);
+                        mmas(j * QPC + q, wa);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            pc[mt][nt][e] = WT == WT_F8 ? fmaf(part[mt][nt][e], bs[mt], pc[mt][nt][e])
+                                                        : pc[mt][nt][e] + part[mt][nt][e];
             }
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        pc[mt][nt][e] = WT == WT_F8 ? fmaf(part[mt][nt][e], bs[mt], pc[mt][nt][e])
-                                                    : pc[mt][nt][e] + part[mt][nt][e];
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
