@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  * (256 contiguous bytes of each row a fetch); two stages: one computed, one in flight. */
 template <int WT> struct tc_traits;
 template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, SU = 1, STAGES = 2; };
-template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, SU = 1, STAGES = 3; };
-template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, SU = 1, STAGES = 3; };
+template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, SU = 1, STAGES = 2; };
+template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, SU = 1, STAGES = 2; };
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
  * (16-byte reads of eight rows hit distinct banks), then the rows' scale words ([row][unit]). */
