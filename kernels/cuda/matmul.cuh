@@ -8,7 +8,10 @@
  *        1×32 group scale, f32), fp32 accumulation.  From DUET_CUDA_TC_MIN_N
  *        tokens on (fp4: DUET_CUDA_TC_MIN_N_FP4), on the tensor cores with x
  *        split into three bf16 parts
- *        (hi + mid + lo, residual < 2^-24 |x|) against exact bf16 weights;
+ *        (hi + mid + lo, residual < 2^-24 |x|) against exact bf16 weights
+ *        (fp4 group scales applied to each 32-column partial), summed in an
+ *        order fixed by the weight's shape: a launch split along the columns
+ *        (small n) gives the same bits as one that is not;
  *        below, or where that kernel does not apply, on the fp32 units.  Both
  *        differ from the CPU only in summation order (normalized error ~1e-7;
  *        checked at 1e-5).
