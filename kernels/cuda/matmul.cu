@@ -342,6 +342,22 @@ template <int WT> __device__ __forceinline__ int tc_xcol(int tq, int ks)
 }
 template <int WT> __device__ __forceinline__ int tc_xgap() { return WT == WT_F4 ? 8 : 2; }
 
+/* dst += src * s, then src = 0: s per row of the m16 tiles' accumulator halves (index
+ * 2*mt + (e >> 1)); s = 1 is an exact add. */
+template <int NT>
+__device__ __forceinline__ void tc_fold(float (&dst)[2][NT][4], float (&src)[2][NT][4], const float (&s)[4])
+{
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                dst[mt][nt][e] = fmaf(src[mt][nt][e], s[2 * mt + (e >> 1)], dst[mt][nt][e]);
+                src[mt][nt][e] = 0.0f;
+            }
+}
+
 /* Where a block's partial results go when its launch is split along the columns. */
 struct tc_split {
     float *part;  /* [chunk][token][row - row_begin] */
@@ -553,23 +569,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                     for (int r4 = 0; r4 < 4; r4++)
                         gs[r4] = duet_d_e8m0_to_f32((uint8_t)(sc[r4] >> (8 * G)));
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                pc[mt][nt][e] = fmaf(part[mt][nt][e], gs[2 * mt + (e >> 1)], pc[mt][nt][e]);
-                                part[mt][nt][e] = 0.0f;
-                            }
+                    tc_fold<NT>(pc, part, gs);
                 }
             } else {
                 const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp) + su * 4 * CPR * 32;
-                float bs[2] = {1.0f, 1.0f};
+                float bs[4] = {1.0f, 1.0f, 1.0f, 1.0f}; /* fp8: the 128x128 block's scale, both halves */
                 if constexpr (WT == WT_F8)
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
-                        bs[mt] = scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
+                        bs[2 * mt] = bs[2 * mt + 1] =
+                            scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
 #pragma unroll
                 for (int j = 0; j < CPR; j++) {
                     uint4 wc[4];
@@ -585,48 +594,21 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         mmas(j * QPC + q, wa);
                     }
                 }
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            pc[mt][nt][e] = WT == WT_F8 ? fmaf(part[mt][nt][e], bs[mt], pc[mt][nt][e])
-                                                        : pc[mt][nt][e] + part[mt][nt][e];
+                tc_fold<NT>(pc, part, bs);
             }
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            tot[mt][nt][e] += pc[mt][nt][e];
-                            pc[mt][nt][e] = 0.0f;
-                        }
+                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                tc_fold<NT>(tot, pc, one);
             }
         }
     }
     cp_wait<0>();
 
+    /* y, or when the launch is split along the columns this chunk's partial (the tile's last
+     * block then adds the partials in order) */
     int m_out = a.row_end - a.row_begin;
-    if (sp.chunks <= 1) {
-        if (active)
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int row = r0 + 16 * mt + g + 8 * (e >> 1);
-                        int tok = t0 + 8 * nt + 2 * tq + (e & 1);
-                        if (row < a.row_end && tm.ok(tok))
-                            a.y[tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
-                    }
-        return;
-    }
-    /* split along the columns: this chunk's partial, then the tile's last block adds them in order */
     size_t plane = (size_t)a.n * m_out;
+    float *dst = sp.chunks <= 1 ? a.y : sp.part + blockIdx.z * plane;
     if (active)
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -637,8 +619,10 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     int row = r0 + 16 * mt + g + 8 * (e >> 1);
                     int tok = t0 + 8 * nt + 2 * tq + (e & 1);
                     if (row < a.row_end && tm.ok(tok))
-                        sp.part[blockIdx.z * plane + tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
+                        dst[tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
                 }
+    if (sp.chunks <= 1)
+        return;
     __threadfence();
     __syncthreads();
     __shared__ int last;
