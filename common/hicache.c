@@ -268,6 +268,14 @@ static duet_status_t wait_job(duet_hicache_t *hc, uint64_t id)
     return st;
 }
 
+duet_status_t duet_hicache_wait(duet_hicache_t *hc, const duet_hicache_req_t *rq, duet_err_t *err)
+{
+    if (!rq->active || wait_job(hc, rq->job) == DUET_OK)
+        return DUET_OK;
+    return duet_err_set(err, DUET_ERR_TIMEOUT, "prefix cache: the hit's load did not finish within %u ms",
+                        hc->o.load_timeout_ms);
+}
+
 /* Queue a job (takes ownership); returns its id. */
 static uint64_t issue_job(duet_hicache_t *hc, load_job_t *j)
 {

@@ -117,6 +117,11 @@ int duet_hicache_is_stop(const duet_hicache_req_t *rq, int64_t done);
  * request's pages that the tree lacks (seq_pages[i] for i < upto/page_tokens). */
 duet_status_t duet_hicache_insert(duet_hicache_t *hc, duet_hicache_req_t *rq, const int32_t *tokens, int64_t upto,
                                   const uint32_t *seq_pages, uint32_t n_seq_pages, uint32_t slot, duet_err_t *err);
+/* Wait for the request's load job (its host-tier pages and resume state are in the cache's
+ * pools afterwards), bounded by the load timeout: DUET_ERR_TIMEOUT past it.  For a forward
+ * that does not read the cache's pools through the layer gate (the GPU: the worker copies the
+ * hit to the device after this). */
+duet_status_t duet_hicache_wait(duet_hicache_t *hc, const duet_hicache_req_t *rq, duet_err_t *err);
 /* End the request: wait for its load job (bounded), free its own pages among
  * seq_pages (the tree's stay), unlock, then trim the device tier to its
  * budget.  Safe on a request that never began. */

@@ -366,6 +366,19 @@ static void drain_xfer(psrv_t *s)
 
 /* ---- prefill step ------------------------------------------------------ */
 
+/* The request's sequence without the prefix-cache hit's pages at its head: those are the tree's,
+ * already in the host pools (and possibly being backed up), so staging leaves them alone. */
+static const duet_seq_t *own_pages(const preq_t *r, duet_seq_t *view)
+{
+    if (!r->hreq.active || !r->hreq.hit_pages)
+        return &r->seq;
+    *view = r->seq;
+    view->pages += r->hreq.hit_pages;
+    view->n_pages -= r->hreq.hit_pages;
+    view->cap_pages -= r->hreq.hit_pages;
+    return view;
+}
+
 static duet_status_t layer_done(void *arg, int layer)
 {
     psrv_t *s = arg;
@@ -378,9 +391,10 @@ static duet_status_t layer_done(void *arg, int layer)
         /* the layer's units of the requests finishing now: device pools -> host pools (the data
          * plane's memory), one batched copy, complete before any put reads them */
         const duet_seq_t *seqs[MAX_FINALS];
+        duet_seq_t views[MAX_FINALS];
         duet_err_t err = {0};
         for (uint32_t i = 0; i < s->n_finals; i++)
-            seqs[i] = &s->finals[i]->seq;
+            seqs[i] = own_pages(s->finals[i], &views[i]);
         duet_status_t st = duet_worker_engine_to_host(&s->eng, layer, seqs, s->n_finals, &err);
         if (st != DUET_OK) {
             duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
@@ -478,6 +492,20 @@ static int start_request(psrv_t *s, preq_t *r)
         r->done = 0;
         return 0;
     }
+    if (r->hreq.active && r->hreq.hit_pages && duet_worker_engine_on_gpu(&s->eng)) {
+        /* the forward reads the device pools: the hit (pages and resume state, loaded into the
+         * host pools by the prefix cache) goes up first */
+        duet_status_t hs = duet_hicache_wait(s->hc, &r->hreq, &err);
+        if (hs == DUET_OK)
+            hs = duet_worker_engine_to_device(&s->eng, &r->seq, r->hreq.hit_pages, &err);
+        if (hs != DUET_OK) {
+            duet_log_rid(DUET_LOG_WARN, r->rid, "prefix cache hit not copied to the device: %s",
+                         duet_err_text(&err));
+            push_error(s, r, hs, err.msg);
+            unlink_req(s, r);
+            return -1;
+        }
+    }
     duet_status_t st = duet_xfer_send_begin(s->net.xfer, &r->desc, r->seq.pages, r->seq.n_pages, r->seq.slot, 0,
                                             &r->tid, &err);
     if (st != DUET_OK) {
@@ -490,6 +518,23 @@ static int start_request(psrv_t *s, preq_t *r)
     r->state = PR_PREFILLING;
     s->n_queued--;
     return 1;
+}
+
+/* Before a prefix-cache insert on the GPU: the request's pages and slot, every layer, device
+ * pools -> host pools (the tree keeps and backs up the host copies).  After the request's last
+ * chunk the layer hook has copied them already. */
+static duet_status_t sync_host(psrv_t *s, preq_t *r)
+{
+    if (!duet_worker_engine_on_gpu(&s->eng) || r->done >= r->n_tokens)
+        return DUET_OK;
+    duet_seq_t v;
+    const duet_seq_t *one[1] = {own_pages(r, &v)};
+    duet_err_t err = {0};
+    duet_status_t st = duet_worker_engine_to_host(&s->eng, -1, one, 1, &err);
+    if (st != DUET_OK)
+        duet_log_rid(DUET_LOG_WARN, r->rid, "prefix cache insert skipped: copy to the host pools failed: %s",
+                     duet_err_text(&err));
+    return st;
 }
 
 static void prefill_step(psrv_t *s)
@@ -549,7 +594,7 @@ static void prefill_step(psrv_t *s)
     for (uint32_t i = 0; i < n; i++) {
         preq_t *r = owners[i];
         r->done += items[i].n_tokens;
-        if (r->hreq.active && duet_hicache_is_stop(&r->hreq, r->done) &&
+        if (r->hreq.active && duet_hicache_is_stop(&r->hreq, r->done) && sync_host(s, r) == DUET_OK &&
             duet_hicache_insert(s->hc, &r->hreq, r->tokens, r->done, r->seq.pages, r->seq.n_pages, r->seq.slot,
                                 &err) != DUET_OK)
             duet_log_rid(DUET_LOG_WARN, r->rid, "prefix cache insert failed: %s", duet_err_text(&err));

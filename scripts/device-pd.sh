@@ -10,6 +10,8 @@
 #       carry=["build-fwd/prefill/duet-prefill", "build-fwd/decode/duet-decode",
 #              "build-fwd/tools/duet-driver", "build-fwd/tools/duet-generate",
 #              "build-fwd/tools/duet-mkmodel", "build-fwd/tools/duet-check-forward", ".bundle"])
+#   or, when those and the bundle pass the 64 MiB a call carries, scripts/device-agents.sh --prepare
+#   here and carry=["build-fwd/device-agents.tgz", ".bundle"] (unpacked into build-fwd there).
 #
 # On the GPU: unpacks .bundle and puts on the library path only the sonames the
 # image lacks, regenerates the fixtures (tiny-bf16 seed 1 as the build does; the
@@ -24,8 +26,10 @@
 # Prints one table at the end; logs go to $OUT (elsewhere build-fwd/device-pd/).
 # DUET_CUDA_BUILD names another build directory.
 #
+#   - pdtest `hicache`: the prefix cache on the GPU (device and host tiers, two write
+#     policies), every output equal to `duet-generate --device cuda`.
 # Options: --prepare, --no-slice, --quick (exact with 4 prompts, no abort-storm),
-# --rate-only (staging and decode-rate only).
+# --rate-only (staging and decode-rate only), --hicache-only (the hicache scenario only).
 # Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -35,7 +39,9 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
 RES="${OUT:-$BUILD/device-pd}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 BINS="prefill/duet-prefill decode/duet-decode tools/duet-driver tools/duet-generate tools/duet-mkmodel tools/duet-check-forward"
-slice=1 quick=0 checks=1
+# The binaries may also travel as scripts/device-agents.sh's tarball (carry it instead of the six files).
+[ -f "$BUILD/device-agents.tgz" ] && [ ! -x "$BUILD/prefill/duet-prefill" ] && tar -xzf "$BUILD/device-agents.tgz" -C "$BUILD"
+slice=1 quick=0 checks=1 hicache_only=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,7 +55,8 @@ while [ $# -gt 0 ]; do
     --no-slice) slice=0 ;;
     --quick) quick=1 ;;
     --rate-only) checks=0 ;;
-    *) echo "usage: scripts/device-pd.sh [--prepare] [--no-slice] [--quick] [--rate-only]" >&2; exit 2 ;;
+    --hicache-only) hicache_only=1 slice=0 ;;
+    *) echo "usage: scripts/device-pd.sh [--prepare] [--no-slice] [--quick] [--rate-only] [--hicache-only]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -130,14 +137,19 @@ pd() {
     tee -a "$SUM"
 }
 
-staging tiny-fp8 "$FIX/tiny-bf16" fp8 fp8
 n=12; [ "$quick" = 1 ] && n=4
-if [ "$checks" = 1 ]; then
-  pd exact-bf16 150 "$FIX/tiny-bf16" exact --kv bf16 --ik bf16 --n "$n" --concurrency 1,32
-  pd exact-fp8 150 "$FIX/tiny-bf16" exact --kv fp8 --ik fp8 --n "$n" --concurrency 1,32
-  [ "$quick" = 1 ] || pd abort-storm 150 "$FIX/tiny-bf16" abort-storm --kv fp8 --ik fp8
+if [ "$hicache_only" = 1 ]; then
+  pd hicache 200 "$FIX/tiny-bf16" hicache --kv bf16 --ik bf16
+else
+  staging tiny-fp8 "$FIX/tiny-bf16" fp8 fp8
+  if [ "$checks" = 1 ]; then
+    pd exact-bf16 150 "$FIX/tiny-bf16" exact --kv bf16 --ik bf16 --n "$n" --concurrency 1,32
+    pd exact-fp8 150 "$FIX/tiny-bf16" exact --kv fp8 --ik fp8 --n "$n" --concurrency 1,32
+    [ "$quick" = 1 ] || pd abort-storm 150 "$FIX/tiny-bf16" abort-storm --kv fp8 --ik fp8
+    [ "$quick" = 1 ] || pd hicache 150 "$FIX/tiny-bf16" hicache --kv fp8 --ik fp8
+  fi
+  pd rate-tiny 90 "$FIX/tiny-bf16" decode-rate --kv fp8 --ik fp8 --rate-requests 32 --rate-prompt 128 --rate-tokens 128
 fi
-pd rate-tiny 90 "$FIX/tiny-bf16" decode-rate --kv fp8 --ik fp8 --rate-requests 32 --rate-prompt 128 --rate-tokens 128
 
 if [ -n "$slice_pid" ]; then
   wait "$slice_pid"

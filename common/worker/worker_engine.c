@@ -109,6 +109,7 @@ duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker
     e->cache = cache;
     e->device = o->device;
     e->tp = o->tp ? (int)o->tp : 1;
+    e->host_mirror = o->hicache_device_pages || o->hicache_host_gib > 0;
     e->logit_rows = logit_rows ? logit_rows : 1;
     duet_status_t st = duet_worker_opts_check_device(o, err);
     if (st != DUET_OK)
@@ -255,6 +256,8 @@ duet_status_t duet_worker_engine_xfer_register(duet_worker_engine_t *e, duet_xfe
             why = "DUET_XFER_DEVICE=0";
         else if (e->tp > 1 && e->receives)
             why = "a tensor-parallel receiver keeps the host pools (each rank's device pools are filled from them)";
+        else if (e->host_mirror)
+            why = "the prefix cache keeps its tiers in the host pools";
         if (!why) {
             duet_kv_cache_cuda_t *dc = duet_tp_cuda_cache(e->gpu, 0);
             for (int k = 0; k < DUET_POOL_COUNT; k++) {

@@ -246,11 +246,6 @@ duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_er
         return duet_err_set(err, DUET_ERR_UNSUPPORTED,
                             "--device cuda:%d: this build has no CUDA backend (configure with -Dcuda=enabled)",
                             o->device);
-    if (o->hicache_device_pages || o->hicache_host_gib > 0)
-        return duet_err_set(err, DUET_ERR_UNSUPPORTED,
-                            "--device cuda:%d with the prefix cache (--hicache-*): HiCache does not run on the "
-                            "GPU yet (docs/HICACHE.md)",
-                            o->device);
     return DUET_OK;
 }
 

@@ -40,8 +40,8 @@ typedef struct {
 duet_status_t duet_worker_opts_parse(duet_worker_opts_t *o, const char *role, int argc, char **argv,
                                      duet_err_t *err);
 void duet_worker_opts_fini(duet_worker_opts_t *o);
-/* What the options ask of this build: --device cuda needs the CUDA backend, and the prefix
- * cache is not on the GPU yet (DUET_ERR_UNSUPPORTED with the reason). */
+/* What the options ask of this build: --device cuda needs the CUDA backend, --tp a GPU
+ * (DUET_ERR_UNSUPPORTED with the reason). */
 duet_status_t duet_worker_opts_check_device(const duet_worker_opts_t *o, duet_err_t *err);
 /* "cpu", "cuda:N" or "cuda:N-M" (tensor parallelism) */
 const char *duet_worker_device_name(const duet_worker_opts_t *o, char *buf, size_t len);

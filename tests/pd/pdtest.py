@@ -483,21 +483,21 @@ def sc_hicache(a, rep):
 
 
 def sc_device_flag(a, rep):
-    """--device: a bad value is a usage error; cuda without the CUDA backend, and cuda with the prefix
-    cache, are refused at start with UNSUPPORTED (before the model loads: nothing listens)."""
+    """--device: a bad value is a usage error; cuda without the CUDA backend (with or without the
+    prefix cache) is refused at start with UNSUPPORTED (before the model loads: nothing listens)."""
     cfg = open(os.path.join(a.build, "duet_config.h")).read()
     has_cuda = "DUET_HAVE_CUDA 1" in cfg
     d = tempfile.mkdtemp(prefix="duet-pd-dev-")
     cases = [("prefill", ["--device", "gpu"], 2, "CONFIG"),
              ("decode", ["--device", "cuda:x"], 2, "CONFIG"),
-             ("prefill", ["--device", "cuda", "--hicache-device-pages", "4"], 1, "UNSUPPORTED"),
              # tensor parallelism: GPUs only, 1 to 8
              ("decode", ["--tp", "2"], 1, "UNSUPPORTED"),
              ("prefill", ["--device", "cuda", "--tp", "9"], 2, "CONFIG"),
              ("decode", ["--device", "cuda", "--tp", "0"], 2, "CONFIG"),
              ("prefill", ["--tp", "two"], 2, "CONFIG")]
     if not has_cuda:
-        cases += [("prefill", ["--device", "cuda"], 1, "UNSUPPORTED"), ("decode", ["--device", "cuda:1"], 1, "UNSUPPORTED")]
+        cases += [("prefill", ["--device", "cuda"], 1, "UNSUPPORTED"), ("decode", ["--device", "cuda:1"], 1, "UNSUPPORTED"),
+                  ("prefill", ["--device", "cuda", "--hicache-device-pages", "4"], 1, "UNSUPPORTED")]
     for role, extra, want_rc, want in cases:
         argv = [f"{a.build}/{role}/duet-{role}", "--model", a.model, "--listen", f"ipc://{d}/{role}.sock"] + extra
         p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
