@@ -28,6 +28,8 @@ typedef struct {
     duet_hicache_t *hc;
 } env_t;
 
+static uint32_t g_load_timeout_ms = 5000;
+
 static env_t make_env(uint32_t pages, uint32_t dev_budget, double host_pages, duet_hicache_policy_t pol, uint32_t n)
 {
     duet_model_config_t cfg;
@@ -42,7 +44,7 @@ static env_t make_env(uint32_t pages, uint32_t dev_budget, double host_pages, du
         unit += (uint64_t)l->n_layers * l->page_bytes;
     }
     duet_hicache_opts_t ho = {.device_pages = dev_budget, .host_bytes = (uint64_t)(host_pages * (double)unit),
-                              .policy = pol, .selective_hits = n, .load_timeout_ms = 5000};
+                              .policy = pol, .selective_hits = n, .load_timeout_ms = g_load_timeout_ms};
     if (duet_hicache_create(e.cache, &ho, &e.hc, &err) != DUET_OK)
         fail_msg("hicache: %s", duet_err_text(&err));
     return e;
@@ -399,6 +401,49 @@ static void test_gate_delay(void **state)
     }
 }
 
+/* duet_hicache_wait (the GPU's per-request wait, without the gate): returns once the hit's
+ * pages and resume state are in the pools; TIMEOUT when the load outlasts the bound. */
+static void test_wait(void **state)
+{
+    (void)state;
+    for (int late = 0; late < 2; late++) {
+        g_load_timeout_ms = late ? 100 : 5000;
+        env_t e = make_env(16, 16, 8, DUET_HICACHE_WRITE_THROUGH, 0);
+        int32_t *a = prompt(2 * PT, 31);
+        run_req(&e, a, 2 * PT);
+        duet_hicache_test_evict_device(e.hc);
+        duet_hicache_test_delay_layer(e.hc, 4, late ? 400 : 200);
+        duet_hicache_test_set_gate(e.hc, 0);
+        duet_hicache_req_t rq;
+        duet_err_t err = {0};
+        uint32_t slot;
+        assert_int_equal(duet_kv_cache_alloc_slot(e.cache, &slot), DUET_OK);
+        uint64_t t0 = duet_time_ns();
+        assert_int_equal(duet_hicache_begin(e.hc, a, 2 * PT + 1, slot, &rq, &err), DUET_OK);
+        assert_int_equal(rq.hit_pages, 2);
+        duet_status_t st = duet_hicache_wait(e.hc, &rq, &err);
+        uint64_t waited_ms = (duet_time_ns() - t0) / 1000000;
+        if (late) {
+            assert_int_equal(st, DUET_ERR_TIMEOUT);
+            assert_true(strstr(err.msg, "did not finish") != NULL);
+            assert_true(waited_ms >= 80 && waited_ms < 350);
+        } else {
+            assert_int_equal(st, DUET_OK);
+            assert_true(waited_ms >= 150);
+            check(e.cache, rq.hit_page_ids, 2, slot, a, rq.hit_tokens); /* every layer, the slot too */
+        }
+        uint32_t pages[3];
+        memcpy(pages, rq.hit_page_ids, sizeof(uint32_t) * 2);
+        assert_int_equal(duet_kv_cache_alloc_pages(e.cache, 1, pages + 2), DUET_OK);
+        duet_hicache_end(e.hc, &rq, pages, 3);
+        duet_hicache_test_set_gate(e.hc, 1);
+        assert_int_equal(duet_kv_cache_free_slot(e.cache, slot), DUET_OK);
+        free(a);
+        free_env(&e); /* the copy thread finishes the late load first */
+    }
+    g_load_timeout_ms = 5000;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -410,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_pressure),
         cmocka_unit_test(test_reclaim_and_no_space),
         cmocka_unit_test(test_gate_delay),
+        cmocka_unit_test(test_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
