@@ -31,6 +31,9 @@
  * first, or read from --ceilings-in so that one process per operation
  * (scripts/device-check.sh) shares them.
  *
+ * DUET_CHECK_CASE=SUBSTR runs only the matmul cases whose shape text contains SUBSTR (to
+ * profile one launch, e.g. under ncu).
+ *
  * Exit status: 0 all cases passed, 1 a case failed, 2 the device or a call failed. */
 #include <inttypes.h>
 #include <math.h>
