@@ -227,24 +227,29 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  *
  * mma.sync m16n8k16 (bf16 in, fp32 accumulate) with x split exactly enough:
  * x = hi + mid + lo, each part bf16 (residual below 2^-24 |x|), and the weight
- * values exact in bf16 (bf16 as stored; e4m3 codes; e2m1 times its power-of-two
- * scale), so the products carry fp32 accuracy.
+ * values exact in bf16 (bf16 as stored; e4m3 codes; e2m1 codes), so the
+ * products carry fp32 accuracy.
  *
  * A block is TC_WARPS warps; each warp owns 32 weight rows (two m16 tiles) and
  * every warp walks the same columns, 128 (a "unit") at a time, for up to 32
  * tokens (n8 tiles).  Per unit:
- *  - weights stream into shared memory with cp.async, TC_STAGES units ahead,
- *    each lane copying the 16-byte chunks it will itself read back (rows g and
- *    g+8 of both m16 tiles; chunk 4j+tq of the row's unit slice, so one
- *    instruction of the warp covers whole 64-byte row pieces);
- *  - x is read one unit ahead into registers, and the block splits it once into
- *    the bf16 hi/mid/lo B fragments all its warps use (shared memory, double
- *    buffered: one barrier a unit);
- *  - a lane's column quads pair its A and B fragments: k-slots {2tq, 2tq+1} and
+ *  - weights stream into shared memory with cp.async, STAGES - 1 units ahead.
+ *    bf16/fp8: each lane copies the 16-byte chunks it will itself read back
+ *    (rows g and g+8 of both m16 tiles; chunk 4j+tq of the row's unit slice, so
+ *    one instruction of the warp covers whole 64-byte row pieces), and a lane's
+ *    column quads pair its A and B fragments: k-slots {2tq, 2tq+1} and
  *    {2tq+8, 2tq+9} of k-step ks are the four columns of quad ks of its chunks.
+ *    fp4: the warp's 32 rows are copied whole, k-step ks covers columns
+ *    16ks.. in the standard slots (one 32-column scale group every two k-steps),
+ *    e2m1 bytes become bf16 pairs through a table in shared memory, and each
+ *    group's partial is multiplied by the row's scale;
+ *  - x is read ahead into registers (one unit; two with one token tile), and the
+ *    block splits it once into the bf16 hi/mid/lo B fragments all its warps use
+ *    (shared memory, double buffered: one barrier a unit).
  * Summation order, fixed by the weight's shape alone: a unit's products in
- * (k-step, hi, mid, lo) order into a fresh partial, times the fp8 block scale;
- * units into a chunk partial (TC_CHUNK_UNITS units from column 0); chunks added
+ * (k-step, hi, mid, lo) order into a fresh partial, times the fp8 block scale
+ * (fp4: a group's, times its scale); units into a chunk partial (TC_CHUNK_UNITS
+ * units from column 0); chunks added
  * in order to 0.  A launch may give each chunk its own block (split-K, when the
  * rows and tokens alone leave SMs idle); the last block of a tile to finish adds
  * the chunk partials in the same order, so the result is the same bit for bit
@@ -258,8 +263,10 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B, fp4 64 B
- * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); SU: units a stage holds
- * (256 contiguous bytes of each row a fetch); two stages: one computed, one in flight. */
+ * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); SU: units a stage holds;
+ * STAGES: stages in shared memory.  Measured on the H200: one unit a stage and two stages
+ * (one computed, one in flight) beat deeper pipelines and 256-byte fetches a row, which
+ * cost blocks an SM. */
 template <int WT> struct tc_traits;
 template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, SU = 1, STAGES = 2; };
 template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, SU = 1, STAGES = 2; };
