@@ -354,6 +354,28 @@ static void test_reclaim_and_no_space(void **state)
 
 /* A load whose layer 2 is delayed: a read of layer 2 waits for it (gate on);
  * with the gate off the read returns at once and sees the old bytes. */
+/* A request for a + one token: its two-page hit (loads scheduled, not waited for). */
+static uint32_t begin_hit(env_t *e, const int32_t *a, duet_hicache_req_t *rq)
+{
+    duet_err_t err = {0};
+    uint32_t slot;
+    assert_int_equal(duet_kv_cache_alloc_slot(e->cache, &slot), DUET_OK);
+    assert_int_equal(duet_hicache_begin(e->hc, a, 2 * PT + 1, slot, rq, &err), DUET_OK);
+    assert_int_equal(rq->hit_pages, 2);
+    return slot;
+}
+
+/* End begin_hit's request (one page of its own; waits for the load), gate back on. */
+static void end_hit(env_t *e, duet_hicache_req_t *rq, uint32_t slot)
+{
+    uint32_t pages[3];
+    memcpy(pages, rq->hit_page_ids, sizeof(uint32_t) * 2);
+    assert_int_equal(duet_kv_cache_alloc_pages(e->cache, 1, pages + 2), DUET_OK);
+    duet_hicache_end(e->hc, rq, pages, 3);
+    duet_hicache_test_set_gate(e->hc, 1);
+    assert_int_equal(duet_kv_cache_free_slot(e->cache, slot), DUET_OK);
+}
+
 static void test_gate_delay(void **state)
 {
     (void)state;
@@ -373,12 +395,8 @@ static void test_gate_delay(void **state)
         duet_hicache_test_delay_layer(e.hc, 2, 200);
         duet_hicache_test_set_gate(e.hc, gate);
         duet_hicache_req_t rq;
-        duet_err_t err = {0};
-        uint32_t slot;
-        assert_int_equal(duet_kv_cache_alloc_slot(e.cache, &slot), DUET_OK);
         uint64_t t0 = duet_time_ns();
-        assert_int_equal(duet_hicache_begin(e.hc, a, 2 * PT + 1, slot, &rq, &err), DUET_OK);
-        assert_int_equal(rq.hit_pages, 2);
+        uint32_t slot = begin_hit(&e, a, &rq);
         duet_cache_layer_t v;
         assert_int_equal(duet_kv_cache_layer(e.cache, 2, &v), DUET_OK);
         uint64_t waited_ms = (duet_time_ns() - t0) / 1000000;
@@ -390,12 +408,7 @@ static void test_gate_delay(void **state)
             assert_true(waited_ms < 150);
             assert_int_equal(first, 0); /* read before the copy */
         }
-        uint32_t pages[3];
-        memcpy(pages, rq.hit_page_ids, sizeof(uint32_t) * 2);
-        assert_int_equal(duet_kv_cache_alloc_pages(e.cache, 1, pages + 2), DUET_OK);
-        duet_hicache_end(e.hc, &rq, pages, 3); /* waits for the load */
-        duet_hicache_test_set_gate(e.hc, 1);
-        assert_int_equal(duet_kv_cache_free_slot(e.cache, slot), DUET_OK);
+        end_hit(&e, &rq, slot);
         free(a);
         free_env(&e);
     }
@@ -416,11 +429,8 @@ static void test_wait(void **state)
         duet_hicache_test_set_gate(e.hc, 0);
         duet_hicache_req_t rq;
         duet_err_t err = {0};
-        uint32_t slot;
-        assert_int_equal(duet_kv_cache_alloc_slot(e.cache, &slot), DUET_OK);
         uint64_t t0 = duet_time_ns();
-        assert_int_equal(duet_hicache_begin(e.hc, a, 2 * PT + 1, slot, &rq, &err), DUET_OK);
-        assert_int_equal(rq.hit_pages, 2);
+        uint32_t slot = begin_hit(&e, a, &rq);
         duet_status_t st = duet_hicache_wait(e.hc, &rq, &err);
         uint64_t waited_ms = (duet_time_ns() - t0) / 1000000;
         if (late) {
@@ -432,12 +442,7 @@ static void test_wait(void **state)
             assert_true(waited_ms >= 150);
             check(e.cache, rq.hit_page_ids, 2, slot, a, rq.hit_tokens); /* every layer, the slot too */
         }
-        uint32_t pages[3];
-        memcpy(pages, rq.hit_page_ids, sizeof(uint32_t) * 2);
-        assert_int_equal(duet_kv_cache_alloc_pages(e.cache, 1, pages + 2), DUET_OK);
-        duet_hicache_end(e.hc, &rq, pages, 3);
-        duet_hicache_test_set_gate(e.hc, 1);
-        assert_int_equal(duet_kv_cache_free_slot(e.cache, slot), DUET_OK);
+        end_hit(&e, &rq, slot);
         free(a);
         free_env(&e); /* the copy thread finishes the late load first */
     }
