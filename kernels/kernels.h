@@ -83,6 +83,9 @@ void duet_kernels_init_cpu(duet_kernels_t *k);
 
 /* The process-wide table (CPU reference unless a backend replaced slots). */
 const duet_kernels_t *duet_kernels(void);
+/* The same table, writable: a tool wraps a slot before any forward runs and puts it back
+ * after (duet-check-sensitivity). */
+duet_kernels_t *duet_kernels_mutable(void);
 
 /* RoPE tables from the model config: `main` (rope_theta, no scaling; ratio-0 layers) and
  * `compress` (compress_rope_theta with yarn; compressed layers, their compressors and indexers). */

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "fwd_ref.h"
 #include "tp_cuda.h"
 #include "log.h"
 #include "sampling.h"
@@ -54,121 +55,6 @@ typedef struct {
     double tol;
     duet_cache_opts_t opts;
 } args_t;
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static int32_t argmax(const float *v, int n)
-{
-    int32_t best = 0;
-    float bv = -INFINITY;
-    int found = 0;
-    for (int i = 0; i < n; i++) {
-        if (isnan(v[i]))
-            continue;
-        if (!found || v[i] > bv) {
-            bv = v[i];
-            best = i;
-            found = 1;
-        }
-    }
-    return best;
-}
-
-static double nmse(const float *a, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (double)ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
-/* ---- prompts ---- */
-
-static int prompt_len(int i, uint64_t seed)
-{
-    static const int lens[] = {1, 3, 7, 16, 17, 31, 64, 100, 129, 200, 255, 256, 257, 300, 390, 511, 5, 77, 140, 260};
-    int n = (int)(sizeof lens / sizeof lens[0]);
-    return i < n ? lens[i] : 1 + (int)(mix64(seed ^ (uint64_t)i) % 400);
-}
-
-static int32_t *make_prompt(int i, int len, int vocab, uint64_t seed)
-{
-    int32_t *p = malloc(sizeof(int32_t) * (size_t)len);
-    for (int j = 0; j < len; j++)
-        p[j] = 2 + (int32_t)(mix64(seed * 1000003u + (uint64_t)i * 7919u + (uint64_t)j) % (uint64_t)(vocab - 2));
-    return p;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-/* ---- CPU reference ---- */
-
-typedef struct {
-    const duet_model_t *m;
-    const args_t *a;
-    int32_t **prompts;
-    int *lens;
-    int32_t **gen;  /* (n_tokens) greedy tokens */
-    float **logits; /* (n_tokens, vocab) */
-    atomic_int next;
-    atomic_int failed;
-} cpu_job_t;
-
-static void *cpu_worker(void *arg)
-{
-    cpu_job_t *J = arg;
-    const duet_model_t *m = J->m;
-    int V = m->cfg.vocab_size, T = J->a->n_tokens;
-    for (;;) {
-        int i = atomic_fetch_add(&J->next, 1);
-        if (i >= J->a->n_prompts)
-            break;
-        duet_err_t err = {0};
-        duet_kv_cache_t *cache = NULL;
-        duet_seq_t seq = {0};
-        int64_t total = J->lens[i] + T;
-        uint32_t np = (uint32_t)((total + J->a->opts.page_tokens - 1) / J->a->opts.page_tokens) + 1;
-        if (duet_kv_cache_create(&m->cfg, &J->a->opts, np, 1, &cache, &err) != DUET_OK ||
-            duet_seq_init(cache, &seq, &err) != DUET_OK || duet_seq_reserve(cache, &seq, total, &err) != DUET_OK) {
-            fprintf(stderr, "check-forward: CPU prompt %d: %s\n", i, duet_err_text(&err));
-            atomic_store(&J->failed, 1);
-            duet_kv_cache_destroy(&cache);
-            continue;
-        }
-        duet_fwd_item_t it = {.seq = &seq, .tokens = J->prompts[i], .n_tokens = J->lens[i],
-                              .logits_mode = DUET_LOGITS_LAST, .logits = J->logits[i]};
-        duet_status_t st = duet_forward(m, cache, &it, 1, &err);
-        for (int s = 0; st == DUET_OK && s < T; s++) {
-            float *lg = J->logits[i] + (size_t)s * V;
-            J->gen[i][s] = argmax(lg, V);
-            if (s + 1 == T)
-                break;
-            duet_fwd_item_t d = {.seq = &seq, .tokens = &J->gen[i][s], .n_tokens = 1,
-                                 .logits_mode = DUET_LOGITS_LAST, .logits = lg + V};
-            st = duet_forward(m, cache, &d, 1, &err);
-        }
-        if (st != DUET_OK) {
-            fprintf(stderr, "check-forward: CPU prompt %d: %s\n", i, duet_err_text(&err));
-            atomic_store(&J->failed, 1);
-        }
-        duet_seq_release(cache, &seq);
-        duet_kv_cache_destroy(&cache);
-    }
-    return NULL;
-}
 
 /* ---- GPU helpers ---- */
 
@@ -262,8 +148,8 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     float **cl = calloc((size_t)N, sizeof *cl);
     int *lens = calloc((size_t)N, sizeof *lens);
     for (int i = 0; i < N; i++) {
-        lens[i] = prompt_len(i, a->seed);
-        prompts[i] = make_prompt(i, lens[i], V, a->seed);
+        lens[i] = fwd_prompt_len(i, a->seed);
+        prompts[i] = fwd_make_prompt(i, lens[i], V, a->seed);
         gen[i] = calloc((size_t)T, sizeof(int32_t));
         cl[i] = duet_malloc_array((size_t)T * V, sizeof(float));
         if (!cl[i]) {
@@ -273,16 +159,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     }
     /* CPU */
     double t0 = duet_time_s();
-    cpu_job_t J = {.m = m, .a = a, .prompts = prompts, .lens = lens, .gen = gen, .logits = cl};
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int nt = (int)(ncpu < 1 ? 1 : ncpu > N ? N : ncpu);
-    pthread_t *th = calloc((size_t)nt, sizeof *th);
-    for (int i = 0; i < nt; i++)
-        pthread_create(&th[i], NULL, cpu_worker, &J);
-    for (int i = 0; i < nt; i++)
-        pthread_join(th[i], NULL);
-    free(th);
-    if (atomic_load(&J.failed))
+    if (fwd_cpu_run(m, &a->opts, N, T, prompts, lens, gen, cl, NULL, NULL, NULL))
         return 2;
     double t_cpu = duet_time_s() - t0;
 
@@ -322,14 +199,14 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
         }
         for (int i = 0; i < N; i++) {
             const float *c = cl[i] + (size_t)s * V, *gp = gl + (size_t)i * V;
-            double e = nmse(gp, c, (size_t)V);
+            double e = fwd_nmse(gp, c, (size_t)V);
             if (s == 0 || e > worst[i] || isnan(e)) {
                 worst[i] = e;
                 worst_step[i] = s;
             }
             sum[i] += e;
             errs[(size_t)i * T + s] = e;
-            if (first[i] < 0 && argmax(gp, V) != gen[i][s])
+            if (first[i] < 0 && fwd_argmax(gp, V) != gen[i][s])
                 first[i] = s;
             if (i < inv_n && s < inv_s)
                 memcpy(keep + ((size_t)i * inv_s + s) * V, gp, sizeof(float) * V);
@@ -345,7 +222,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     printf("prompt  len  tokens  median_nmse  mean_nmse  worst_nmse (step)  first_greedy_diff\n");
     for (int i = 0; i < N; i++) {
         double mean = sum[i] / T;
-        qsort(errs + (size_t)i * T, (size_t)T, sizeof(double), cmp_double);
+        qsort(errs + (size_t)i * T, (size_t)T, sizeof(double), fwd_cmp_double);
         double med = errs[(size_t)i * T + T / 2];
         int ok = med <= a->tol;
         bad += !ok;
@@ -420,7 +297,7 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
         fprintf(stderr, "check-forward: %s\n", duet_err_text(&err));
         return 2;
     }
-    int32_t *prompt = make_prompt(999, ctx, V, a->seed);
+    int32_t *prompt = fwd_make_prompt(999, ctx, V, a->seed);
     float *ldev = NULL;
     if (duet_cuda_malloc(g->cu, (void **)&ldev, sizeof(float) * (size_t)V * maxb) != DUET_OK)
         return 2;
@@ -472,7 +349,7 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
         duet_fwd_item_t *items = calloc((size_t)b, sizeof *items);
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)b * steps);
         for (int i = 0; i < b * steps; i++)
-            toks[i] = 2 + (int32_t)(mix64(a->seed + 77 + (uint64_t)i) % (uint64_t)(V - 2));
+            toks[i] = 2 + (int32_t)(fwd_mix64(a->seed + 77 + (uint64_t)i) % (uint64_t)(V - 2));
         double tsum = 0, wb = 0, cb = 0, fl = 0;
         int timed = 0;
         for (int s = 0; s < steps; s++) {
@@ -627,9 +504,9 @@ static int staging(const args_t *a, const duet_model_t *m, gpu_t *g)
             goto fail;
         bad |= !eq;
     }
-    qsort(t_layer, (size_t)reps, sizeof(double), cmp_double);
-    qsort(t_all, (size_t)reps, sizeof(double), cmp_double);
-    qsort(t_up, (size_t)reps, sizeof(double), cmp_double);
+    qsort(t_layer, (size_t)reps, sizeof(double), fwd_cmp_double);
+    qsort(t_all, (size_t)reps, sizeof(double), fwd_cmp_double);
+    qsort(t_up, (size_t)reps, sizeof(double), fwd_cmp_double);
     double tl = t_layer[reps / 2], ta = t_all[reps / 2], tu = t_up[reps / 2];
     printf("staging ceilings: pinned cudaMemcpy device->host %.1f GB/s, host->device %.1f GB/s (1 GiB)\n", d2h_pin,
            h2d_pin);
@@ -688,18 +565,12 @@ int main(int argc, char **argv)
         case O_P: a.n_prompts = atoi(optarg); break;
         case O_T: a.n_tokens = atoi(optarg); break;
         case O_KV:
-        case O_IK: {
-            int d = duet_cache_dtype_parse(optarg);
-            if (d != DUET_CACHE_FP8 && d != DUET_CACHE_BF16) {
+        case O_IK:
+            if (fwd_cache_dtype_opt(optarg, o == O_KV, &a.opts)) {
                 usage(stderr);
                 return 2;
             }
-            if (o == O_KV)
-                a.opts.kv_dtype = (duet_cache_dtype_t)d;
-            else
-                a.opts.index_k_dtype = (duet_cache_dtype_t)d;
             break;
-        }
         case O_TOL: a.tol = strtod(optarg, NULL); break;
         case O_CHUNK: a.chunk = atoi(optarg); break;
         case O_INV: sscanf(optarg, "%d,%d", &a.inv_prompts, &a.inv_steps); break;

@@ -32,6 +32,12 @@ const duet_kernels_t *duet_kernels(void)
     return &g_kernels;
 }
 
+duet_kernels_t *duet_kernels_mutable(void)
+{
+    pthread_once(&g_once, kernels_once);
+    return &g_kernels;
+}
+
 /* Inverse frequencies computed in float32 in the order transformers uses, so
  * the tables agree with the numerical reference to the last bit where
  * possible.  yarn: the correction range [low, high] from beta_fast/beta_slow,
