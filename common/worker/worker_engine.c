@@ -256,7 +256,7 @@ duet_status_t duet_worker_engine_xfer_register(duet_worker_engine_t *e, duet_xfe
             why = "DUET_XFER_DEVICE=0";
         else if (e->tp > 1 && e->receives)
             why = "a tensor-parallel receiver keeps the host pools (each rank's device pools are filled from them)";
-        else if (e->host_mirror)
+        else if (e->host_mirror && !e->receives)
             why = "the prefix cache keeps its tiers in the host pools";
         if (!why) {
             duet_kv_cache_cuda_t *dc = duet_tp_cuda_cache(e->gpu, 0);

@@ -33,7 +33,7 @@ typedef struct {
     int device;         /* -1: the CPU; else the first GPU of the group */
     int tp;             /* tensor-parallel size (GPUs device .. device+tp-1) */
     int receives;       /* decode: the data plane writes into this cache (set before the xfer calls) */
-    int host_mirror;    /* the prefix cache reads and fills the host pools: the data plane stages through them */
+    int host_mirror;    /* prefill: the prefix cache reads and fills the host pools, so the data plane stages through them */
     int direct;         /* the data plane uses the device pools straight (duet_worker_engine_xfer_register) */
     void *xfer_gpu;     /* the data plane thread's CUDA context and bounce buffer */
     void *gpu;          /* CUDA state (engine/tp_cuda.h: contexts, device weights, device pools); NULL on the CPU */
