@@ -29,32 +29,6 @@
 
 /* ---------------------------------------------------------------- fixtures */
 
-static void fill_pools(duet_kv_cache_t *c, uint64_t seed)
-{
-    for (int k = 0; k < DUET_POOL_COUNT; k++) {
-        uint8_t *b = duet_kv_cache_pool_base(c, (duet_pool_kind_t)k);
-        size_t n = duet_kv_cache_pool_bytes(c, (duet_pool_kind_t)k);
-        uint64_t s = seed * 1000003u + (uint64_t)k;
-        for (size_t i = 0; i + 8 <= n; i += 8) {
-            uint64_t v = xh_splitmix(&s);
-            memcpy(b + i, &v, 8);
-        }
-    }
-}
-
-static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed)
-{
-    duet_model_config_t cfg;
-    tiny_config(&cfg);
-    duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = idx};
-    duet_kv_cache_t *c = NULL;
-    duet_err_t err;
-    duet_err_clear(&err);
-    REQUIRE(duet_kv_cache_create(&cfg, &o, N_PAGES, N_SLOTS, &c, &err) == DUET_OK, "%s", err.msg);
-    fill_pools(c, seed);
-    return c;
-}
-
 static duet_xfer_t *make_engine(const char *name, int verify)
 {
     duet_xfer_opts_t o = {.name = name, .timeout_ms = TIMEOUT_MS, .keepalive_ms = KEEPALIVE_MS,
@@ -94,46 +68,15 @@ typedef struct {
     int32_t sent_layers_all;  /* 0: the sender skipped some puts on purpose */
 } sender_info_t;
 
-/* Check every byte of every pool: transferred units equal the sender's, others untouched. */
+/* Every byte of every pool: transferred units equal the sender's, others untouched. */
 static uint64_t verify_bytes(duet_kv_cache_t *mine, uint64_t my_seed, duet_kv_cache_t *theirs,
                              const sender_info_t *si, const uint32_t *my_pages, uint32_t my_slot,
                              int transferred)
 {
-    duet_kv_cache_t *orig = make_cache(duet_kv_cache_layout(mine, DUET_POOL_C4_KV)->dtype,
-                                       duet_kv_cache_layout(mine, DUET_POOL_C4_INDEX_K)->dtype, my_seed);
-    uint64_t bad = 0;
-    for (int k = 0; k < DUET_POOL_COUNT; k++) {
-        const duet_cache_layout_t *l = duet_kv_cache_layout(mine, (duet_pool_kind_t)k);
-        if (l->n_layers == 0)
-            continue;
-        uint32_t nu = l->paged ? N_PAGES : N_SLOTS;
-        const uint8_t *m = duet_kv_cache_pool_base(mine, (duet_pool_kind_t)k);
-        const uint8_t *o = duet_kv_cache_pool_base(orig, (duet_pool_kind_t)k);
-        const uint8_t *t = duet_kv_cache_pool_base(theirs, (duet_pool_kind_t)k);
-        for (uint32_t layer = 0; layer < l->n_layers; layer++)
-            for (uint32_t u = 0; u < nu; u++) {
-                /* which sender unit (if any) was written into my unit u? */
-                int64_t src = -1;
-                if (transferred) {
-                    if (l->paged) {
-                        for (uint32_t i = 0; i < si->n_pages; i++)
-                            if (my_pages[i] == u)
-                                src = si->pages[i];
-                    } else if (u == my_slot) {
-                        src = si->slot;
-                    }
-                }
-                size_t off = ((size_t)layer * nu + u) * l->page_bytes;
-                const uint8_t *want = src >= 0 ? t + ((size_t)layer * nu + (size_t)src) * l->page_bytes
-                                               : o + off;
-                if (memcmp(m + off, want, l->page_bytes) != 0) {
-                    if (bad < 5)
-                        fprintf(stderr, "  byte mismatch: pool %s layer %u unit %u (source %" PRId64 ")\n",
-                                duet_pool_kind_name((duet_pool_kind_t)k), layer, u, src);
-                    bad++;
-                }
-            }
-    }
+    duet_kv_cache_t *orig = xh_make_cache(duet_kv_cache_layout(mine, DUET_POOL_C4_KV)->dtype,
+                                          duet_kv_cache_layout(mine, DUET_POOL_C4_INDEX_K)->dtype, my_seed);
+    uint64_t bad = xh_verify_units(mine, orig, theirs, si->pages, si->slot, my_pages, my_slot, si->n_pages,
+                                   transferred, 1);
     duet_kv_cache_destroy(&orig);
     return bad;
 }
@@ -142,7 +85,7 @@ static int receiver_main(int fd, const void *argp)
 {
     const recv_args_t *a = argp;
     duet_log_set_ident("receiver");
-    duet_kv_cache_t *c = make_cache(a->kv, a->idx, a->seed);
+    duet_kv_cache_t *c = xh_make_cache(a->kv, a->idx, a->seed);
     duet_xfer_t *x = make_engine("receiver", a->verify);
     duet_err_t err;
     duet_err_clear(&err);
@@ -174,7 +117,7 @@ static int receiver_main(int fd, const void *argp)
     res.first_token = ev.first_token;
     res.cancelled = (int32_t)ev.cancelled;
     snprintf(res.msg, sizeof res.msg, "%s", ev.msg);
-    duet_kv_cache_t *theirs = make_cache(a->kv, a->idx, si->seed);
+    duet_kv_cache_t *theirs = xh_make_cache(a->kv, a->idx, si->seed);
     res.mismatches = verify_bytes(c, a->seed, theirs, si, pages, slot, ev.status == DUET_OK);
     res.bytes_ok = res.mismatches == 0;
     duet_kv_cache_destroy(&theirs);
@@ -199,7 +142,7 @@ static void sender_init(sender_t *s, duet_cache_dtype_t kv, duet_cache_dtype_t i
                         const char *name)
 {
     s->seed = seed;
-    s->c = make_cache(kv, idx, seed);
+    s->c = xh_make_cache(kv, idx, seed);
     s->x = make_engine(name, 1);
     duet_err_t err;
     duet_err_clear(&err);
@@ -526,7 +469,7 @@ static void case_kill_sender(void)
 {
     int fd;
     pid_t sp = xh_spawn(endless_sender_main, NULL, &fd);
-    duet_kv_cache_t *c = make_cache(DUET_CACHE_FP8, DUET_CACHE_FP8, 61);
+    duet_kv_cache_t *c = xh_make_cache(DUET_CACHE_FP8, DUET_CACHE_FP8, 61);
     duet_xfer_t *x = make_engine("receiver", 1);
     duet_err_t err;
     duet_err_clear(&err);
@@ -566,7 +509,7 @@ static void case_kill_sender(void)
 /* Descriptors: pack/unpack round trip; truncated and garbage input refused. */
 static void case_descriptor_codec(void)
 {
-    duet_kv_cache_t *c = make_cache(DUET_CACHE_FP8, DUET_CACHE_BF16, 1);
+    duet_kv_cache_t *c = xh_make_cache(DUET_CACHE_FP8, DUET_CACHE_BF16, 1);
     duet_xfer_t *x = make_engine("codec", 0);
     duet_err_t err;
     duet_err_clear(&err);

@@ -36,26 +36,7 @@
 
 /* ---------------------------------------------------------------- fixtures */
 
-static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, uint64_t seed)
-{
-    duet_model_config_t cfg;
-    tiny_config(&cfg);
-    duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = kv};
-    duet_kv_cache_t *c = NULL;
-    duet_err_t err;
-    duet_err_clear(&err);
-    REQUIRE(duet_kv_cache_create(&cfg, &o, N_PAGES, N_SLOTS, &c, &err) == DUET_OK, "%s", err.msg);
-    for (int k = 0; k < DUET_POOL_COUNT; k++) {
-        uint8_t *b = duet_kv_cache_pool_base(c, (duet_pool_kind_t)k);
-        size_t n = duet_kv_cache_pool_bytes(c, (duet_pool_kind_t)k);
-        uint64_t s = seed * 1000003u + (uint64_t)k;
-        for (size_t i = 0; i + 8 <= n; i += 8) {
-            uint64_t v = xh_splitmix(&s);
-            memcpy(b + i, &v, 8);
-        }
-    }
-    return c;
-}
+static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, uint64_t seed) { return xh_make_cache(kv, kv, seed); }
 
 static uint64_t max_page_bytes(duet_kv_cache_t *c)
 {
@@ -240,37 +221,8 @@ static uint64_t verify_bytes(duet_kv_cache_t *mine, duet_cache_dtype_t kv, uint6
                              int verbose)
 {
     duet_kv_cache_t *orig = make_cache(kv, my_seed), *theirs = make_cache(kv, si->seed);
-    uint64_t bad = 0;
-    for (int k = 0; k < DUET_POOL_COUNT; k++) {
-        const duet_cache_layout_t *l = duet_kv_cache_layout(mine, (duet_pool_kind_t)k);
-        if (l->n_layers == 0)
-            continue;
-        uint32_t nu = l->paged ? N_PAGES : N_SLOTS;
-        const uint8_t *m = duet_kv_cache_pool_base(mine, (duet_pool_kind_t)k);
-        const uint8_t *o = duet_kv_cache_pool_base(orig, (duet_pool_kind_t)k);
-        const uint8_t *t = duet_kv_cache_pool_base(theirs, (duet_pool_kind_t)k);
-        for (uint32_t layer = 0; layer < l->n_layers; layer++)
-            for (uint32_t u = 0; u < nu; u++) {
-                int64_t src = -1;
-                if (transferred) {
-                    if (l->paged) {
-                        for (uint32_t i = 0; i < si->n_pages; i++)
-                            if (my_pages[i] == u)
-                                src = si->pages[i];
-                    } else if (u == my_slot) {
-                        src = si->slot;
-                    }
-                }
-                size_t off = ((size_t)layer * nu + u) * l->page_bytes;
-                const uint8_t *want = src >= 0 ? t + ((size_t)layer * nu + (size_t)src) * l->page_bytes : o + off;
-                if (memcmp(m + off, want, l->page_bytes) != 0) {
-                    if (verbose && bad < 5)
-                        fprintf(stderr, "  byte mismatch: pool %s layer %u unit %u (source %" PRId64 ")\n",
-                                duet_pool_kind_name((duet_pool_kind_t)k), layer, u, src);
-                    bad++;
-                }
-            }
-    }
+    uint64_t bad = xh_verify_units(mine, orig, theirs, si->pages, si->slot, my_pages, my_slot, si->n_pages,
+                                   transferred, verbose);
     duet_kv_cache_destroy(&orig);
     duet_kv_cache_destroy(&theirs);
     return bad;

@@ -2,6 +2,7 @@
 #include "xfer_harness.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -20,6 +21,66 @@ uint64_t xh_splitmix(uint64_t *s)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+duet_kv_cache_t *xh_make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed)
+{
+    duet_model_config_t cfg;
+    tiny_config(&cfg);
+    duet_cache_opts_t o = {.page_tokens = 256, .kv_dtype = kv, .index_k_dtype = idx};
+    duet_kv_cache_t *c = NULL;
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_kv_cache_create(&cfg, &o, N_PAGES, N_SLOTS, &c, &err) == DUET_OK, "%s", err.msg);
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        uint8_t *b = duet_kv_cache_pool_base(c, (duet_pool_kind_t)k);
+        size_t n = duet_kv_cache_pool_bytes(c, (duet_pool_kind_t)k);
+        uint64_t s = seed * 1000003u + (uint64_t)k;
+        for (size_t i = 0; i + 8 <= n; i += 8) {
+            uint64_t v = xh_splitmix(&s);
+            memcpy(b + i, &v, 8);
+        }
+    }
+    return c;
+}
+
+uint64_t xh_verify_units(duet_kv_cache_t *mine, duet_kv_cache_t *orig, duet_kv_cache_t *theirs,
+                         const uint32_t *their_pages, uint32_t their_slot, const uint32_t *my_pages, uint32_t my_slot,
+                         uint32_t n_pages, int transferred, int verbose)
+{
+    uint64_t bad = 0;
+    for (int k = 0; k < DUET_POOL_COUNT; k++) {
+        const duet_cache_layout_t *l = duet_kv_cache_layout(mine, (duet_pool_kind_t)k);
+        if (l->n_layers == 0)
+            continue;
+        uint32_t nu = l->paged ? N_PAGES : N_SLOTS;
+        const uint8_t *m = duet_kv_cache_pool_base(mine, (duet_pool_kind_t)k);
+        const uint8_t *o = duet_kv_cache_pool_base(orig, (duet_pool_kind_t)k);
+        const uint8_t *t = duet_kv_cache_pool_base(theirs, (duet_pool_kind_t)k);
+        for (uint32_t layer = 0; layer < l->n_layers; layer++)
+            for (uint32_t u = 0; u < nu; u++) {
+                /* which sender unit (if any) was written into my unit u? */
+                int64_t src = -1;
+                if (transferred) {
+                    if (l->paged) {
+                        for (uint32_t i = 0; i < n_pages; i++)
+                            if (my_pages[i] == u)
+                                src = their_pages[i];
+                    } else if (u == my_slot) {
+                        src = their_slot;
+                    }
+                }
+                size_t off = ((size_t)layer * nu + u) * l->page_bytes;
+                const uint8_t *want = src >= 0 ? t + ((size_t)layer * nu + (size_t)src) * l->page_bytes : o + off;
+                if (memcmp(m + off, want, l->page_bytes) != 0) {
+                    if (verbose && bad < 5)
+                        fprintf(stderr, "  byte mismatch: pool %s layer %u unit %u (source %" PRId64 ")\n",
+                                duet_pool_kind_name((duet_pool_kind_t)k), layer, u, src);
+                    bad++;
+                }
+            }
+    }
+    return bad;
 }
 
 void xh_pick_pages(uint64_t seed, uint32_t *ids, uint32_t n)

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "kv_cache.h"
 #include "model_config.h"
 #include "xfer.h"
 #include "../cache_fixture.h" /* tiny_config */
@@ -45,6 +46,17 @@ extern int g_fail; /* CHECK failures in this process */
 uint64_t xh_splitmix(uint64_t *s);
 /* n distinct page ids of N_PAGES in short runs (so transfers coalesce some and not others). */
 void xh_pick_pages(uint64_t seed, uint32_t *ids, uint32_t n);
+
+/* A cache over tiny_config (N_PAGES pages, N_SLOTS slots, 256-token pages) whose pools hold
+ * seeded bytes. */
+duet_kv_cache_t *xh_make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed);
+/* Every byte of every pool of `mine` after a transfer: the units that received one (my_pages[i]
+ * from their_pages[i], i < n_pages, and my_slot from their_slot, when `transferred`) equal
+ * `theirs`, all others equal `orig` (mine as it was).  Returns the units that differ; prints
+ * the first five when `verbose`. */
+uint64_t xh_verify_units(duet_kv_cache_t *mine, duet_kv_cache_t *orig, duet_kv_cache_t *theirs,
+                         const uint32_t *their_pages, uint32_t their_slot, const uint32_t *my_pages, uint32_t my_slot,
+                         uint32_t n_pages, int transferred, int verbose);
 
 /* Length-prefixed messages over a socket: 0 / -1. */
 int xh_send(int fd, const void *buf, uint32_t len);
