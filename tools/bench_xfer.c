@@ -324,31 +324,37 @@ static void sender_cmd(int fd, uint32_t op, uint32_t a, uint32_t b)
     }
 }
 
-/* One transfer: `rounds` repetitions of put(pool, all layers); seconds from begin to done. */
-static double timed_transfer(int fd, duet_xfer_t *x, const uint32_t *local, uint32_t n_local, uint32_t slot,
-                             int pool, uint32_t rounds, uint64_t *bytes)
+/* The sender's side of one transfer, in two halves around its puts.  begin: the receiver's
+ * descriptor from fd, then duet_xfer_send_begin (*t0: just before it).  end: finish, wait
+ * (bounded) for the SEND event and the receiver's status, both OK or exit; *t_event (if not
+ * NULL): when the event came; returns the bytes moved. */
+static uint64_t peer_begin(int fd, duet_xfer_t *x, const uint32_t *local, uint32_t n_local, uint32_t slot,
+                           duet_xfer_desc_t *d, double *t0)
 {
     uint32_t len;
     uint8_t *b = sk_recv(fd, &len);
-    duet_xfer_desc_t d;
     duet_err_t err;
     duet_err_clear(&err);
-    if (duet_xfer_desc_unpack(b, len, &d, &err) != DUET_OK)
+    if (duet_xfer_desc_unpack(b, len, d, &err) != DUET_OK)
         die(err.msg);
     free(b);
-    double t0 = duet_time_s();
+    *t0 = duet_time_s();
     uint64_t tid;
-    if (duet_xfer_send_begin(x, &d, local, n_local, slot, 0, &tid, &err) != DUET_OK)
+    if (duet_xfer_send_begin(x, d, local, n_local, slot, 0, &tid, &err) != DUET_OK)
         die(duet_err_text(&err));
-    for (uint32_t r = 0; r < rounds; r++)
-        duet_xfer_send_put(x, tid, pool, DUET_XFER_ALL_LAYERS);
+    return tid;
+}
+
+static uint64_t peer_end(int fd, duet_xfer_t *x, uint64_t tid, duet_xfer_desc_t *d, double *t_event)
+{
     duet_xfer_send_finish(x, tid, 0);
     duet_xfer_event_t ev;
     do {
         if (duet_xfer_wait(x, &ev, 120000) != DUET_OK)
             die("sender: no event in 120 s");
     } while (ev.kind != DUET_XFER_EV_SEND);
-    double dt = duet_time_s() - t0;
+    if (t_event)
+        *t_event = duet_time_s();
     if (ev.status != DUET_OK) {
         fprintf(stderr, "duet-bench-xfer: transfer failed: %s %s\n", duet_status_code(ev.status), ev.msg);
         exit(1);
@@ -359,9 +365,21 @@ static double timed_transfer(int fd, duet_xfer_t *x, const uint32_t *local, uint
         fprintf(stderr, "duet-bench-xfer: receiver reports %s\n", duet_status_code(rst));
         exit(1);
     }
-    *bytes = ev.bytes;
-    duet_xfer_desc_fini(&d);
-    return dt;
+    duet_xfer_desc_fini(d);
+    return ev.bytes;
+}
+
+/* One transfer: `rounds` repetitions of put(pool, all layers); seconds from begin to done. */
+static double timed_transfer(int fd, duet_xfer_t *x, const uint32_t *local, uint32_t n_local, uint32_t slot,
+                             int pool, uint32_t rounds, uint64_t *bytes)
+{
+    duet_xfer_desc_t d;
+    double t0, t1;
+    uint64_t tid = peer_begin(fd, x, local, n_local, slot, &d, &t0);
+    for (uint32_t r = 0; r < rounds; r++)
+        duet_xfer_send_put(x, tid, pool, DUET_XFER_ALL_LAYERS);
+    *bytes = peer_end(fd, x, tid, &d, &t1);
+    return t1 - t0;
 }
 
 /* ---------------------------------------------------------------- ucx_perftest */
@@ -822,18 +840,9 @@ static double g_transfer(int fd, gside_t *g, const gmsg_t *m, uint64_t *moved)
     int k = (int)m->pool;
     uint32_t cnt = g_units(g, k, ids, n, slot);
     sk_send(fd, m, sizeof *m);
-    uint32_t len;
-    uint8_t *b = sk_recv(fd, &len);
     duet_xfer_desc_t d;
-    duet_err_t err;
-    duet_err_clear(&err);
-    if (duet_xfer_desc_unpack(b, len, &d, &err) != DUET_OK)
-        die(err.msg);
-    free(b);
-    double t0 = duet_time_s();
-    uint64_t tid;
-    if (duet_xfer_send_begin(g->x, &d, ids, n, slot, 0, &tid, &err) != DUET_OK)
-        die(duet_err_text(&err));
+    double t0;
+    uint64_t tid = peer_begin(fd, g->x, ids, n, slot, &d, &t0);
     for (uint32_t r = 0; r < m->rounds; r++) {
         if (g->staged) {
             GCK(g->c, duet_cuda_pages_copy(g->c, g->hpool[k], g->units, g->dpool[k], g->units, cnt,
@@ -842,23 +851,8 @@ static double g_transfer(int fd, gside_t *g, const gmsg_t *m, uint64_t *moved)
         }
         duet_xfer_send_put(g->x, tid, k, DUET_XFER_ALL_LAYERS);
     }
-    duet_xfer_send_finish(g->x, tid, 0);
-    duet_xfer_event_t ev;
-    do {
-        if (duet_xfer_wait(g->x, &ev, 120000) != DUET_OK)
-            die("sender: no event in 120 s");
-    } while (ev.kind != DUET_XFER_EV_SEND);
-    if (ev.status != DUET_OK) {
-        fprintf(stderr, "duet-bench-xfer: transfer failed: %s %s\n", duet_status_code(ev.status), ev.msg);
-        exit(1);
-    }
-    int32_t rst;
-    sk_recv_into(fd, &rst, sizeof rst);
-    double dt = duet_time_s() - t0;
-    if (rst != DUET_OK) {
-        fprintf(stderr, "duet-bench-xfer: receiver reports %s\n", duet_status_code(rst));
-        exit(1);
-    }
+    uint64_t bytes = peer_end(fd, g->x, tid, &d, NULL);
+    double dt = duet_time_s() - t0; /* the receiver's status included */
     if (m->verify) {
         uint64_t bad;
         sk_recv_into(fd, &bad, sizeof bad);
@@ -868,9 +862,8 @@ static double g_transfer(int fd, gside_t *g, const gmsg_t *m, uint64_t *moved)
             exit(1);
         }
     }
-    duet_xfer_desc_fini(&d);
-    *moved = ev.bytes;
-    return (double)ev.bytes / dt / 1e9;
+    *moved = bytes;
+    return (double)bytes / dt / 1e9;
 }
 
 /* Best of reps; the first repetition is verified. */
