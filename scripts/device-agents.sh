@@ -49,9 +49,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prepare)
       set -e
-      [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dtests=false -Dgpu_archs=90
-      ninja -C "$BUILD" $BINS
-      "$ROOT/scripts/make-bundle.sh"
+      duet_device_prepare "$BUILD" $BINS
       tar -czf "$TGZ" -C "$BUILD" $BINS
       (cd "$BUILD" && du -ch $BINS | tail -1) ; du -h "$TGZ"; du -sh "$ROOT/.bundle"
       exit 0 ;;

@@ -43,9 +43,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prepare)
       set -e
-      [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dtests=false -Dgpu_archs=90
-      ninja -C "$BUILD" tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate
-      "$ROOT/scripts/make-bundle.sh"
+      duet_device_prepare "$BUILD" tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate
       du -sh "$BIN"/duet-check-forward "$BIN"/duet-check-ops "$BIN"/duet-mkmodel "$BIN"/duet-generate "$ROOT/.bundle"
       exit 0 ;;
     --quick) prompts=4 tokens=32 ;;

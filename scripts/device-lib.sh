@@ -15,6 +15,17 @@ duet_cuda_lib_dir() {
   return 1
 }
 
+# Here, before a device call: configure BUILD ($1; sm_90 only, no tests) if it has no
+# build.ninja yet, build the targets that follow, and refresh $ROOT/.bundle.
+duet_device_prepare() {
+  local build="$1"
+  shift
+  if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$ROOT" -Dcuda=enabled -Dtests=false -Dgpu_archs=90 || return 1
+  fi
+  ninja -C "$build" "$@" && "$ROOT/scripts/make-bundle.sh"
+}
+
 # cuBLAS / cuBLASLt 13; NCCL (tensor parallelism loads it at run time).
 duet_cublas_dir() { duet_cuda_lib_dir libcublasLt.so.13 cublas; }
 duet_nccl_dir() { duet_cuda_lib_dir libnccl.so.2 nccl; }

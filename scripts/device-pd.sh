@@ -47,9 +47,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prepare)
       set -e
-      [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dtests=false -Dgpu_archs=90
-      ninja -C "$BUILD" $BINS
-      "$ROOT/scripts/make-bundle.sh"
+      duet_device_prepare "$BUILD" $BINS
       (cd "$BUILD" && du -ch $BINS) ; du -sh "$ROOT/.bundle"
       exit 0 ;;
     --no-slice) slice=0 ;;
