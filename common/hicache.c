@@ -700,6 +700,7 @@ fail:
 static void req_clear(duet_hicache_req_t *rq)
 {
     free(rq->hit_page_ids);
+    free(rq->loaded_page_ids);
     free(rq->tree_page);
     memset(rq, 0, sizeof *rq);
 }
@@ -753,9 +754,10 @@ duet_status_t duet_hicache_begin(duet_hicache_t *hc, const int32_t *tokens, int6
     if (hit && job && need_load) {
         job->host_idx = duet_malloc_array(need_load, sizeof(uint32_t));
         job->dev_page = duet_malloc_array(need_load, sizeof(uint32_t));
+        rq->loaded_page_ids = duet_malloc_array(need_load, sizeof(uint32_t));
     }
     if (!rq->tree_page || (hit_end && !rq->hit_page_ids) || (hit && !job) ||
-        (job && need_load && (!job->host_idx || !job->dev_page))) {
+        (job && need_load && (!job->host_idx || !job->dev_page || !rq->loaded_page_ids))) {
         if (job) {
             free(job->host_idx);
             free(job->dev_page);
@@ -817,6 +819,9 @@ duet_status_t duet_hicache_begin(duet_hicache_t *hc, const int32_t *tokens, int6
         }
         free(arrs);
         job->n = at;
+        if (at)
+            memcpy(rq->loaded_page_ids, job->dev_page, sizeof(uint32_t) * at);
+        rq->n_loaded = at;
         job->state = hit->state;
         job->slot = slot;
         hc->st.loaded_pages += at;

@@ -75,6 +75,8 @@ typedef struct {
     uint32_t hit_pages;          /* seq pages [0, hit_pages) are the tree's */
     int64_t hit_tokens;          /* hit_pages * page_tokens */
     uint32_t *hit_page_ids;      /* (hit_pages) device page ids of the hit */
+    uint32_t n_loaded;           /* of those, the pages the load job fills from the host tier (any order) */
+    uint32_t *loaded_page_ids;   /* (n_loaded) */
     uint32_t n_pages;            /* pages of the whole prompt */
     uint8_t *tree_page;          /* (n_pages) 1: the page belongs to the tree, not to the request */
     int64_t stops[DUET_HICACHE_MAX_STOPS]; /* boundaries to insert at, ascending */

@@ -366,16 +366,19 @@ static void drain_xfer(psrv_t *s)
 
 /* ---- prefill step ------------------------------------------------------ */
 
-/* The request's sequence without the prefix-cache hit's pages at its head: those are the tree's,
- * already in the host pools (and possibly being backed up), so staging leaves them alone. */
-static const duet_seq_t *own_pages(const preq_t *r, duet_seq_t *view)
+/* The request's pages that hold its first `upto` tokens, without the prefix-cache hit's pages at
+ * their head: those are the tree's, already in the host pools (and possibly being backed up), so
+ * staging leaves them alone. */
+static const duet_seq_t *own_pages(const psrv_t *s, const preq_t *r, int64_t upto, duet_seq_t *view)
 {
-    if (!r->hreq.active || !r->hreq.hit_pages)
-        return &r->seq;
+    uint32_t hit = r->hreq.active ? r->hreq.hit_pages : 0;
+    uint32_t used = (uint32_t)((upto + s->o.cache.page_tokens - 1) / s->o.cache.page_tokens);
+    if (used > r->seq.n_pages)
+        used = r->seq.n_pages;
     *view = r->seq;
-    view->pages += r->hreq.hit_pages;
-    view->n_pages -= r->hreq.hit_pages;
-    view->cap_pages -= r->hreq.hit_pages;
+    view->pages += hit;
+    view->n_pages = used > hit ? used - hit : 0;
+    view->cap_pages -= hit;
     return view;
 }
 
@@ -394,7 +397,7 @@ static duet_status_t layer_done(void *arg, int layer)
         duet_seq_t views[MAX_FINALS];
         duet_err_t err = {0};
         for (uint32_t i = 0; i < s->n_finals; i++)
-            seqs[i] = own_pages(s->finals[i], &views[i]);
+            seqs[i] = own_pages(s, s->finals[i], s->finals[i]->n_tokens, &views[i]);
         duet_status_t st = duet_worker_engine_to_host(&s->eng, layer, seqs, s->n_finals, &err);
         if (st != DUET_OK) {
             duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
@@ -493,11 +496,15 @@ static int start_request(psrv_t *s, preq_t *r)
         return 0;
     }
     if (r->hreq.active && r->hreq.hit_pages && duet_worker_engine_on_gpu(&s->eng)) {
-        /* the forward reads the device pools: the hit (pages and resume state, loaded into the
-         * host pools by the prefix cache) goes up first */
+        /* the forward reads the device pools: what the prefix cache loaded into the host pools --
+         * the pages it brought back from the host tier and the resume state in the slot -- goes
+         * up first (the hit's other pages never left the device) */
+        duet_seq_t loaded = r->seq;
+        loaded.pages = r->hreq.loaded_page_ids;
+        loaded.n_pages = loaded.cap_pages = r->hreq.n_loaded;
         duet_status_t hs = duet_hicache_wait(s->hc, &r->hreq, &err);
         if (hs == DUET_OK)
-            hs = duet_worker_engine_to_device(&s->eng, &r->seq, r->hreq.hit_pages, &err);
+            hs = duet_worker_engine_to_device(&s->eng, &loaded, loaded.n_pages, &err);
         if (hs != DUET_OK) {
             duet_log_rid(DUET_LOG_WARN, r->rid, "prefix cache hit not copied to the device: %s",
                          duet_err_text(&err));
@@ -528,7 +535,7 @@ static duet_status_t sync_host(psrv_t *s, preq_t *r)
     if (!duet_worker_engine_on_gpu(&s->eng) || r->done >= r->n_tokens)
         return DUET_OK;
     duet_seq_t v;
-    const duet_seq_t *one[1] = {own_pages(r, &v)};
+    const duet_seq_t *one[1] = {own_pages(s, r, r->done, &v)};
     duet_err_t err = {0};
     duet_status_t st = duet_worker_engine_to_host(&s->eng, -1, one, 1, &err);
     if (st != DUET_OK)

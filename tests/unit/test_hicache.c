@@ -112,6 +112,20 @@ static void check(duet_kv_cache_t *c, const uint32_t *pages, uint32_t n, uint32_
     }
 }
 
+/* The pages loaded from the host tier are distinct hit pages. */
+static void check_loaded(const duet_hicache_req_t *rq)
+{
+    assert_true(rq->n_loaded <= rq->hit_pages);
+    for (uint32_t i = 0; i < rq->n_loaded; i++) {
+        uint32_t j = 0;
+        while (j < rq->hit_pages && rq->hit_page_ids[j] != rq->loaded_page_ids[i])
+            j++;
+        assert_true(j < rq->hit_pages);
+        for (uint32_t k = 0; k < i; k++)
+            assert_int_not_equal(rq->loaded_page_ids[k], rq->loaded_page_ids[i]);
+    }
+}
+
 /* One simulated request: returns the hit token count. */
 static int64_t run_req(env_t *e, const int32_t *tokens, int64_t n)
 {
@@ -128,6 +142,7 @@ static int64_t run_req(env_t *e, const int32_t *tokens, int64_t n)
     assert_int_equal(duet_kv_cache_alloc_pages(e->cache, total - rq.hit_pages, pages + rq.hit_pages), DUET_OK);
     int64_t hit = rq.hit_tokens;
     assert_true(hit < n);
+    check_loaded(&rq);
     if (hit)
         check(e->cache, pages, rq.hit_pages, slot, tokens, hit);
     int64_t done = hit;
@@ -214,6 +229,7 @@ static void test_device_hits(void **state)
     assert_int_equal(s.misses, 2);
     assert_int_equal(s.device_hits, 7);
     assert_int_equal(s.host_hits, 0);
+    assert_int_equal(s.loaded_pages, 0);
     assert_int_equal(s.hit_tokens, (3 + 3 + 3 + 4 + 5 + 6 + 2) * PT);
     assert_int_equal(s.nodes, 6); /* a: [0,2) [2,3) [3,4) [4,5); b: [4,5) [5,6) */
     assert_int_equal(s.device_pages, 7);
@@ -431,6 +447,9 @@ static void test_wait(void **state)
         duet_err_t err = {0};
         uint64_t t0 = duet_time_ns();
         uint32_t slot = begin_hit(&e, a, &rq);
+        /* both hit pages come back from the host tier (the device copies were dropped) */
+        assert_int_equal(rq.n_loaded, 2);
+        check_loaded(&rq);
         duet_status_t st = duet_hicache_wait(e.hc, &rq, &err);
         uint64_t waited_ms = (duet_time_ns() - t0) / 1000000;
         if (late) {
