@@ -263,22 +263,20 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B, fp4 64 B
- * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); SU: units a stage holds;
- * STAGES: stages in shared memory.  Measured on the H200: one unit a stage and two stages
- * (one computed, one in flight) beat deeper pipelines and 256-byte fetches a row, which
- * cost blocks an SM. */
+ * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); STAGES: units in shared
+ * memory.  Measured on the H200: two stages (one computed, one in flight) beat deeper
+ * pipelines and fetches of several units a row, which cost blocks an SM. */
 template <int WT> struct tc_traits;
-template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, SU = 1, STAGES = 2; };
-template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, SU = 1, STAGES = 2; };
-template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, SU = 1, STAGES = 2; };
+template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
+template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 2; };
+template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = 2; };
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
  * (16-byte reads of eight rows hit distinct banks), then the rows' scale words ([row][unit]). */
-#define TC_F4_ROW_STRIDE (64 * tc_traits<WT_F4>::SU + 16)
+#define TC_F4_ROW_STRIDE 80
 template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
-    return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 * tc_traits<WT>::SU
-                       : tc_traits<WT>::SU * 4 * tc_traits<WT>::CPR * 32 * 16;
+    return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 4 * tc_traits<WT>::CPR * 32 * 16;
 }
 template <int WT> __host__ __device__ constexpr int tc_wstage_bytes() { return TC_WARPS * tc_wwarp_bytes<WT>(); }
 template <int NT> __host__ __device__ constexpr int tc_split_bytes() { return NT * 8 * 3 * 32 * 8; }
@@ -377,7 +375,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                              int tile_id)
 {
     constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_traits<WT>::STAGES;
-    constexpr int SU = tc_traits<WT>::SU;
     constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<NT>();
     constexpr int NX = 2 * NT; /* x quads a thread splits per unit */
     extern __shared__ __align__(16) uint8_t tc_smem[];
@@ -414,34 +411,21 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         ue = min(ub + TC_CHUNK_UNITS, units);
     }
 
-    int nstages = (ue - ub + SU - 1) / SU;
-    auto load_w = [&](int k, int slot) { /* stage k: units ub + k*SU .. */
+    auto load_w = [&](int u, int slot) {
         if (!active)
             return;
         uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
-        int u0 = ub + k * SU, nu = min(SU, ue - u0);
         if constexpr (WT == WT_F4) {
 #pragma unroll
             for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int su = 0; su < SU; su++)
-                    if (su < nu)
-                        cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + su * 64 + 16 * (lane & 3),
-                                   frow[j] + (size_t)(u0 + su) * 64);
-#pragma unroll
-            for (int su = 0; su < SU; su++)
-                if (su < nu)
-                    cp_async4(st + 32 * TC_F4_ROW_STRIDE + (lane * SU + su) * 4, srow + 4 * (u0 + su));
+                cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), frow[j] + (size_t)u * 64);
+            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + 4 * u);
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
 #pragma unroll
-                for (int su = 0; su < SU; su++)
-                    if (su < nu)
-#pragma unroll
-                        for (int j = 0; j < CPR; j++)
-                            cp_async16(st + (((su * 4 + r4) * CPR + j) * 32 + lane) * 16,
-                                       rp[r4] + (size_t)(u0 + su) * (CPR * 64) + 64 * j);
+                for (int j = 0; j < CPR; j++)
+                    cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
         }
     };
     /* x: the thread's NX row pointers once (a gathered row's index is read once), each unit's
@@ -497,8 +481,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < nstages)
-            load_w(s, s);
+        if (ub + s < ue)
+            load_w(ub + s, s);
         cp_commit();
     }
     load_x(xr[0], ub);
@@ -516,17 +500,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             if (u + XD < ue)
                 load_x(xr[XD - 1], u + XD);
         }
-        int k = i / SU, su = i % SU;
-        if (su == 0)
-            cp_wait<S - 2>();
+        cp_wait<S - 2>();
         __syncthreads();
-        if (su == 0) {
-            if (k + S - 1 < nstages)
-                load_w(k + S - 1, (k + S - 1) % S);
-            cp_commit();
-        }
+        if (u + S - 1 < ue)
+            load_w(u + S - 1, (i + S - 1) % S);
+        cp_commit();
         if (active) {
-            const uint8_t *wwarp = wsm + (k % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
+            const uint8_t *wwarp = wsm + (i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
             float part[2][NT][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
@@ -554,14 +534,14 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 uint32_t sc[4];
 #pragma unroll
                 for (int r4 = 0; r4 < 4; r4++)
-                    sc[r4] = sw[(16 * (r4 >> 1) + g + 8 * (r4 & 1)) * SU + su];
+                    sc[r4] = sw[16 * (r4 >> 1) + g + 8 * (r4 & 1)];
 #pragma unroll
                 for (int G = 0; G < 4; G++) {
                     uint4 v[4];
 #pragma unroll
                     for (int r4 = 0; r4 < 4; r4++)
                         v[r4] = *reinterpret_cast<const uint4 *>(wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) *
-                                                                           TC_F4_ROW_STRIDE + su * 64 + 16 * G);
+                                                                           TC_F4_ROW_STRIDE + 16 * G);
 #pragma unroll
                     for (int hb = 0; hb < 2; hb++) {
                         uint32_t wa[4][2];
@@ -579,7 +559,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     tc_fold<NT>(pc, part, gs);
                 }
             } else {
-                const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp) + su * 4 * CPR * 32;
+                const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
                 float bs[4] = {1.0f, 1.0f, 1.0f, 1.0f}; /* fp8: the 128x128 block's scale, both halves */
                 if constexpr (WT == WT_F8)
 #pragma unroll
