@@ -241,10 +241,11 @@ typedef struct {
     uint32_t op, a, b;
 } cmdmsg_t;
 
-static void expect_and_reply(int fd, duet_xfer_t *x, const uint32_t *ids, uint32_t n, uint32_t slot, uint64_t seq)
+/* The receiver's side of one transfer: expect it (request `rid`), send the descriptor to the
+ * sender, wait (bounded) for the RECV event; returns its status. */
+static int32_t expect_and_wait(int fd, duet_xfer_t *x, const char *rid, const uint32_t *ids, uint32_t n, uint32_t slot,
+                               uint64_t seq)
 {
-    char rid[32];
-    snprintf(rid, sizeof rid, "bench-%" PRIu64, seq);
     duet_xfer_desc_t d;
     duet_err_t err;
     duet_err_clear(&err);
@@ -262,7 +263,14 @@ static void expect_and_reply(int fd, duet_xfer_t *x, const uint32_t *ids, uint32
         if (duet_xfer_wait(x, &ev, 120000) != DUET_OK)
             die("receiver: no event in 120 s");
     } while (ev.kind != DUET_XFER_EV_RECV);
-    int32_t st = ev.status;
+    return ev.status;
+}
+
+static void expect_and_reply(int fd, duet_xfer_t *x, const uint32_t *ids, uint32_t n, uint32_t slot, uint64_t seq)
+{
+    char rid[32];
+    snprintf(rid, sizeof rid, "bench-%" PRIu64, seq);
+    int32_t st = expect_and_wait(fd, x, rid, ids, n, slot, seq);
     sk_send(fd, &st, sizeof st);
 }
 
@@ -765,26 +773,8 @@ static int gpu_receiver_main(int fd, int dev)
         uint32_t slot, n = g_request(&m, ids, &slot, 0);
         char rid[32];
         snprintf(rid, sizeof rid, "gpu-%" PRIu64, seq);
-        duet_xfer_desc_t d;
-        duet_err_t err;
-        duet_err_clear(&err);
-        if (duet_xfer_recv_expect(g.x, rid, seq, ids, n, slot, duet_deadline_after_ms(120000), seq, &d, &err) !=
-            DUET_OK)
-            die(err.msg);
+        int32_t st = expect_and_wait(fd, g.x, rid, ids, n, slot, seq);
         seq++;
-        uint8_t *b;
-        size_t len;
-        if (duet_xfer_desc_pack(&d, &b, &len) != DUET_OK)
-            die("pack");
-        sk_send(fd, b, (uint32_t)len);
-        free(b);
-        duet_xfer_desc_fini(&d);
-        duet_xfer_event_t ev;
-        do {
-            if (duet_xfer_wait(g.x, &ev, 120000) != DUET_OK)
-                die("receiver: no event in 120 s");
-        } while (ev.kind != DUET_XFER_EV_RECV);
-        int32_t st = ev.status;
         if (st == DUET_OK && g.staged) {
             /* pinned host -> device, every round's bytes, after TransferDone (as decode does) */
             int k = (int)m.pool;

@@ -237,17 +237,7 @@ static int receiver_main(int fd, const void *argp)
     uint32_t pages[N_PAGES];
     xh_pick_pages(a->seed ^ 0x5555, pages, a->n_pages);
     uint32_t slot = (uint32_t)(a->seed % N_SLOTS);
-    duet_xfer_desc_t d;
-    duet_err_t err;
-    duet_err_clear(&err);
-    REQUIRE(duet_xfer_recv_expect(e.x, "req-dev", 3, pages, a->n_pages, slot, duet_deadline_after_ms(a->deadline_ms),
-                                  17, &d, &err) == DUET_OK, "%s", err.msg);
-    uint8_t *buf;
-    size_t len;
-    REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
-    REQUIRE(xh_send(fd, buf, (uint32_t)len) == 0, "send desc");
-    free(buf);
-    duet_xfer_desc_fini(&d);
+    xh_expect_and_send_desc(fd, e.x, "req-dev", 3, pages, a->n_pages, slot, a->deadline_ms, 17);
     uint32_t n;
     sender_info_t *si = (sender_info_t *)xh_recv(fd, &n, 10000);
     REQUIRE(si && n == sizeof *si, "sender info");

@@ -83,6 +83,23 @@ uint64_t xh_verify_units(duet_kv_cache_t *mine, duet_kv_cache_t *orig, duet_kv_c
     return bad;
 }
 
+void xh_expect_and_send_desc(int fd, duet_xfer_t *x, const char *rid, uint64_t epoch, const uint32_t *pages,
+                             uint32_t n_pages, uint32_t slot, uint32_t deadline_ms, uint64_t user)
+{
+    duet_xfer_desc_t d;
+    duet_err_t err;
+    duet_err_clear(&err);
+    REQUIRE(duet_xfer_recv_expect(x, rid, epoch, pages, n_pages, slot, duet_deadline_after_ms(deadline_ms), user, &d,
+                                  &err) == DUET_OK,
+            "%s", err.msg);
+    uint8_t *buf;
+    size_t len;
+    REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
+    REQUIRE(xh_send(fd, buf, (uint32_t)len) == 0, "send desc");
+    free(buf);
+    duet_xfer_desc_fini(&d);
+}
+
 void xh_pick_pages(uint64_t seed, uint32_t *ids, uint32_t n)
 {
     uint8_t used[N_PAGES] = {0};

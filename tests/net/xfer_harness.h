@@ -58,6 +58,11 @@ uint64_t xh_verify_units(duet_kv_cache_t *mine, duet_kv_cache_t *orig, duet_kv_c
                          const uint32_t *their_pages, uint32_t their_slot, const uint32_t *my_pages, uint32_t my_slot,
                          uint32_t n_pages, int transferred, int verbose);
 
+/* Receiver: expect a transfer (duet_xfer_recv_expect with a deadline deadline_ms from now) and
+ * send its packed descriptor to the sender over fd; fails the case otherwise. */
+void xh_expect_and_send_desc(int fd, duet_xfer_t *x, const char *rid, uint64_t epoch, const uint32_t *pages,
+                             uint32_t n_pages, uint32_t slot, uint32_t deadline_ms, uint64_t user);
+
 /* Length-prefixed messages over a socket: 0 / -1. */
 int xh_send(int fd, const void *buf, uint32_t len);
 /* One message (malloc'd) within timeout_ms; NULL on timeout or EOF. */
