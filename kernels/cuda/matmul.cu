@@ -927,35 +927,42 @@ __device__ __forceinline__ bool group_tile(const group_args &g, int tile, int to
     return true;
 }
 
-template <int WT, int NT>
-__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_args a, group_args g)
+/* This block's expert tile: a's weight, scale and output become that expert's matrix (w1 or w3
+ * by blockIdx.y), *tm its token map, *row_tile the row tile in it, *t0 the first token.  False
+ * for tiles past the last one (the whole block returns). */
+__device__ __forceinline__ bool group_block(gemv_args &a, const group_args &g, int tok_per_tile, tok_group *tm,
+                                            int *row_tile, int *t0)
 {
-    int e, t0;
-    if (!group_tile(g, blockIdx.x, GEMV_TOKENS, &e, &t0))
-        return;
+    int e;
+    if (!group_tile(g, blockIdx.x, tok_per_tile, &e, t0))
+        return false;
     int mi = blockIdx.y >= (unsigned)g.row_tiles;
     int off = __ldg(g.offs + e);
     a.w = (const uint8_t *)g.w[mi][e];
     a.scale = g.scale[mi] ? g.scale[mi][e] : NULL;
     a.y = g.y[mi];
-    tok_group tm{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
-    gemv_body<WT, NT>(a, tm, (blockIdx.y - mi * g.row_tiles) * GEMV_ROWS_PER_WARP, t0);
+    *tm = tok_group{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
+    *row_tile = (int)blockIdx.y - mi * g.row_tiles;
+    return true;
+}
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_args a, group_args g)
+{
+    tok_group tm;
+    int rt, t0;
+    if (group_block(a, g, GEMV_TOKENS, &tm, &rt, &t0))
+        gemv_body<WT, NT>(a, tm, rt * GEMV_ROWS_PER_WARP, t0);
 }
 
 template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_group_kernel(gemv_args a, group_args g)
 {
-    int e, t0;
-    if (!group_tile(g, blockIdx.x, 8 * NT, &e, &t0))
-        return;
-    int mi = blockIdx.y >= (unsigned)g.row_tiles;
-    int off = __ldg(g.offs + e);
-    a.w = (const uint8_t *)g.w[mi][e];
-    a.scale = g.scale[mi] ? g.scale[mi][e] : NULL;
-    a.y = g.y[mi];
-    tok_group tm{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
-    tc_split sp = {NULL, NULL, 1};
-    gemv_tc_body<WT, NT>(a, tm, (blockIdx.y - mi * g.row_tiles) * TC_BLOCK_ROWS, t0, sp, 0);
+    tok_group tm;
+    int rt, t0;
+    const tc_split sp = {NULL, NULL, 1};
+    if (group_block(a, g, 8 * NT, &tm, &rt, &t0))
+        gemv_tc_body<WT, NT>(a, tm, rt * TC_BLOCK_ROWS, t0, sp, 0);
 }
 
 static int grouped_kind(const duet_weight_t *w, const float *x)
