@@ -1590,6 +1590,7 @@ static void group_moe(ck_t *ck)
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SOFTMAX, 0, 0);
     case_moe_route(ck, 20, 8, 2, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1);   /* V4-Flash widths, decode */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1);   /* batch 1: the launch split along the columns */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1);   /* all 256 experts, batch 32 */
     case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1);
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1);      /* 32-token tiles */

@@ -225,10 +225,14 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 
 /* ---- decode kernel on the tensor cores ----
  *
- * mma.sync m16n8k16 (bf16 in, fp32 accumulate) with x split exactly enough:
- * x = hi + mid + lo, each part bf16 (residual below 2^-24 |x|), and the weight
- * values exact in bf16 (bf16 as stored; e4m3 codes; e2m1 codes), so the
- * products carry fp32 accuracy.
+ * mma.sync m16n8k16 with fp32 accumulation, the weight values exact in the
+ * MMA's input type and x split into parts of it:
+ *  - bf16 weights: bf16 MMAs, x = hi + mid + lo (residual below 2^-24 |x|), so
+ *    the products carry fp32 accuracy;
+ *  - fp8 and fp4 weights: fp16 MMAs (e4m3 exact in fp16; e2m1 as its value
+ *    times 2^-14, built from the code's bits with shifts), x times a power of
+ *    two per token and fold group (its largest |x| into [2^14, 2^15)) as two
+ *    fp16 parts: 22 bits of x, two MMAs a k-step instead of three.
  *
  * A block is TC_WARPS warps; each warp owns 32 weight rows (two m16 tiles) and
  * every warp walks the same columns, 128 (a "unit") at a time, for up to 32
@@ -239,16 +243,17 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  *    one instruction of the warp covers whole 64-byte row pieces), and a lane's
  *    column quads pair its A and B fragments: k-slots {2tq, 2tq+1} and
  *    {2tq+8, 2tq+9} of k-step ks are the four columns of quad ks of its chunks.
- *    fp4: the warp's 32 rows are copied whole, k-step ks covers columns
- *    16ks.. in the standard slots (one 32-column scale group every two k-steps),
- *    e2m1 bytes become bf16 pairs through a table in shared memory, and each
- *    group's partial is multiplied by the row's scale;
+ *    fp4: the warp's 32 rows are copied whole; a lane reads its 4-byte word of
+ *    each row and 32-column scale group (columns 8tq..8tq+7 of the group) and
+ *    turns it into the fragments of the group's two k-steps (columns 0,4|2,6
+ *    and 1,5|3,7 of the word);
  *  - x is read ahead into registers (one unit; two with one token tile), and the
- *    block splits it once into the bf16 hi/mid/lo B fragments all its warps use
- *    (shared memory, double buffered: one barrier a unit).
- * Summation order, fixed by the weight's shape alone: a unit's products in
- * (k-step, hi, mid, lo) order into a fresh partial, times the fp8 block scale
- * (fp4: a group's, times its scale); units into a chunk partial (TC_CHUNK_UNITS
+ *    block splits it once into the B fragments all its warps use (shared
+ *    memory, double buffered: one barrier a unit).
+ * Summation order, fixed by the weight's shape alone: a fold group's products
+ * in (k-step, part) order into a fresh partial (bf16: the unit; fp8: 64 columns;
+ * fp4: a 32-column scale group), times its scales (fp8 the block's, fp4 the
+ * group's, and the token's x scale) into the chunk partial (TC_CHUNK_UNITS
  * units from column 0); chunks added
  * in order to 0.  A launch may give each chunk its own block (split-K, when the
  * rows and tokens alone leave SMs idle); the last block of a tile to finish adds
@@ -261,6 +266,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_MAX_NT 4
 #define TC_CHUNK_UNITS 4
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
+#define TC_GROUP_SPLIT_WAVES 4 /* grouped launches of fewer blocks than this many an SM are split */
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B, fp4 64 B
  * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); STAGES: units in shared
@@ -272,17 +278,35 @@ template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STA
 template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = 2; };
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
- * (16-byte reads of eight rows hit distinct banks), then the rows' scale words ([row][unit]). */
+ * (a warp's 4-byte reads, eight rows by four words, hit distinct banks), then the rows' scale
+ * words ([row][unit]). */
 #define TC_F4_ROW_STRIDE 80
 template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
     return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 4 * tc_traits<WT>::CPR * 32 * 16;
 }
 template <int WT> __host__ __device__ constexpr int tc_wstage_bytes() { return TC_WARPS * tc_wwarp_bytes<WT>(); }
-template <int NT> __host__ __device__ constexpr int tc_split_bytes() { return NT * 8 * 3 * 32 * 8; }
+/* fp8 and fp4 weights are exact in fp16 (fp4 as its value times 2^-14: the e2m1 bits moved
+ * into an fp16's exponent and mantissa, its 0.5 an fp16 subnormal), so they multiply x in two
+ * fp16 parts (x times a power of two per token and fold group, keeping its largest value
+ * under 2^15: 22 of its 24 bits), two MMAs a k-step where bf16 weights take three bf16 parts.
+ * A fold group is the k-steps whose partial is scaled and added at once: fp4 a 32-column
+ * scale group (two k-steps, eight columns a lane), fp8 64 columns (four k-steps, sixteen). */
+template <int WT> struct h16_traits {
+    static constexpr int FG = WT == WT_F4 ? 4 : 2; /* fold groups a unit */
+    static constexpr int GC = 128 / (4 * FG);       /* columns a lane holds in one */
+    static constexpr int KPG = 8 / FG;              /* k-steps in one */
+};
+template <int WT> __host__ __device__ constexpr int tc_parts() { return WT == WT_BF16 ? 3 : 2; }
+/* one stage of split x: [token tile][k-step][part][lane] fragments, then (fp16) the scales
+ * [token tile][fold group][token] */
+template <int WT, int NT> __host__ __device__ constexpr int tc_split_bytes()
+{
+    return NT * 8 * tc_parts<WT>() * 32 * 8 + (WT == WT_BF16 ? 0 : NT * h16_traits<WT>::FG * 8 * 4);
+}
 template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
-    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<NT>();
+    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<WT, NT>();
 }
 
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -292,6 +316,34 @@ __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uin
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Two e2m1 codes, at bits 0-3 and 16-19 of v (v << 9 and v << 12 are passed), as an fp16 pair
+ * of their values times 2^-14: magnitude bits to 9-11, sign to 15. */
+__device__ __forceinline__ uint32_t f4_pair_h16(uint32_t v9, uint32_t v12)
+{
+    return (v9 & 0x0e000e00u) | (v12 & 0x80008000u);
+}
+
+/* Two e4m3 values (low byte first) as an fp16 pair, exact. */
+__device__ __forceinline__ uint32_t f8_pair_h16(uint32_t u16)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)u16, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+__device__ __forceinline__ uint32_t pack_h16(__half lo, __half hi)
+{
+    return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
@@ -316,36 +368,19 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-/* Quad q (columns 4q..4q+3 of the chunk) of a bf16 or fp8 weight chunk as two bf16 pairs,
- * exact: w[0] = columns 0,1, w[1] = columns 2,3. */
-template <int WT>
+/* bf16 weights: quad q (columns 4q..4q+3) of a 16-byte chunk as two bf16 pairs, w[0] =
+ * columns 0,1, w[1] = columns 2,3; the lane's x columns of k-step ks match (tc_xcol, then
+ * tc_xcol + 2). */
 __device__ __forceinline__ void tc_quad(const uint4 &v, int q, uint32_t *w)
 {
-    if constexpr (WT == WT_BF16) {
-        w[0] = u4_word(v, 2 * q);
-        w[1] = u4_word(v, 2 * q + 1);
-    } else if constexpr (WT == WT_F8) {
-        uint32_t u = u4_word(v, q);
-        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
-        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
-        float2 fa = __half22float2(*reinterpret_cast<__half2 *>(&lo));
-        float2 fb = __half22float2(*reinterpret_cast<__half2 *>(&hi));
-        w[0] = pack_bf16(fa.x, fa.y);
-        w[1] = pack_bf16(fb.x, fb.y);
-    }
+    w[0] = u4_word(v, 2 * q);
+    w[1] = u4_word(v, 2 * q + 1);
 }
-
-/* The unit's columns (0..127) of lane tq's B fragment in k-step ks: words .x = columns c, c+1
- * and .y = columns c + d, c + d + 1.  bf16/fp8: the lane's own quad (d = 2); fp4: the standard
- * m16n8k16 slots of the 16 columns ks*16.. (d = 8), so that a k-step stays in one scale group. */
-template <int WT> __device__ __forceinline__ int tc_xcol(int tq, int ks)
+__device__ __forceinline__ int tc_xcol(int tq, int ks)
 {
-    if constexpr (WT == WT_F4)
-        return ks * 16 + 2 * tq;
-    constexpr int QPC = tc_traits<WT>::QPC;
+    constexpr int QPC = tc_traits<WT_BF16>::QPC;
     return 4 * ((4 * (ks / QPC) + tq) * QPC + ks % QPC);
 }
-template <int WT> __device__ __forceinline__ int tc_xgap() { return WT == WT_F4 ? 8 : 2; }
 
 /* dst += src * s, then src = 0: s per row of the m16 tiles' accumulator halves (index
  * 2*mt + (e >> 1)); s = 1 is an exact add. */
@@ -375,8 +410,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                              int tile_id)
 {
     constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_traits<WT>::STAGES;
-    constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<NT>();
-    constexpr int NX = 2 * NT; /* x quads a thread splits per unit */
+    constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<WT, NT>();
+    constexpr int NX = 2 * NT; /* bf16: x quads a thread splits per unit */
     extern __shared__ __align__(16) uint8_t tc_smem[];
     uint8_t *wsm = tc_smem;
     uint2 *xsm = reinterpret_cast<uint2 *>(tc_smem + S * WSTAGE);
@@ -394,14 +429,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     }
     /* fp4: lane copies 16-byte pieces (lane & 3) of rows (lane >> 2) + 8j, and row r0 + lane's scales */
     const uint8_t *srow = NULL, *frow[4];
-    __shared__ uint32_t f4_lut[256]; /* fp4: byte (two e2m1 codes) -> two bf16, low nibble first */
     if constexpr (WT == WT_F4) {
         srow = (const uint8_t *)a.scale + (size_t)min(r0 + lane, a.row_end - 1) * a.scale_cols;
 #pragma unroll
         for (int j = 0; j < 4; j++)
             frow[j] = a.w + (size_t)min(r0 + (lane >> 2) + 8 * j, a.row_end - 1) * a.row_bytes + 16 * (lane & 3);
-        for (int b = threadIdx.x; b < 256; b += blockDim.x)
-            f4_lut[b] = pack_bf16(duet_d_e2m1_to_f32(b & 15), duet_d_e2m1_to_f32(b >> 4));
     }
 
     int units = a.cols / 128;
@@ -428,45 +460,112 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
         }
     };
-    /* x: the thread's NX row pointers once (a gathered row's index is read once), each unit's
-     * values read XD units ahead (two with one token tile, where a unit's MMAs are few) */
+    /* x: the thread's row pointers once (a gathered row's index is read once), each unit's
+     * values read XD units ahead (two with one token tile, where a unit's MMAs are few).
+     * bf16 weights: NX column quads a thread, split into three bf16 parts.  fp8/fp4: items
+     * (token tile, fold group, lane) of GC columns, split into two fp16 parts under the
+     * group's scale (the largest |x| of a token's group, from the four lanes of its quad). */
+    constexpr bool H16 = WT != WT_BF16;
+    constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+    constexpr int ITEMS = NT * FG * 32, NXI = (ITEMS + TC_WARPS * 32 - 1) / (TC_WARPS * 32);
+    constexpr int NXP = H16 ? NXI : NX, NXR = H16 ? NXI * GC / 4 : NX;
+    constexpr int XFRAG = NT * 8 * tc_parts<WT>() * 32; /* fragments a stage (uint2) */
     constexpr int XD = NT == 1 ? 2 : 1;
-    const float *xb[NX];
+    const float *xb[NXP];
 #pragma unroll
-    for (int i = 0; i < NX; i++) {
+    for (int i = 0; i < NXP; i++) {
         int q = i * (TC_WARPS * 32) + threadIdx.x;
-        int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
-        xb[i] = tm.xrow(t0 + 8 * nt + (ln >> 2)) + tc_xcol<WT>(ln & 3, ks);
+        if constexpr (H16) {
+            int ln = q & 31, f = (q >> 5) % FG, nt = (q >> 5) / FG;
+            xb[i] = q < ITEMS ? tm.xrow(t0 + 8 * nt + (ln >> 2)) + f * (128 / FG) + (ln & 3) * GC : NULL;
+        } else {
+            int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
+            xb[i] = tm.xrow(t0 + 8 * nt + (ln >> 2)) + tc_xcol(ln & 3, ks);
+        }
     }
-    float2 xr[XD][NX][2];
-    auto load_x = [&](float2 (&dst)[NX][2], int u) {
+    float4 xr[XD][NXR];
+    auto load_x = [&](float4 (&dst)[NXR], int u) {
 #pragma unroll
-        for (int i = 0; i < NX; i++) {
-            const float *xp = xb[i] + u * 128;
-            dst[i][0] = __ldg(reinterpret_cast<const float2 *>(xp));
-            dst[i][1] = __ldg(reinterpret_cast<const float2 *>(xp + tc_xgap<WT>()));
+        for (int i = 0; i < NXP; i++) {
+            if constexpr (H16) {
+                if (i * (TC_WARPS * 32) + threadIdx.x >= ITEMS) /* whole warps */
+                    continue;
+#pragma unroll
+                for (int c = 0; c < GC / 4; c++)
+                    dst[i * (GC / 4) + c] = __ldg(reinterpret_cast<const float4 *>(xb[i] + u * 128) + c);
+            } else {
+                const float *xp = xb[i] + u * 128;
+                float2 lo = __ldg(reinterpret_cast<const float2 *>(xp));
+                float2 hi = __ldg(reinterpret_cast<const float2 *>(xp + 2));
+                dst[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
+            }
         }
     };
-    auto split_x = [&](const float2 (&src)[NX][2], uint2 *dst) {
+    auto split_x = [&](const float4 (&src)[NXR], uint2 *dst) {
 #pragma unroll
-        for (int i = 0; i < NX; i++) {
+        for (int i = 0; i < NXP; i++) {
             int q = i * (TC_WARPS * 32) + threadIdx.x;
-            int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
-            float xv[4] = {src[i][0].x, src[i][0].y, src[i][1].x, src[i][1].y};
-            uint32_t p[3][2];
+            if constexpr (H16) {
+                if (q >= ITEMS)
+                    continue;
+                int ln = q & 31, f = (q >> 5) % FG, nt = (q >> 5) / FG;
+                float v[GC];
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float x0 = xv[2 * e], x1 = xv[2 * e + 1];
-                float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-                float d0 = x0 - h0, d1 = x1 - h1;
-                float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
-                p[0][e] = pack_bf16(h0, h1);
-                p[1][e] = pack_bf16(m0, m1);
-                p[2][e] = pack_bf16(d0 - m0, d1 - m1);
+                for (int c = 0; c < GC / 4; c++) {
+                    float4 t = src[i * (GC / 4) + c];
+                    v[4 * c] = t.x;
+                    v[4 * c + 1] = t.y;
+                    v[4 * c + 2] = t.z;
+                    v[4 * c + 3] = t.w;
+                }
+                float mx = 0.0f;
+#pragma unroll
+                for (int j = 0; j < GC; j++)
+                    mx = fmaxf(mx, fabsf(v[j]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                /* x * 2^-e: the largest value in [2^14, 2^15), exact; 2^e stays a normal float */
+                int e = max((int)((__float_as_uint(mx) >> 23) & 0xffu) - 141, -126);
+                float inv = __uint_as_float((uint32_t)(127 - e) << 23);
+                __half h[GC], l[GC];
+#pragma unroll
+                for (int j = 0; j < GC; j++) {
+                    float t = v[j] * inv;
+                    h[j] = __float2half_rn(t);
+                    l[j] = __float2half_rn(t - __half2float(h[j]));
+                }
+                /* columns of k-step f*KPG + k, in the weights' order: fp4 (k, k+4 | k+2, k+6),
+                 * fp8 (4k, 4k+1 | 4k+2, 4k+3) */
+#pragma unroll
+                for (int k = 0; k < KPG; k++) {
+                    int c0 = WT == WT_F4 ? k : 4 * k, c1 = WT == WT_F4 ? k + 4 : 4 * k + 1;
+                    int c2 = WT == WT_F4 ? k + 2 : 4 * k + 2, c3 = WT == WT_F4 ? k + 6 : 4 * k + 3;
+                    int o = ((nt * 8 + f * KPG + k) * 2) * 32 + ln;
+                    dst[o] = make_uint2(pack_h16(h[c0], h[c1]), pack_h16(h[c2], h[c3]));
+                    dst[o + 32] = make_uint2(pack_h16(l[c0], l[c1]), pack_h16(l[c2], l[c3]));
+                }
+                /* what a fold multiplies by: 2^e, and for fp4 the 2^14 its fp16 weights lack */
+                if ((ln & 3) == 0)
+                    reinterpret_cast<float *>(dst + XFRAG)[(nt * FG + f) * 8 + (ln >> 2)] =
+                        __uint_as_float((uint32_t)(127 + e + (WT == WT_F4 ? 14 : 0)) << 23);
+            } else {
+                int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
+                float xv[4] = {src[i].x, src[i].y, src[i].z, src[i].w};
+                uint32_t p[3][2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float x0 = xv[2 * e], x1 = xv[2 * e + 1];
+                    float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+                    float d0 = x0 - h0, d1 = x1 - h1;
+                    float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
+                    p[0][e] = pack_bf16(h0, h1);
+                    p[1][e] = pack_bf16(m0, m1);
+                    p[2][e] = pack_bf16(d0 - m0, d1 - m1);
+                }
+#pragma unroll
+                for (int s = 0; s < 3; s++)
+                    dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = make_uint2(p[s][0], p[s][1]);
             }
-#pragma unroll
-            for (int s = 0; s < 3; s++)
-                dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = make_uint2(p[s][0], p[s][1]);
         }
     };
 
@@ -515,57 +614,100 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         part[mt][nt][e] = 0.0f;
-            /* hi, mid, lo in turn across all accumulators: consecutive MMAs are independent */
+            /* the parts in turn across all accumulators: consecutive MMAs are independent */
             auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
+                constexpr int P = tc_parts<WT>();
 #pragma unroll
-                for (int s = 0; s < 3; s++)
+                for (int s = 0; s < P; s++)
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
+                        uint2 b = xs[((nt * 8 + ks) * P + s) * 32 + lane];
 #pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-                            mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
-                                     wa[2 * mt + 1][1], b.x, b.y);
+                        for (int mt = 0; mt < 2; mt++) {
+                            if constexpr (H16)
+                                mma_f16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
+                                        wa[2 * mt + 1][1], b.x, b.y);
+                            else
+                                mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
+                                         wa[2 * mt + 1][1], b.x, b.y);
+                        }
                     }
             };
-            if constexpr (WT == WT_F4) {
-                /* group G (32 columns) is k-steps 2G, 2G+1; its partial times each row's scale */
-                const uint32_t *sw = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE);
+            if constexpr (H16) {
+                /* per fold group: its k-steps, then the partial times the row's scale (fp8 the
+                 * 128x128 block's, fp4 the 32-column group's) and the token's x scale */
+                const float *xsc = reinterpret_cast<const float *>(xs + XFRAG);
+                float ws[4];
                 uint32_t sc[4];
-#pragma unroll
-                for (int r4 = 0; r4 < 4; r4++)
-                    sc[r4] = sw[16 * (r4 >> 1) + g + 8 * (r4 & 1)];
-#pragma unroll
-                for (int G = 0; G < 4; G++) {
-                    uint4 v[4];
+                if constexpr (WT == WT_F4) {
+                    const uint32_t *sw = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE);
 #pragma unroll
                     for (int r4 = 0; r4 < 4; r4++)
-                        v[r4] = *reinterpret_cast<const uint4 *>(wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) *
-                                                                           TC_F4_ROW_STRIDE + 16 * G);
+                        sc[r4] = sw[16 * (r4 >> 1) + g + 8 * (r4 & 1)];
+                } else {
 #pragma unroll
-                    for (int hb = 0; hb < 2; hb++) {
-                        uint32_t wa[4][2];
+                    for (int mt = 0; mt < 2; mt++)
+                        ws[2 * mt] = ws[2 * mt + 1] =
+                            scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
+                }
+#pragma unroll
+                for (int f = 0; f < FG; f++) {
+                    if constexpr (WT == WT_F4) {
+                        /* the lane's word of each row: columns 32f + 8tq .. +7 */
+                        uint32_t wv[4];
 #pragma unroll
                         for (int r4 = 0; r4 < 4; r4++) {
-                            wa[r4][0] = f4_lut[(u4_word(v[r4], 2 * hb) >> (8 * tq)) & 0xffu];
-                            wa[r4][1] = f4_lut[(u4_word(v[r4], 2 * hb + 1) >> (8 * tq)) & 0xffu];
+                            wv[r4] = *reinterpret_cast<const uint32_t *>(
+                                wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) * TC_F4_ROW_STRIDE + 16 * f + 4 * tq);
+                            ws[r4] = duet_d_e8m0_to_f32((uint8_t)(sc[r4] >> (8 * f)));
                         }
-                        mmas(2 * G + hb, wa);
-                    }
-                    float gs[4];
+                        uint32_t wa[4][2];
 #pragma unroll
-                    for (int r4 = 0; r4 < 4; r4++)
-                        gs[r4] = duet_d_e8m0_to_f32((uint8_t)(sc[r4] >> (8 * G)));
-                    tc_fold<NT>(pc, part, gs);
+                        for (int r4 = 0; r4 < 4; r4++) { /* columns (0, 4 | 2, 6) */
+                            wa[r4][0] = f4_pair_h16(wv[r4] << 9, wv[r4] << 12);
+                            wa[r4][1] = f4_pair_h16(wv[r4] << 1, wv[r4] << 4);
+                        }
+                        mmas(2 * f, wa);
+#pragma unroll
+                        for (int r4 = 0; r4 < 4; r4++) { /* columns (1, 5 | 3, 7) */
+                            wa[r4][0] = f4_pair_h16(wv[r4] << 5, wv[r4] << 8);
+                            wa[r4][1] = f4_pair_h16(wv[r4] >> 3, wv[r4]);
+                        }
+                        mmas(2 * f + 1, wa);
+                    } else {
+                        /* the lane's 16-byte chunk f of each row: columns 64f + 16tq .. +15 */
+                        const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
+                        uint4 wc[4];
+#pragma unroll
+                        for (int r4 = 0; r4 < 4; r4++)
+                            wc[r4] = wst[(r4 * CPR + f) * 32 + lane];
+#pragma unroll
+                        for (int k = 0; k < KPG; k++) {
+                            uint32_t wa[4][2];
+#pragma unroll
+                            for (int r4 = 0; r4 < 4; r4++) {
+                                uint32_t w = u4_word(wc[r4], k);
+                                wa[r4][0] = f8_pair_h16(w & 0xffffu);
+                                wa[r4][1] = f8_pair_h16(w >> 16);
+                            }
+                            mmas(f * KPG + k, wa);
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        float xa = xsc[(nt * FG + f) * 8 + 2 * tq], xb1 = xsc[(nt * FG + f) * 8 + 2 * tq + 1];
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                float sf = ws[2 * mt + (e >> 1)] * ((e & 1) ? xb1 : xa);
+                                pc[mt][nt][e] = fmaf(part[mt][nt][e], sf, pc[mt][nt][e]);
+                                part[mt][nt][e] = 0.0f;
+                            }
+                    }
                 }
             } else {
                 const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
-                float bs[4] = {1.0f, 1.0f, 1.0f, 1.0f}; /* fp8: the 128x128 block's scale, both halves */
-                if constexpr (WT == WT_F8)
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-                        bs[2 * mt] = bs[2 * mt + 1] =
-                            scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
 #pragma unroll
                 for (int j = 0; j < CPR; j++) {
                     uint4 wc[4];
@@ -577,11 +719,12 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         uint32_t wa[4][2];
 #pragma unroll
                         for (int r4 = 0; r4 < 4; r4++)
-                            tc_quad<WT>(wc[r4], q, wa[r4]);
+                            tc_quad(wc[r4], q, wa[r4]);
                         mmas(j * QPC + q, wa);
                     }
                 }
-                tc_fold<NT>(pc, part, bs);
+                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                tc_fold<NT>(pc, part, one);
             }
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
                 const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
@@ -619,24 +762,30 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     if (!last)
         return;
     __threadfence();
-    for (int idx = threadIdx.x; idx < TC_BLOCK_ROWS * 8 * NT; idx += blockDim.x) {
-        int row = rb0 + idx % TC_BLOCK_ROWS, tok = t0 + idx / TC_BLOCK_ROWS;
-        if (row >= a.row_end || !tm.ok(tok))
-            continue;
-        size_t o = tm.yrow(tok) * m_out + (row - a.row_begin);
-        float v = 0.0f;
-        int z = 0;
-        for (; z + 4 <= sp.chunks; z += 4) { /* four loads in flight, added in order */
-            float p0 = __ldcg(sp.part + z * plane + o), p1 = __ldcg(sp.part + (z + 1) * plane + o);
-            float p2 = __ldcg(sp.part + (z + 2) * plane + o), p3 = __ldcg(sp.part + (z + 3) * plane + o);
-            v += p0;
-            v += p1;
-            v += p2;
-            v += p3;
+    /* a thread a row (blockDim is TC_BLOCK_ROWS), all the tile's tokens side by side: each
+     * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k) */
+    int row = rb0 + threadIdx.x;
+    if (row < a.row_end) {
+        size_t o = tm.yrow(t0) * m_out + (row - a.row_begin);
+        float v[8 * NT];
+#pragma unroll
+        for (int k = 0; k < 8 * NT; k++)
+            v[k] = 0.0f;
+#pragma unroll 2
+        for (int z = 0; z < sp.chunks; z++) {
+            const float *pz = sp.part + z * plane + o;
+            float p[8 * NT];
+#pragma unroll
+            for (int k = 0; k < 8 * NT; k++)
+                p[k] = tm.ok(t0 + k) ? __ldcg(pz + (size_t)k * m_out) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8 * NT; k++)
+                v[k] += p[k];
         }
-        for (; z < sp.chunks; z++)
-            v += __ldcg(sp.part + z * plane + o);
-        a.y[o] = v;
+#pragma unroll
+        for (int k = 0; k < 8 * NT; k++)
+            if (tm.ok(t0 + k))
+                a.y[o + (size_t)k * m_out] = v[k];
     }
     if (threadIdx.x == 0)
         sp.count[tile_id] = 0;
@@ -658,7 +807,7 @@ static int tc_eligible(const gemv_args &a, int wt)
     if (wt == WT_F32 || a.cols % 128 || a.row_begin % 16)
         return 0;
     if (wt == WT_F4 && (a.scale_f32 || a.scale_cols % 4 || (uintptr_t)a.scale % 4))
-        return 0; /* the fp4 scale is folded into bf16 weights: exact only for powers of two */
+        return 0; /* fp4: ue8m0 group scales (powers of two), a word of four a row and unit */
     return ((uintptr_t)a.w % 16) == 0 && ((uintptr_t)a.x % 16) == 0 && a.row_bytes % 16 == 0;
 }
 
@@ -956,13 +1105,18 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
 }
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_group_kernel(gemv_args a, group_args g)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
     tok_group tm;
     int rt, t0;
-    const tc_split sp = {NULL, NULL, 1};
-    if (group_block(a, g, 8 * NT, &tm, &rt, &t0))
-        gemv_tc_body<WT, NT>(a, tm, rt * TC_BLOCK_ROWS, t0, sp, 0);
+    if (!group_block(a, g, 8 * NT, &tm, &rt, &t0))
+        return;
+    /* split along the columns: each matrix its own partial planes */
+    int mi = blockIdx.y >= (unsigned)g.row_tiles;
+    tc_split s = sp;
+    if (s.chunks > 1)
+        s.part += (size_t)mi * s.chunks * a.n * (a.row_end - a.row_begin);
+    gemv_tc_body<WT, NT>(a, tm, rt * TC_BLOCK_ROWS, t0, s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 static int grouped_kind(const duet_weight_t *w, const float *x)
@@ -1030,16 +1184,26 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         g.tiles = p->tiles + (nt == 1 ? 0 : E + 1);
         g.row_tiles = duet_cdiv(w->rows, TC_BLOCK_ROWS);
         dim3 grid(duet_cdiv(n, 8 * nt) + nonempty, g.row_tiles * n_mat);
+        /* few tiles (a batch of one or two tokens): split along the columns, as the plain
+         * launch does, so that the SMs are not left with a wave and a half of long blocks */
+        tc_split sp = {NULL, NULL, 1};
+        int chunks = duet_cdiv(w->cols / 128, TC_CHUNK_UNITS), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+        size_t part_bytes = sizeof(float) * (size_t)n_mat * chunks * n * w->rows;
+        if (chunks > 1 && (long)grid.x * grid.y < TC_GROUP_SPLIT_WAVES * (long)sms && part_bytes <= TC_SPLIT_MAX_BYTES) {
+            DUET_TRY(tc_split_buffers(c, part_bytes, (int)(grid.x * grid.y), &sp));
+            sp.chunks = chunks;
+            grid.z = chunks;
+        }
 #define TC_GROUP(W)                                                                                                \
     do {                                                                                                           \
         if (nt == 1) {                                                                                             \
             DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1>, tc_smem_bytes<W, 1>(), 32 + W * 8 + 1));               \
-            gemv_tc_group_kernel<W, 1><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g);           \
+            gemv_tc_group_kernel<W, 1><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp);       \
         } else {                                                                                                   \
             DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT>, tc_smem_bytes<W, TC_MAX_NT>(),                 \
                              32 + W * 8 + TC_MAX_NT));                                                             \
             gemv_tc_group_kernel<W, TC_MAX_NT>                                                                     \
-                <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g);                         \
+                <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g, sp);                     \
         }                                                                                                          \
     } while (0)
         if (wt == WT_BF16)
