@@ -327,11 +327,16 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Two e2m1 codes, at bits 0-3 and 16-19 of v (v << 9 and v << 12 are passed), as an fp16 pair
- * of their values times 2^-14: magnitude bits to 9-11, sign to 15. */
-__device__ __forceinline__ uint32_t f4_pair_h16(uint32_t v9, uint32_t v12)
+/* A word of eight e2m1 codes c0..c7 (c0 in bits 0-3) as fp16 pairs of their values times 2^-14:
+ * each code's fp16 high byte (magnitude to bits 1-3, sign to 7; the low byte is 0), the even
+ * codes' bytes in one word (half 0: pairs (c0,c4), (c2,c6)) and the odd ones' in another
+ * (half 1: (c1,c5), (c3,c7)), each pair then kept in bytes 1 and 3 or moved up from 0 and 2. */
+__device__ __forceinline__ void f4_word_h16(uint32_t u, int half, uint32_t &lo, uint32_t &hi)
 {
-    return (v9 & 0x0e000e00u) | (v12 & 0x80008000u);
+    uint32_t b = half ? ((u >> 3) & 0x0e0e0e0eu) | (u & 0x80808080u)
+                      : ((u << 1) & 0x0e0e0e0eu) | ((u << 4) & 0x80808080u);
+    lo = __byte_perm(b, 0, 0x2404);
+    hi = b & 0xff00ff00u;
 }
 
 /* Two e4m3 values (low byte first) as an fp16 pair, exact. */
@@ -661,19 +666,14 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                 wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) * TC_F4_ROW_STRIDE + 16 * f + 4 * tq);
                             ws[r4] = duet_d_e8m0_to_f32((uint8_t)(sc[r4] >> (8 * f)));
                         }
-                        uint32_t wa[4][2];
 #pragma unroll
-                        for (int r4 = 0; r4 < 4; r4++) { /* columns (0, 4 | 2, 6) */
-                            wa[r4][0] = f4_pair_h16(wv[r4] << 9, wv[r4] << 12);
-                            wa[r4][1] = f4_pair_h16(wv[r4] << 1, wv[r4] << 4);
-                        }
-                        mmas(2 * f, wa);
+                        for (int hf = 0; hf < 2; hf++) { /* columns (0, 4 | 2, 6), then (1, 5 | 3, 7) */
+                            uint32_t wa[4][2];
 #pragma unroll
-                        for (int r4 = 0; r4 < 4; r4++) { /* columns (1, 5 | 3, 7) */
-                            wa[r4][0] = f4_pair_h16(wv[r4] << 5, wv[r4] << 8);
-                            wa[r4][1] = f4_pair_h16(wv[r4] >> 3, wv[r4]);
+                            for (int r4 = 0; r4 < 4; r4++)
+                                f4_word_h16(wv[r4], hf, wa[r4][0], wa[r4][1]);
+                            mmas(2 * f + hf, wa);
                         }
-                        mmas(2 * f + 1, wa);
                     } else {
                         /* the lane's 16-byte chunk f of each row: columns 64f + 16tq .. +15 */
                         const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
@@ -821,17 +821,25 @@ template <class K> static duet_status_t tc_smem(duet_cuda_t *c, K kernel, int by
     return DUET_OK;
 }
 
+/* A scratch buffer of the context grown to at least `want` bytes (the stream drained first:
+ * earlier launches may still use the old one). */
+static duet_status_t tc_grow(duet_cuda_t *c, void **buf, size_t *have, size_t want)
+{
+    if (want <= *have)
+        return DUET_OK;
+    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_CUDA_CHECK(c, cudaFree(*buf));
+    *buf = NULL;
+    *have = 0;
+    DUET_CUDA_CHECK(c, cudaMalloc(buf, want));
+    *have = want;
+    return DUET_OK;
+}
+
 /* The split-K buffers: partials and zeroed counters, grown on demand. */
 static duet_status_t tc_split_buffers(duet_cuda_t *c, size_t part_bytes, int counters, tc_split *sp)
 {
-    if (part_bytes > c->tc_part_bytes) {
-        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
-        DUET_CUDA_CHECK(c, cudaFree(c->tc_part));
-        c->tc_part = NULL;
-        c->tc_part_bytes = 0;
-        DUET_CUDA_CHECK(c, cudaMalloc(&c->tc_part, part_bytes));
-        c->tc_part_bytes = part_bytes;
-    }
+    DUET_TRY(tc_grow(c, &c->tc_part, &c->tc_part_bytes, part_bytes));
     if (counters > c->tc_count_n) {
         int want = counters < 1024 ? 1024 : counters;
         DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
@@ -1087,9 +1095,10 @@ __device__ __forceinline__ bool group_block(gemv_args &a, const group_args &g, i
         return false;
     int mi = blockIdx.y >= (unsigned)g.row_tiles;
     int off = __ldg(g.offs + e);
-    a.w = (const uint8_t *)g.w[mi][e];
-    a.scale = g.scale[mi] ? g.scale[mi][e] : NULL;
-    a.y = g.y[mi];
+    const void *const *ws = mi ? g.w[1] : g.w[0], *const *ss = mi ? g.scale[1] : g.scale[0]; /* no local copy */
+    a.w = (const uint8_t *)ws[e];
+    a.scale = ss ? ss[e] : NULL;
+    a.y = mi ? g.y[1] : g.y[0];
     *tm = tok_group{a.x, g.xrow, off, __ldg(g.offs + e + 1) - off, a.cols};
     *row_tile = (int)blockIdx.y - mi * g.row_tiles;
     return true;
