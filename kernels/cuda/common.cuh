@@ -163,11 +163,11 @@ __device__ __forceinline__ uint16_t duet_d_f32_to_bf16(float f)
 /* duet_e8m0_to_f32 */
 __device__ __forceinline__ float duet_d_e8m0_to_f32(uint8_t b)
 {
-    if (b == 0xff)
-        return __uint_as_float(0x7fc00000u);
-    if (b == 0)
-        return __uint_as_float(0x00400000u); /* 2^-127 */
-    return __uint_as_float((uint32_t)b << 23);
+    /* selects, not branches: inner loops convert several a step */
+    uint32_t u = (uint32_t)b << 23;
+    u = b == 0 ? 0x00400000u : u; /* 2^-127 */
+    u = b == 0xff ? 0x7fc00000u : u;
+    return __uint_as_float(u);
 }
 
 /* duet_f32_to_e8m0_ceil */

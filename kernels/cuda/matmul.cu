@@ -493,7 +493,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
             if constexpr (H16) {
-                if (i * (TC_WARPS * 32) + threadIdx.x >= ITEMS) /* whole warps */
+                if (ITEMS % (TC_WARPS * 32) && i * (TC_WARPS * 32) + threadIdx.x >= ITEMS) /* whole warps */
                     continue;
 #pragma unroll
                 for (int c = 0; c < GC / 4; c++)
@@ -511,7 +511,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         for (int i = 0; i < NXP; i++) {
             int q = i * (TC_WARPS * 32) + threadIdx.x;
             if constexpr (H16) {
-                if (q >= ITEMS)
+                if (ITEMS % (TC_WARPS * 32) && q >= ITEMS) /* whole warps; never when ITEMS fills the block */
                     continue;
                 int ln = q & 31, f = (q >> 5) % FG, nt = (q >> 5) / FG;
                 float v[GC];
