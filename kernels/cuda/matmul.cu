@@ -472,6 +472,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * group's scale (the largest |x| of a token's group, from the four lanes of its quad). */
     constexpr bool H16 = WT != WT_BF16;
     constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+    static_assert(WT != WT_F8 || (QPC == KPG && CPR == FG), "fp8: a 16-byte chunk is a fold group");
     constexpr int ITEMS = NT * FG * 32, NXI = (ITEMS + TC_WARPS * 32 - 1) / (TC_WARPS * 32);
     constexpr int NXP = H16 ? NXI : NX, NXR = H16 ? NXI * GC / 4 : NX;
     constexpr int XFRAG = NT * 8 * tc_parts<WT>() * 32; /* fragments a stage (uint2) */
@@ -638,6 +639,29 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         }
                     }
             };
+            /* bf16/fp8: the lane's 16-byte chunk j of its four rows, one k-step a column quad */
+            auto chunk_mmas = [&](int j) {
+                const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
+                uint4 wc[4];
+#pragma unroll
+                for (int r4 = 0; r4 < 4; r4++)
+                    wc[r4] = wst[(r4 * CPR + j) * 32 + lane];
+#pragma unroll
+                for (int q = 0; q < QPC; q++) {
+                    uint32_t wa[4][2];
+#pragma unroll
+                    for (int r4 = 0; r4 < 4; r4++) {
+                        if constexpr (WT == WT_F8) {
+                            uint32_t w = u4_word(wc[r4], q);
+                            wa[r4][0] = f8_pair_h16(w & 0xffffu);
+                            wa[r4][1] = f8_pair_h16(w >> 16);
+                        } else {
+                            tc_quad(wc[r4], q, wa[r4]);
+                        }
+                    }
+                    mmas(j * QPC + q, wa);
+                }
+            };
             if constexpr (H16) {
                 /* per fold group: its k-steps, then the partial times the row's scale (fp8 the
                  * 128x128 block's, fp4 the 32-column group's) and the token's x scale */
@@ -676,22 +700,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         }
                     } else {
                         /* the lane's 16-byte chunk f of each row: columns 64f + 16tq .. +15 */
-                        const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
-                        uint4 wc[4];
-#pragma unroll
-                        for (int r4 = 0; r4 < 4; r4++)
-                            wc[r4] = wst[(r4 * CPR + f) * 32 + lane];
-#pragma unroll
-                        for (int k = 0; k < KPG; k++) {
-                            uint32_t wa[4][2];
-#pragma unroll
-                            for (int r4 = 0; r4 < 4; r4++) {
-                                uint32_t w = u4_word(wc[r4], k);
-                                wa[r4][0] = f8_pair_h16(w & 0xffffu);
-                                wa[r4][1] = f8_pair_h16(w >> 16);
-                            }
-                            mmas(f * KPG + k, wa);
-                        }
+                        chunk_mmas(f);
                     }
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
@@ -707,22 +716,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     }
                 }
             } else {
-                const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
 #pragma unroll
-                for (int j = 0; j < CPR; j++) {
-                    uint4 wc[4];
-#pragma unroll
-                    for (int r4 = 0; r4 < 4; r4++)
-                        wc[r4] = wst[(r4 * CPR + j) * 32 + lane];
-#pragma unroll
-                    for (int q = 0; q < QPC; q++) {
-                        uint32_t wa[4][2];
-#pragma unroll
-                        for (int r4 = 0; r4 < 4; r4++)
-                            tc_quad(wc[r4], q, wa[r4]);
-                        mmas(j * QPC + q, wa);
-                    }
-                }
+                for (int j = 0; j < CPR; j++)
+                    chunk_mmas(j);
                 const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
                 tc_fold<NT>(pc, part, one);
             }
