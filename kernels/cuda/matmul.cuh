@@ -6,10 +6,12 @@
  *   n <= DUET_CUDA_GEMV_MAX_N  the decode kernels: fp32 activations, weights
  *        decoded in registers (bf16, e4m3 × its 128×128 block scale, e2m1 × its
  *        1×32 group scale, f32), fp32 accumulation.  From DUET_CUDA_TC_MIN_N
- *        tokens on (fp4: DUET_CUDA_TC_MIN_N_FP4), on the tensor cores with x
- *        split into three bf16 parts
- *        (hi + mid + lo, residual < 2^-24 |x|) against exact bf16 weights
- *        (fp4 group scales applied to each 32-column partial), summed in an
+ *        tokens on (fp4: DUET_CUDA_TC_MIN_N_FP4), on the tensor cores with the
+ *        weights exact in the MMA's type: bf16 weights against x split into
+ *        three bf16 parts (hi + mid + lo, residual < 2^-24 |x|), fp8 and fp4
+ *        weights as fp16 against x scaled by a power of two per token and
+ *        fold group and split into two fp16 parts (22 bits of x); block and
+ *        group scales applied to each fold group's partial; summed in an
  *        order fixed by the weight's shape: a launch split along the columns
  *        (small n) gives the same bits as one that is not;
  *        below, or where that kernel does not apply, on the fp32 units.  Both
@@ -30,7 +32,7 @@
 
 #define DUET_CUDA_GEMV_MAX_N 32
 #define DUET_CUDA_TC_MIN_N 4     /* bf16 and fp8 weights */
-#define DUET_CUDA_TC_MIN_N_FP4 16 /* fp4: decoding e2m1 to bf16 costs more than the fp32 units lose */
+#define DUET_CUDA_TC_MIN_N_FP4 16 /* fp4 (measured with the bf16 path; not re-measured since e2m1 decodes to fp16) */
 
 #ifdef __cplusplus
 extern "C" {
