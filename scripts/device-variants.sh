@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# device-variants.sh: kernel variants side by side on one GPU, in one device call.
+#
+# Two machines lent one after the other differ by a few per cent in the same timing, so a
+# change is judged against its base in the same call.  A variant is a git revision ("." is the
+# working tree) and optional extra nvcc arguments (macros the kernels read).
+#
+# Here (any machine with nvcc; no GPU needed):
+#   scripts/device-variants.sh --prepare NAME=REV[:NVCC_ARG,...] ...
+#       e.g. --prepare base=HEAD new=.      or      --prepare a=. b=.:-DSOME_MACRO=3
+#       builds duet-check-ops and duet-check-forward of each variant for sm_90 (a build
+#       directory each under build-var/build; revisions other than "." exported with git
+#       archive under build-var/src) and puts them, stripped, in
+#       build-var/bin/NAME, with duet-mkmodel, packed as build-var/variants.tgz (about 4 MB a
+#       variant), and the runtime bundle (scripts/make-bundle.sh).
+# There (the device tool):
+#   run(command="bash scripts/device-variants.sh", carry=["build-var/variants.tgz", ".bundle"])
+#
+# On the GPU, for each variant: duet-check-ops (every case; a variant with a failing case is
+# reported and not timed), duet-check-ops --bench for the matmul and moe groups, then the
+# slice fixture's decode step (duet-check-forward --bench --decode-only), the variants
+# interleaved and repeated (A B A B) so that drift shows.  Prints one table, a row per case
+# and a column per variant (microseconds; the slice rows in ms a step); logs in $OUT
+# (elsewhere build-var/results).
+#
+# Options there: --cases SUBSTR (only the matmul cases whose shape contains SUBSTR),
+# --batches LIST (default 1,32), --ctx N (default 4096), --reps N (default 2), --no-slice.
+# Exit status 0 when every variant passed its checks.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$ROOT/scripts/device-lib.sh"
+VAR="$ROOT/build-var"
+RES="${OUT:-$VAR/results}"
+FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
+cases="" batches=1,32 ctx=4096 reps=2 slice=1
+
+usage() {
+  echo "usage: scripts/device-variants.sh --prepare NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
+  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice]   (there)" >&2
+  exit 2
+}
+
+prepare() {
+  [ $# -gt 0 ] || usage
+  set -e
+  rm -rf "$VAR/bin"
+  mkdir -p "$VAR/bin" "$VAR/src" "$VAR/build"
+  local spec name rest rev args src b what
+  for spec in "$@"; do
+    name="${spec%%=*}"
+    rest="${spec#*=}"
+    [ "$name" != "$spec" ] && [[ "$name" =~ ^[A-Za-z0-9_-]+$ ]] || { echo "device-variants: bad variant '$spec' (NAME=REV[:ARGS])" >&2; exit 2; }
+    rev="${rest%%:*}"
+    args=""
+    [ "$rest" = "$rev" ] || args="${rest#*:}"
+    if [ "$rev" = . ]; then
+      src="$ROOT"
+    else
+      src="$VAR/src/$name"
+      rm -rf "$src"
+      mkdir -p "$src"
+      git -C "$ROOT" archive "$rev" | tar -x -C "$src"
+    fi
+    b="$VAR/build/$name"
+    if [ -f "$b/build.ninja" ] && [ "$(cat "$b/.duet-variant" 2>/dev/null)" != "$rev:$args" ]; then
+      rm -rf "$b" # another revision or other arguments: set up afresh
+    fi
+    if [ ! -f "$b/build.ninja" ]; then
+      if [ -n "$args" ]; then
+        meson setup "$b" "$src" -Dcuda=enabled -Dtests=false -Dgpu_archs=90 "-Dnvcc_args=$args"
+      else
+        meson setup "$b" "$src" -Dcuda=enabled -Dtests=false -Dgpu_archs=90
+      fi
+      echo "$rev:$args" >"$b/.duet-variant"
+    fi
+    ninja -C "$b" tools/duet-check-ops tools/duet-check-forward
+    mkdir -p "$VAR/bin/$name"
+    strip -o "$VAR/bin/$name/duet-check-ops" "$b/tools/duet-check-ops"
+    strip -o "$VAR/bin/$name/duet-check-forward" "$b/tools/duet-check-forward"
+    if [ "$rev" = . ]; then
+      what="the working tree at $(git -C "$ROOT" rev-parse --short HEAD)"
+      git -C "$ROOT" diff --quiet HEAD -- || what="$what with changes"
+    else
+      what="$rev ($(git -C "$ROOT" rev-parse --short "$rev"))"
+    fi
+    echo "$what${args:+, nvcc $args}" >"$VAR/bin/$name/what"
+  done
+  duet_device_prepare "$ROOT/build-fwd" tools/duet-mkmodel
+  cp "$ROOT/build-fwd/tools/duet-mkmodel" "$VAR/bin/duet-mkmodel"
+  tar -czf "$VAR/variants.tgz" -C "$VAR" bin
+  du -sh "$VAR/variants.tgz" "$ROOT/.bundle"
+  exit 0
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) shift; prepare "$@" ;;
+    --cases) cases="$2"; shift ;;
+    --batches) batches="$2"; shift ;;
+    --ctx) ctx="$2"; shift ;;
+    --reps) reps="$2"; shift ;;
+    --no-slice) slice=0 ;;
+    *) usage ;;
+  esac
+  shift
+done
+
+if [ -f "$VAR/variants.tgz" ]; then # what this call carried, not what an earlier call left
+  rm -rf "$VAR/bin"
+  tar -xzf "$VAR/variants.tgz" -C "$VAR" || exit 2
+fi
+names=()
+for d in "$VAR"/bin/*/; do
+  [ -x "$d/duet-check-ops" ] && names+=("$(basename "$d")")
+done
+[ ${#names[@]} -gt 0 ] || { echo "device-variants: no variants in $VAR/bin (--prepare here, and carry build-var/bin)" >&2; exit 2; }
+mkdir -p "$RES" "$FIX"
+LOG="$RES/device-variants.log"
+: >"$LOG"
+
+duet_device_runtime /tmp/duet-variants "$VAR/bin/${names[0]}/duet-check-ops" "$VAR/bin/duet-mkmodel" >>"$LOG" 2>&1 || {
+  echo "device-variants: the runtime is incomplete (see $LOG)" >&2
+  exit 2
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
+
+slice_pid=""
+if [ "$slice" = 1 ]; then
+  ( "$VAR/bin/duet-mkmodel" --preset slice --out "$FIX/slice" >"$RES/mkmodel-slice.log" 2>&1 ) &
+  slice_pid=$!
+fi
+
+rc=0
+ok=()
+for v in "${names[@]}"; do
+  bin="$VAR/bin/$v"
+  echo "== $v: $(cat "$bin/what" 2>/dev/null)" | tee -a "$LOG"
+  timeout 300 "$bin/duet-check-ops" >"$RES/check-$v.txt" 2>>"$LOG"
+  r=$?
+  p=$(grep -c ' ok ' "$RES/check-$v.txt" || true)
+  f=$(grep -c ' FAIL' "$RES/check-$v.txt" || true)
+  echo "$v: operation checks $p passed, $f failed (exit $r)" | tee -a "$LOG"
+  if [ "$r" != 0 ] || [ "$f" != 0 ]; then
+    grep ' FAIL' "$RES/check-$v.txt" | cut -c1-160 | head -20 | tee -a "$LOG"
+    rc=1
+    continue
+  fi
+  ok+=("$v")
+  for op in matmul moe; do
+    DUET_CHECK_CASE="$cases" timeout 300 "$bin/duet-check-ops" --bench --op "$op" >"$RES/bench-$v-$op.txt" 2>>"$LOG"
+  done
+done
+
+# One row per timed case: "op shape" (the text before the check columns), the time (the first
+# field after '|'), a column per variant.
+table() {
+  local v
+  for v in "${ok[@]}"; do
+    cat "$RES/bench-$v-matmul.txt" "$RES/bench-$v-moe.txt" 2>/dev/null |
+      awk -F'|' -v v="$v" 'NF >= 2 { split($2, t, " "); k = $1; sub(/ +[a-z]+ +[^ ]+ +[^ ]+ +(ok|FAIL) *$/, "", k)
+                                  if (t[1] ~ /^[0-9.]+$/) print v "\t" k "\t" t[1] }'
+  done | awk -F'\t' -v order="${ok[*]}" '
+    BEGIN { n = split(order, vs, " ") }
+    { if (!(($2) in seen)) { seen[$2] = 1; keys[++nk] = $2 } t[$2, $1] = $3 }
+    END {
+      printf "%-48s", "case (us)"; for (i = 1; i <= n; i++) printf " %10s", vs[i]; printf "\n"
+      for (j = 1; j <= nk; j++) {
+        printf "%-48s", keys[j]
+        for (i = 1; i <= n; i++) printf " %10s", ((keys[j], vs[i]) in t) ? t[keys[j], vs[i]] : "-"
+        printf "\n"
+      }
+    }'
+}
+
+slice_rows() {
+  local rep v line
+  for rep in $(seq 1 "$reps"); do
+    for v in "${ok[@]}"; do
+      timeout 300 "$VAR/bin/$v/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx "$ctx" \
+        --batches "$batches" >"$RES/slice-$v-$rep.txt" 2>>"$LOG"
+      grep '^bench decode' "$RES/slice-$v-$rep.txt" | while read -r line; do
+        b=$(echo "$line" | sed -E 's/^bench decode batch ([0-9]+) .*/\1/')
+        ms=$(echo "$line" | sed -E 's/.*: ([0-9.]+) ms\/step.*/\1/')
+        printf '%s\tdecode batch %s ctx %s, pass %s (ms)\t%s\n' "$v" "$b" "$ctx" "$rep" "$ms"
+      done
+    done
+  done | awk -F'\t' -v order="${ok[*]}" '
+    BEGIN { n = split(order, vs, " ") }
+    { if (!(($2) in seen)) { seen[$2] = 1; keys[++nk] = $2 } t[$2, $1] = $3 }
+    END {
+      for (j = 1; j <= nk; j++) {
+        printf "%-48s", keys[j]
+        for (i = 1; i <= n; i++) printf " %10s", ((keys[j], vs[i]) in t) ? t[keys[j], vs[i]] : "-"
+        printf "\n"
+      }
+    }'
+}
+
+{
+  echo "== variants side by side"
+  for v in "${names[@]}"; do echo "  $v: $(cat "$VAR/bin/$v/what" 2>/dev/null)"; done
+  [ ${#ok[@]} -gt 0 ] && table
+  if [ -n "$slice_pid" ] && [ ${#ok[@]} -gt 0 ]; then
+    wait "$slice_pid"
+    tail -1 "$RES/mkmodel-slice.log"
+    slice_rows
+  fi
+} | tee "$RES/summary.txt"
+exit $rc
