@@ -268,10 +268,11 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 #define TC_GROUP_SPLIT_WAVES 4 /* grouped launches of fewer blocks than this many an SM are split */
 
-/* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B, fp4 64 B
- * a row); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps); STAGES: units in shared
- * memory.  Measured on the H200: two stages (one computed, one in flight) beat deeper
- * pipelines and fetches of several units a row, which cost blocks an SM. */
+/* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
+ * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
+ * STAGES: units in shared memory.  Measured on the H200 (with the bf16 split and again with
+ * the fp16 one): two stages (one computed, one in flight) beat deeper pipelines and fetches
+ * of several units a row, which cost blocks an SM. */
 template <int WT> struct tc_traits;
 template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
 template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 2; };
