@@ -467,15 +467,7 @@ static void case_kill_sender(void)
     REQUIRE(duet_xfer_register_cache(x, c, &err) == DUET_OK, "%s", err.msg);
     uint32_t pages[N_PAGES];
     xh_pick_pages(5, pages, N_PAGES);
-    duet_xfer_desc_t d;
-    REQUIRE(duet_xfer_recv_expect(x, "req-kill", 3, pages, N_PAGES, 1, duet_deadline_after_ms(30000), 5,
-                                  &d, &err) == DUET_OK, "%s", err.msg);
-    uint8_t *buf;
-    size_t len;
-    REQUIRE(duet_xfer_desc_pack(&d, &buf, &len) == DUET_OK, "pack");
-    REQUIRE(xh_send(fd, buf, (uint32_t)len) == 0, "send desc");
-    free(buf);
-    duet_xfer_desc_fini(&d);
+    xh_expect_and_send_desc(fd, x, "req-kill", 3, pages, N_PAGES, 1, 30000, 5);
     duet_xfer_event_t ev;
     REQUIRE(xh_wait_event(x, DUET_XFER_EV_RECV_BEGUN, &ev, 10000) == 0, "transfer never started");
     CHECK(ev.peer_id != 0, "begun without a peer id");
