@@ -852,20 +852,30 @@ static duet_status_t tc_split_buffers(duet_cuda_t *c, size_t part_bytes, int cou
     return DUET_OK;
 }
 
+/* Whether a launch of `blocks` tiles (a counter each) over `cols` columns is split along the
+ * columns, a block per TC_CHUNK_UNITS-unit chunk: when it has fewer tiles than `waves` an SM
+ * and the partials (`outputs` floats a chunk) fit TC_SPLIT_MAX_BYTES.  sp->chunks stays 1
+ * otherwise. */
+static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int waves, size_t outputs, tc_split *sp)
+{
+    int chunks = duet_cdiv(cols / 128, TC_CHUNK_UNITS), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    size_t part_bytes = sizeof(float) * (size_t)chunks * outputs;
+    *sp = tc_split{NULL, NULL, 1};
+    if (chunks > 1 && blocks < (long)waves * sms && part_bytes <= TC_SPLIT_MAX_BYTES) {
+        DUET_TRY(tc_split_buffers(c, part_bytes, (int)blocks, sp));
+        sp->chunks = chunks;
+    }
+    return DUET_OK;
+}
+
 template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
     DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
-    int rows = a.row_end - a.row_begin, units = a.cols / 128;
-    int chunks = duet_cdiv(units, TC_CHUNK_UNITS);
+    int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
-    tc_split sp = {NULL, NULL, 1};
-    size_t part_bytes = sizeof(float) * (size_t)chunks * a.n * rows;
-    int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-    if (chunks > 1 && row_blocks * tok_tiles < sms && part_bytes <= TC_SPLIT_MAX_BYTES) {
-        DUET_TRY(tc_split_buffers(c, part_bytes, row_blocks * tok_tiles, &sp));
-        sp.chunks = chunks;
-    }
+    tc_split sp;
+    DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
     gemv_tc_kernel<WT, NT><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, sp);
     return DUET_OK;
@@ -1192,14 +1202,10 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         dim3 grid(duet_cdiv(n, 8 * nt) + nonempty, g.row_tiles * n_mat);
         /* few tiles (a batch of one or two tokens): split along the columns, as the plain
          * launch does, so that the SMs are not left with a wave and a half of long blocks */
-        tc_split sp = {NULL, NULL, 1};
-        int chunks = duet_cdiv(w->cols / 128, TC_CHUNK_UNITS), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-        size_t part_bytes = sizeof(float) * (size_t)n_mat * chunks * n * w->rows;
-        if (chunks > 1 && (long)grid.x * grid.y < TC_GROUP_SPLIT_WAVES * (long)sms && part_bytes <= TC_SPLIT_MAX_BYTES) {
-            DUET_TRY(tc_split_buffers(c, part_bytes, (int)(grid.x * grid.y), &sp));
-            sp.chunks = chunks;
-            grid.z = chunks;
-        }
+        tc_split sp;
+        DUET_TRY(tc_split_plan(c, w->cols, (long)grid.x * grid.y, TC_GROUP_SPLIT_WAVES, (size_t)n_mat * n * w->rows,
+                               &sp));
+        grid.z = sp.chunks;
 #define TC_GROUP(W)                                                                                                \
     do {                                                                                                           \
         if (nt == 1) {                                                                                             \
