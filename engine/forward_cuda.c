@@ -1108,6 +1108,21 @@ static void carve(fc_t *F, bump_t *b)
             return cuda_fail(F->cu, DUET_ERR_CUDA, err);                                                           \
     } while (0)
 
+#define PH(id) CU(duet_cuda_phase(F->cu, (id)))
+
+const char *duet_fwd_phase_name(int phase)
+{
+    static const char *const names[DUET_FP_COUNT] = {
+        [DUET_FP_EMBED] = "embed",         [DUET_FP_HC] = "hc+norm",
+        [DUET_FP_ATTN_PROJ] = "attn proj", [DUET_FP_COMPRESS] = "compress",
+        [DUET_FP_KEYS] = "keys",           [DUET_FP_INDEX] = "indexer",
+        [DUET_FP_ATTN] = "attention",      [DUET_FP_ATTN_OUT] = "attn out",
+        [DUET_FP_MOE_ROUTE] = "moe route", [DUET_FP_MOE_EXPERTS] = "moe experts",
+        [DUET_FP_MOE_SHARED] = "moe shared", [DUET_FP_HEAD] = "head",
+    };
+    return phase >= 0 && phase < DUET_FP_COUNT ? names[phase] : "?";
+}
+
 static void count_mm(fc_t *F, const duet_weight_t *w, int rb, int re, int n)
 {
     size_t rows = (size_t)(re - rb);
@@ -1171,6 +1186,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         return duet_err_set(err, st, "layer %d cache is not available", layer);
     const int64_t *pos = PD(F, int64_t, F->o_pos);
 
+    PH(DUET_FP_ATTN_PROJ);
     DUET_TRY(mm(F, &lw->wq_a, 0, qr, F->xn, R, F->qlora, err));
     CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
     DUET_TRY(mm(F, &lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->qlora, R, F->q, err));
@@ -1193,6 +1209,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         CU(duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)));
     }
     /* 1. compressors */
+    PH(DUET_FP_COMPRESS);
     if (hw->ratio == 4) {
         DUET_TRY(compressor(F, &v, &hw->comp, lw->comp_ape, lw->comp_norm, 0, F->ckv, F->cg, DUET_POOL_C4_KV, F->NW4,
                             F->o_desc4, F->o_w4kv_unit, F->o_w4kv_idx, F->o_w4pos, F->NSW4, F->o_sw4, err));
@@ -1206,6 +1223,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     }
     /* 2-3. keys decoded into src: cached window rows, this call's rows through the SWA encoding, C128 entries */
     const duet_cache_layout_t *swa_l = v.layout[DUET_POOL_SWA_KV];
+    PH(DUET_FP_KEYS);
     CU(duet_cuda_cache_load(F->cu, swa_l, v.base[DUET_POOL_SWA_KV], PD(F, uint32_t, F->o_ld_unit),
                             PD(F, uint32_t, F->o_ld_idx), F->src, (uint32_t)F->NL));
     CU(duet_cuda_cache_store(F->cu, swa_l, F->rt_tmp, PD(F, uint32_t, F->o_rt_unit), PD(F, uint32_t, F->o_rt_idx),
@@ -1221,6 +1239,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         F->st.cache_bytes += (double)F->N128e * l->entry_bytes;
     }
     if (hw->ratio == 4 && F->NIK) {
+        PH(DUET_FP_INDEX);
         const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_INDEX_K];
         CU(duet_cuda_cache_load(F->cu, l, v.base[DUET_POOL_C4_INDEX_K], PD(F, uint32_t, F->o_ik_unit),
                                 PD(F, uint32_t, F->o_ik_idx), F->ikeys, (uint32_t)F->NIK));
@@ -1235,6 +1254,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     /* 4. attention per row group */
     const float *sinks = (duet_forward_fault == DUET_FAULT_SINK ? F->mc->neg_inf : lw->attn_sink) + h0;
     float scale = 1.0f / sqrtf((float)hd);
+    PH(DUET_FP_ATTN);
     for (int g = 0; g < F->n_groups; g++) {
         const group_t *Gp = &F->groups[g];
         int ra = Gp->ra, nr = Gp->rb - Gp->ra, maxk;
@@ -1278,6 +1298,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         F->st.flops += 4.0 * nsel * Hl * hd;
     }
     /* 5. this call's K=V into the ring */
+    PH(DUET_FP_ATTN_OUT);
     CU(duet_cuda_gather_rows(F->cu, F->tmpv, F->kv, PD(F, int32_t, F->o_st_row), (int)F->NS, hd));
     CU(duet_cuda_cache_store(F->cu, swa_l, v.base[DUET_POOL_SWA_KV], PD(F, uint32_t, F->o_st_unit),
                              PD(F, uint32_t, F->o_st_idx), F->tmpv, (uint32_t)F->NS));
@@ -1332,6 +1353,7 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     const layer_dev_t *lw = &F->mc->layers[layer];
     int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     int I = lw->experts[3 * (size_t)F->mc->e0].rows; /* the first expert this rank holds */
+    PH(DUET_FP_MOE_ROUTE);
     DUET_TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     duet_cuda_moe_route_t rp = {
         .n_experts = E,
@@ -1356,6 +1378,7 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     duet_cuda_expert_mats_t m1 = {&x0[0], tab, x0[0].scale ? tab + 3 * (size_t)E : NULL};
     duet_cuda_expert_mats_t m3 = {&x0[2], tab + (size_t)E, x0[2].scale ? tab + 4 * (size_t)E : NULL};
     duet_cuda_expert_mats_t m2 = {&x0[1], tab + 2 * (size_t)E, x0[1].scale ? tab + 5 * (size_t)E : NULL};
+    PH(DUET_FP_MOE_EXPERTS);
     CU(duet_cuda_matmul_grouped(F->cu, &m1, &m3, &p, F->xn, 1, F->eg, F->eu));
     CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, R * K, I, (float)c->swiglu_limit, F->eg));
     CU(duet_cuda_matmul_grouped(F->cu, &m2, NULL, &p, F->eg, 0, F->yg, NULL));
@@ -1365,6 +1388,7 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
         CU(duet_cuda_comm_allgather(F->mc->comm, F->cu, F->yg, F->tp_recv, (size_t)R * K * D));
         CU(duet_cuda_moe_pick(F->cu, F->yg, F->tp_recv, R * K, D, offs, E, T));
     }
+    PH(DUET_FP_MOE_SHARED);
     const float *shared = NULL;
     if (c->n_shared_experts > 0) {
         DUET_TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
@@ -1427,6 +1451,7 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
     const layer_dev_t *lw = &F->mc->layers[layer];
     duet_model_cuda_t *mc = F->mc;
     int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
+    PH(DUET_FP_MOE_ROUTE);
     DUET_TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     float *logit = duet_malloc_array((size_t)R * E, sizeof(float));
     int32_t *sel = malloc(sizeof(int32_t) * (size_t)R * K);
@@ -1492,6 +1517,10 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
         st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
         goto out;
     }
+    if (duet_cuda_phase(F->cu, DUET_FP_MOE_EXPERTS) != DUET_OK) {
+        st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+        goto out;
+    }
     for (int e = 0; e < E; e++) {
         int m = cnt[e + 1] - cnt[e];
         if (!m)
@@ -1506,6 +1535,10 @@ static duet_status_t moe(fc_t *F, int layer, duet_err_t *err)
             st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
             goto out;
         }
+    }
+    if (duet_cuda_phase(F->cu, DUET_FP_MOE_SHARED) != DUET_OK) {
+        st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+        goto out;
     }
     if (c->n_shared_experts > 0) {
         if ((st = expert_mlp(F, lw->sh, F->xn, R, F->yg, err)) != DUET_OK)
@@ -1553,6 +1586,10 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         mc->plan_bytes = want;
     }
     memcpy(mc->plan_host, hb.p, hb.n);
+    if (duet_cuda_phase(mc->c, DUET_FP_EMBED) != DUET_OK) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
+    }
     if (duet_cuda_memcpy(mc->c, mc->plan_dev, mc->plan_host, hb.n) != DUET_OK) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
@@ -1587,7 +1624,8 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const layer_dev_t *lw = &mc->layers[l];
-        if (duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale,
+        if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
+            duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale,
                              c->hc_sinkhorn_iters, hc_eps, eps, F->post, F->comb, F->x) != DUET_OK ||
             duet_cuda_rmsnorm(mc->c, F->x, lw->attn_norm, R, D, eps, F->xn) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
@@ -1605,7 +1643,8 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
                 goto out;
             }
         }
-        if (duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK ||
+        if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
+            duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK ||
             duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale,
                              c->hc_sinkhorn_iters, hc_eps, eps, F->post, F->comb, F->x) != DUET_OK ||
             duet_cuda_rmsnorm(mc->c, F->x, lw->ffn_norm, R, D, eps, F->xn) != DUET_OK) {
@@ -1614,10 +1653,15 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         }
         if ((st = moe(F, l, err)) != DUET_OK)
             goto out;
-        if (duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK) {
+        if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
+            duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;
         }
+    }
+    if (duet_cuda_phase(mc->c, DUET_FP_HEAD) != DUET_OK) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
     }
     if (F->NLR && mc->head.data) { /* tensor parallelism: rank 0 only */
         if (duet_cuda_hc_head(mc->c, F->h, R, hc, D, mc->hc_head_fn, mc->hc_head_base, F->m->hc_head_scale, hc_eps,
@@ -1644,7 +1688,8 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
             }
         }
     }
-    if (duet_cuda_sync(mc->c) != DUET_OK) {
+    if (duet_cuda_phase(mc->c, DUET_CUDA_PHASE_END) != DUET_OK || duet_cuda_sync(mc->c) != DUET_OK ||
+        duet_cuda_phase_collect(mc->c) != DUET_OK) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
     }

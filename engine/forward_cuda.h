@@ -123,6 +123,25 @@ typedef struct {
     int no_advance; /* leave the items' n_past alone (tensor parallelism: the group advances them once) */
 } duet_fwd_cuda_opts_t;
 
+/* The phases a forward call marks when its context's phase timing is on
+ * (duet_cuda_phases_enable; duet-check-forward --bench --phases prints them). */
+typedef enum {
+    DUET_FP_EMBED = 0,   /* the plan's upload, embedding */
+    DUET_FP_HC,          /* hyper-connection pre/post, the layer norms */
+    DUET_FP_ATTN_PROJ,   /* q, kv, compressor and indexer projections, their norms and RoPE */
+    DUET_FP_COMPRESS,    /* compressors: pooled entries into the caches, state rings */
+    DUET_FP_KEYS,        /* window and C128 entries decoded from the caches */
+    DUET_FP_INDEX,       /* indexer: keys decoded, scores, top-k */
+    DUET_FP_ATTN,        /* keys gathered (selected C4 entries decoded), sparse attention */
+    DUET_FP_ATTN_OUT,    /* the window store, inverse RoPE, wo_a and wo_b */
+    DUET_FP_MOE_ROUTE,   /* gate logits, routing, the assignments sorted */
+    DUET_FP_MOE_EXPERTS, /* routed experts: w1 and w3, SwiGLU, w2 */
+    DUET_FP_MOE_SHARED,  /* the shared expert, each row's sum over its experts */
+    DUET_FP_HEAD,        /* final norm, output head, logits */
+    DUET_FP_COUNT
+} duet_fwd_phase_t;
+const char *duet_fwd_phase_name(int phase);
+
 duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,
                                 int n_items, duet_err_t *err);
 duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,

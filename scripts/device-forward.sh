@@ -27,7 +27,8 @@
 #
 # Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops,
 # --ops-bench, --batches LIST (default 1,32,128), --long-ctx N (default 32768; 0: none),
-# --prompts N, --tokens N, --moe-host (time the slice a second time with
+# --prompts N, --tokens N, --phases (the slice at 4k, batches 1 and 32, again with the
+# forward call's GPU time split by phase: duet-check-forward --phases), --moe-host (time the slice a second time with
 # DUET_MOE_HOST=1: the per-expert MoE path with routing on the host).  Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -37,7 +38,7 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 
 BIN="$BUILD/tools"
 RES="${OUT:-$BUILD/device-forward}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 ops_bench=0 batches=1,32,128 long_ctx=32768
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 ops_bench=0 batches=1,32,128 long_ctx=32768
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,12 +51,13 @@ while [ $# -gt 0 ]; do
     --no-bench) bench=0 ;;
     --no-ops) ops=0 ;;
     --moe-host) moe_host=1 ;;
+    --phases) phases=1 ;;
     --ops-bench) ops_bench=1 ;;
     --batches) batches="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -147,6 +149,14 @@ if [ -n "$slice_pid" ]; then
     rc=$?
     cat "$RES/bench-slice-long.txt" >>"$LOG"
     { echo "[slice bench, context $long_ctx] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice-long.txt"; } | tee -a "$SUM"
+    [ "$rc" = 0 ] || fail=1
+  fi
+  if [ "$phases" = 1 ]; then
+    timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 --phases \
+      >"$RES/bench-slice-phases.txt" 2>>"$LOG"
+    rc=$?
+    cat "$RES/bench-slice-phases.txt" >>"$LOG"
+    { echo "[slice bench by phase, with an event at each phase] exit $rc"; grep '^bench\|^phases' "$RES/bench-slice-phases.txt"; } | tee -a "$SUM"
     [ "$rc" = 0 ] || fail=1
   fi
   if [ "$moe_host" = 1 ]; then

@@ -49,7 +49,7 @@
 
 typedef struct {
     const char *model_dir;
-    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp, decode_only;
+    int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp, decode_only, phases;
     int batches[8], n_batches;
     uint64_t seed;
     double tol;
@@ -276,6 +276,33 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
 
 /* ---- bench ---- */
 
+/* The phase totals since the last call, per forward call, largest first; then cleared. */
+static void print_phases(duet_cuda_t *cu, const char *what)
+{
+    duet_cuda_phase_totals_t t;
+    duet_cuda_phase_totals(cu, &t, 1);
+    if (!t.collections)
+        return;
+    double sum = 0;
+    int order[DUET_FP_COUNT];
+    for (int i = 0; i < DUET_FP_COUNT; i++) {
+        sum += t.ms[i];
+        order[i] = i;
+    }
+    for (int i = 1; i < DUET_FP_COUNT; i++) /* insertion sort, largest first */
+        for (int j = i; j > 0 && t.ms[order[j]] > t.ms[order[j - 1]]; j--) {
+            int k = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = k;
+        }
+    printf("phases %s (GPU ms a call, %ld calls%s):", what, t.collections, t.dropped ? ", marks dropped" : "");
+    for (int i = 0; i < DUET_FP_COUNT; i++)
+        if (t.count[order[i]])
+            printf(" %s %.3f (%.0f%%);", duet_fwd_phase_name(order[i]), t.ms[order[i]] / t.collections,
+                   sum > 0 ? 100.0 * t.ms[order[i]] / sum : 0.0);
+    printf(" total %.3f\n", sum / t.collections);
+}
+
 static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
 {
     duet_err_t err = {0};
@@ -284,6 +311,10 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
     if (duet_cuda_measure_copy(g->cu, (size_t)2 << 30, 10, &copy_gbps) != DUET_OK ||
         duet_cuda_measure_gemm_bf16(g->cu, 8192, 8192, 8192, 5, &bf16_tf) != DUET_OK) {
         fprintf(stderr, "check-forward: ceilings: %s\n", duet_err_text(duet_cuda_error(g->cu)));
+        return 2;
+    }
+    if (a->phases && duet_cuda_phases_enable(g->cu, 1) != DUET_OK) {
+        fprintf(stderr, "check-forward: %s\n", duet_err_text(duet_cuda_error(g->cu)));
         return 2;
     }
     printf("ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s; weights on the device %.2f GB\n", copy_gbps, bf16_tf,
@@ -314,6 +345,8 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
             if (duet_seq_init(g->hc, &s, &err) != DUET_OK || duet_seq_reserve(g->hc, &s, ctx, &err) != DUET_OK)
                 goto fail;
             duet_fwd_item_t it = {.seq = &s, .tokens = prompt, .n_tokens = ctx, .logits_mode = DUET_LOGITS_LAST};
+            if (rep == 1)
+                duet_cuda_phase_totals(g->cu, &(duet_cuda_phase_totals_t){0}, 1); /* the timed call's only */
             double t0 = duet_time_s();
             if (duet_forward_cuda_ex(g->mc, g->dc, &it, 1, &o, &err) != DUET_OK)
                 goto fail;
@@ -329,6 +362,7 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
                "ms (%s) -> %.1f%% of roofline\n",
                ctx, mode == 0 ? "batch-invariant" : "cuBLASLt for n>32", best * 1e3, ctx / best, stt.flops / 1e12,
                stt.weight_bytes / 1e9, roof * 1e3, t_bytes > t_flops ? "bytes" : "FLOPs", 100.0 * roof / best);
+        print_phases(g->cu, mode == 0 ? "prefill (batch-invariant)" : "prefill (cuBLASLt)");
     }
     duet_cuda_set_invariant(g->cu, 1);
     /* decode: one sequence prefilled to ctx, copied to the others */
@@ -356,6 +390,8 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
             for (int i = 0; i < b; i++)
                 items[i] = (duet_fwd_item_t){.seq = &seqs[i], .tokens = &toks[s * b + i], .n_tokens = 1,
                                              .logits_mode = DUET_LOGITS_LAST};
+            if (s == 2)
+                duet_cuda_phase_totals(g->cu, &(duet_cuda_phase_totals_t){0}, 1); /* the timed steps' only */
             double t0 = duet_time_s();
             if (duet_forward_cuda_ex(g->mc, g->dc, items, b, &o, &err) != DUET_OK)
                 goto fail;
@@ -378,6 +414,9 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
                "%.3f TFLOP a step; roofline %.3f ms (%s) -> %.1f%% of roofline\n",
                b, ctx, t * 1e3, b / t, wb / 1e9, cb / 1e9, fl / 1e12, roof * 1e3, t_bytes > t_flops ? "bytes" : "FLOPs",
                100.0 * roof / t);
+        char what[64];
+        snprintf(what, sizeof what, "decode batch %d", b);
+        print_phases(g->cu, what);
         free(items);
         free(toks);
         /* rewind the copies for the next batch size */
@@ -538,6 +577,7 @@ static void usage(FILE *f)
                "  --invariance N,S          prompts and steps of the invariance check (default 4,8)\n"
                "  --bench                   timings instead: --ctx N (default 4096), --batches 1,32\n"
                "  --decode-only             with --bench: the decode steps only (no prefill timings)\n"
+               "  --phases                  with --bench: each timing's GPU time by phase of the forward call\n"
                "  --staging N               the workers' staging copies for an N-token sequence, checked and timed\n"
                "  --tp N                    check mode on a tensor-parallel group of GPUs N.. of --device (NCCL)\n"
                "  --device N --seed S --page-tokens N\n");
@@ -549,13 +589,13 @@ int main(int argc, char **argv)
                 .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
                 .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
     enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
-           O_STAGE, O_TP, O_DECODE_ONLY, O_HELP };
+           O_STAGE, O_TP, O_DECODE_ONLY, O_PHASES, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
         {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP},
-        {"decode-only", 0, 0, O_DECODE_ONLY}, {"help", 0, 0, O_HELP},
+        {"decode-only", 0, 0, O_DECODE_ONLY}, {"phases", 0, 0, O_PHASES}, {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
@@ -576,6 +616,7 @@ int main(int argc, char **argv)
         case O_INV: sscanf(optarg, "%d,%d", &a.inv_prompts, &a.inv_steps); break;
         case O_BENCH: a.bench = 1; break;
         case O_DECODE_ONLY: a.decode_only = 1; break;
+        case O_PHASES: a.phases = 1; break;
         case O_CTX: a.ctx = atoi(optarg); break;
         case O_BATCH: {
             a.n_batches = 0;

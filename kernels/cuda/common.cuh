@@ -71,6 +71,7 @@ struct duet_cuda {
     void *tc_count;       /* matmul split-K counters (int), zero between launches */
     int tc_count_n;
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
+    struct duet_cuda_phases *phases; /* duet_cuda_phases_enable: NULL when off */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
     duet_cuda_info_t info;

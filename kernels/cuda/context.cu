@@ -2,6 +2,7 @@
  * device memory and timing (duet_cuda.h). */
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 
@@ -29,6 +30,24 @@ duet_status_t duet_cuda_failf(duet_cuda_t *c, duet_status_t st, const char *fmt,
     return duet_err_set(&c->err, st, "%s", buf);
 }
 
+struct duet_cuda_phases {
+    cudaEvent_t ev[DUET_CUDA_PHASE_MARKS];
+    int id[DUET_CUDA_PHASE_MARKS];
+    int n_ev;  /* events created */
+    int n;     /* marks recorded since the last collection */
+    duet_cuda_phase_totals_t t;
+};
+
+static void phases_free(duet_cuda_t *c)
+{
+    if (!c->phases)
+        return;
+    for (int i = 0; i < c->phases->n_ev; i++)
+        cudaEventDestroy(c->phases->ev[i]);
+    free(c->phases);
+    c->phases = NULL;
+}
+
 static void ctx_release(duet_cuda_t *c)
 {
     cudaSetDevice(c->device);
@@ -43,6 +62,7 @@ static void ctx_release(duet_cuda_t *c)
         cublasLtMatrixLayoutDestroy(p->d);
         cublasLtMatmulDescDestroy(p->desc);
     }
+    phases_free(c);
     if (c->t0)
         cudaEventDestroy(c->t0);
     if (c->t1)
@@ -271,6 +291,78 @@ extern "C" duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms)
     DUET_CUDA_CHECK(c, cudaEventSynchronize(c->t1));
     DUET_CUDA_CHECK(c, cudaEventElapsedTime(ms, c->t0, c->t1));
     return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_phases_enable(duet_cuda_t *c, int on)
+{
+    if (!on) {
+        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        phases_free(c);
+        return DUET_OK;
+    }
+    if (!c->phases) {
+        c->phases = (struct duet_cuda_phases *)calloc(1, sizeof *c->phases);
+        if (!c->phases)
+            return duet_cuda_failf(c, DUET_ERR_NOMEM, "phase timing: out of memory");
+    }
+    memset(&c->phases->t, 0, sizeof c->phases->t);
+    c->phases->n = 0;
+    return DUET_OK;
+}
+
+extern "C" int duet_cuda_phases_enabled(const duet_cuda_t *c) { return c->phases != NULL; }
+
+extern "C" duet_status_t duet_cuda_phase(duet_cuda_t *c, int id)
+{
+    struct duet_cuda_phases *p = c->phases;
+    if (!p)
+        return DUET_OK;
+    if (id != DUET_CUDA_PHASE_END && (id < 0 || id >= DUET_CUDA_PHASE_IDS))
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "phase timing: id %d outside 0..%d", id, DUET_CUDA_PHASE_IDS - 1);
+    if (p->n == DUET_CUDA_PHASE_MARKS) {
+        p->t.dropped++;
+        return DUET_OK;
+    }
+    if (p->n == p->n_ev) {
+        DUET_CUDA_CHECK(c, cudaEventCreate(&p->ev[p->n_ev]));
+        p->n_ev++;
+    }
+    DUET_CUDA_CHECK(c, cudaEventRecord(p->ev[p->n], c->stream));
+    p->id[p->n++] = id;
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_phase_collect(duet_cuda_t *c)
+{
+    struct duet_cuda_phases *p = c->phases;
+    if (!p || p->n == 0)
+        return DUET_OK;
+    int n = p->n;
+    p->n = 0;
+    DUET_CUDA_CHECK(c, cudaEventSynchronize(p->ev[n - 1]));
+    for (int i = 0; i + 1 < n; i++) {
+        if (p->id[i] == DUET_CUDA_PHASE_END)
+            continue;
+        float ms = 0;
+        DUET_CUDA_CHECK(c, cudaEventElapsedTime(&ms, p->ev[i], p->ev[i + 1]));
+        p->t.ms[p->id[i]] += ms;
+        p->t.count[p->id[i]]++;
+    }
+    p->t.collections++;
+    return DUET_OK;
+}
+
+extern "C" void duet_cuda_phase_totals(duet_cuda_t *c, duet_cuda_phase_totals_t *t, int reset)
+{
+    if (!c->phases) {
+        memset(t, 0, sizeof *t);
+        return;
+    }
+    *t = c->phases->t;
+    if (reset) {
+        memset(&c->phases->t, 0, sizeof c->phases->t);
+        c->phases->n = 0;
+    }
 }
 
 /* Normal(0,1) from two uniforms (Box-Muller), from the hash of (seed, i). */

@@ -74,6 +74,29 @@ duet_status_t duet_cuda_memcpy(duet_cuda_t *c, void *dst, const void *src, size_
 duet_status_t duet_cuda_timer_start(duet_cuda_t *c);
 duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms);
 
+/* Phase timing, for finding where a step's GPU time goes without a profiler.  When enabled,
+ * duet_cuda_phase(c, id) records an event on the stream: phase `id` starts there and the
+ * phase marked before it ends there (DUET_CUDA_PHASE_END closes the last one).  Marks past
+ * DUET_CUDA_PHASE_MARKS in one collection are dropped (counted in `dropped`).
+ * duet_cuda_phase_collect waits for the last mark and adds every interval to its phase's
+ * total.  Ids are the caller's, 0 .. DUET_CUDA_PHASE_IDS-1; an event costs a few
+ * microseconds of host time, so leave this off outside measurements. */
+#define DUET_CUDA_PHASE_IDS 32
+#define DUET_CUDA_PHASE_END (-1)
+#define DUET_CUDA_PHASE_MARKS 4096
+typedef struct {
+    double ms[DUET_CUDA_PHASE_IDS];   /* GPU time between a phase's marks and the next */
+    long count[DUET_CUDA_PHASE_IDS];  /* intervals added */
+    long collections;                 /* duet_cuda_phase_collect calls that found marks */
+    long dropped;
+} duet_cuda_phase_totals_t;
+duet_status_t duet_cuda_phases_enable(duet_cuda_t *c, int on); /* on: totals cleared */
+int duet_cuda_phases_enabled(const duet_cuda_t *c);
+duet_status_t duet_cuda_phase(duet_cuda_t *c, int id); /* DUET_OK and nothing recorded when off */
+duet_status_t duet_cuda_phase_collect(duet_cuda_t *c);
+/* The totals so far; `reset` clears them (and any uncollected marks). */
+void duet_cuda_phase_totals(duet_cuda_t *c, duet_cuda_phase_totals_t *t, int reset);
+
 /* Fill n elements at p with seeded pseudo-random values, on the device:
  * F32 / BF16 normal(0, 1), F8_E4M3 and U8 uniform over the valid codes (no NaN for e4m3). */
 duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtype_t dtype, uint64_t seed);
