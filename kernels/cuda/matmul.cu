@@ -305,9 +305,13 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_split_bytes()
 {
     return NT * 8 * tc_parts<WT>() * 32 * 8 + (WT == WT_BF16 ? 0 : NT * h16_traits<WT>::FG * 8 * 4);
 }
+/* fp4: a warp's 32 rows' scales of the unit being computed, as floats ([row][fold group]):
+ * each lane converts its row's four e8m0 bytes once instead of every lane of the row's quad
+ * converting all sixteen of its rows' */
+template <int WT> __host__ __device__ constexpr int tc_wscale_bytes() { return WT == WT_F4 ? TC_WARPS * 32 * 16 : 0; }
 template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
-    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<WT, NT>();
+    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<WT, NT>() + tc_wscale_bytes<WT>();
 }
 
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -668,12 +672,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                  * 128x128 block's, fp4 the 32-column group's) and the token's x scale */
                 const float *xsc = reinterpret_cast<const float *>(xs + XFRAG);
                 float ws[4];
-                uint32_t sc[4];
+                const float *wsf = NULL;
                 if constexpr (WT == WT_F4) {
-                    const uint32_t *sw = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE);
-#pragma unroll
-                    for (int r4 = 0; r4 < 4; r4++)
-                        sc[r4] = sw[16 * (r4 >> 1) + g + 8 * (r4 & 1)];
+                    uint32_t sc = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE)[lane];
+                    float *own = reinterpret_cast<float *>(tc_smem + S * WSTAGE + 2 * XSPLIT) + warp * 32 * 4;
+                    __syncwarp(); /* the previous unit's scales are read */
+                    reinterpret_cast<float4 *>(own)[lane] =
+                        make_float4(duet_d_e8m0_to_f32((uint8_t)sc), duet_d_e8m0_to_f32((uint8_t)(sc >> 8)),
+                                    duet_d_e8m0_to_f32((uint8_t)(sc >> 16)), duet_d_e8m0_to_f32((uint8_t)(sc >> 24)));
+                    __syncwarp();
+                    wsf = own;
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
@@ -689,7 +697,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         for (int r4 = 0; r4 < 4; r4++) {
                             wv[r4] = *reinterpret_cast<const uint32_t *>(
                                 wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) * TC_F4_ROW_STRIDE + 16 * f + 4 * tq);
-                            ws[r4] = duet_d_e8m0_to_f32((uint8_t)(sc[r4] >> (8 * f)));
+                            ws[r4] = wsf[(16 * (r4 >> 1) + g + 8 * (r4 & 1)) * 4 + f];
                         }
 #pragma unroll
                         for (int hf = 0; hf < 2; hf++) { /* columns (0, 4 | 2, 6), then (1, 5 | 3, 7) */
@@ -1120,8 +1128,12 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
         gemv_body<WT, NT>(a, tm, rt * GEMV_ROWS_PER_WARP, t0);
 }
 
+#ifndef TC_GROUP_MIN_BLOCKS
+#define TC_GROUP_MIN_BLOCKS 1 /* blocks an SM the one-tile grouped launch asks registers for */
+#endif
 template <int WT, int NT>
-__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 ? TC_GROUP_MIN_BLOCKS : 1)
+    gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
     tok_group tm;
     int rt, t0;
