@@ -27,6 +27,9 @@ typedef struct {
     int32_t *tid2eid;     /* (vocab, K) on hash layers */
     const void **ex_ptr;  /* device (6, E): w1, w3, w2 data pointers, then their scale pointers */
     int grouped;          /* every expert alike: duet_cuda_matmul_grouped applies */
+    /* wo_a as one grouped launch over this rank's output groups (each group's rows a matrix) */
+    duet_weight_t wo_proto; /* one group's rows (the first this rank holds) */
+    const void **wo_ptr;    /* device (2, Gl): each group's data pointer, then its scale pointer */
 } layer_dev_t;
 
 struct duet_model_cuda {
@@ -176,6 +179,41 @@ static duet_status_t upload_moe_tables(duet_model_cuda_t *mc, int l, duet_err_t 
     return st;
 }
 
+/* wo_a's rows of each output group this rank holds as a matrix of its own, for one grouped
+ * launch at decode (attention()): left unset where the groups' rows cannot start a matrix
+ * (fp8 groups not on 128-row scale blocks) or the grouped kernel does not take them. */
+static duet_status_t upload_wo_table(duet_model_cuda_t *mc, int l, duet_err_t *err)
+{
+    const duet_model_config_t *c = &mc->m->cfg;
+    layer_dev_t *d = &mc->layers[l];
+    const duet_weight_t *w = &d->wo_a;
+    int Gl = mc->g1 - mc->g0, orank = c->o_lora_rank;
+    if (Gl < 2 || w->rows != c->o_groups * orank || (w->dtype == DUET_DT_F8_E4M3 && orank % 128))
+        return DUET_OK;
+    size_t rb = weight_row_bytes(w), es = w->scale_dtype == DUET_DT_F32 ? 4 : 1;
+    const void **tab = duet_calloc((size_t)2 * Gl, sizeof(void *));
+    if (!tab)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    for (int g = 0; g < Gl; g++) {
+        size_t row = (size_t)(mc->g0 + g) * orank;
+        tab[g] = (const uint8_t *)w->data + row * rb;
+        if (w->scale && w->dtype == DUET_DT_F8_E4M3)
+            tab[Gl + g] = (const uint8_t *)w->scale + row / 128 * w->scale_cols * es;
+        else if (w->scale && w->dtype == DUET_DT_F4_E2M1X2)
+            tab[Gl + g] = (const uint8_t *)w->scale + row * w->scale_cols * es;
+    }
+    duet_weight_t p = *w;
+    p.rows = orank;
+    p.data = (void *)tab[0];
+    p.scale = (void *)tab[Gl];
+    duet_status_t st = DUET_OK;
+    if (duet_cuda_matmul_grouped_ok(&p, NULL) && (st = dev_copy(mc, tab, sizeof(void *) * (size_t)2 * Gl,
+                                                                (void **)&d->wo_ptr, err)) == DUET_OK)
+        d->wo_proto = p;
+    free(tab);
+    return st;
+}
+
 static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
 {
     const duet_model_config_t *c = &mc->m->cfg;
@@ -186,6 +224,7 @@ static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
     DUET_TRY(dev_weight(mc, &h->wq_b, &d->wq_b, err));
     DUET_TRY(dev_weight(mc, &h->wkv, &d->wkv, err));
     DUET_TRY(dev_weight(mc, &h->wo_a, &d->wo_a, err));
+    DUET_TRY(upload_wo_table(mc, l, err));
     DUET_TRY(dev_weight(mc, &h->wo_b, &d->wo_b, err));
     DUET_TRY(dev_weight(mc, &h->gate, &d->gate, err));
     DUET_TRY(dev_floats(mc, h->attn_norm, D, &d->attn_norm, err));
@@ -669,11 +708,14 @@ typedef struct {
     size_t o_w128_unit, o_w128_idx, o_w128pos, o_desc128, o_sw128;
     size_t o_gw_dst, o_gw_src, o_g128_dst, o_g128_src;
     size_t o_koff4, o_nk0, o_nk4, o_nsel, o_dst4, o_page_off, o_koff128, o_nk128, o_hrow;
+    /* wo_a grouped (wo_group): offs (Gl+1), tiles (2, Gl+1), x rows (Gl*R), then mid's rows (R*Gl) */
+    int wo_group;
+    size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;
     uint8_t *pd; /* device plan */
     /* device workspace */
     float *h, *x, *xn, *f, *post, *comb, *qlora, *q, *kv, *att, *ckv, *cg, *ikv, *ig, *iq, *iw;
     uint8_t *rt_tmp;
-    float *src, *ikeys, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv;
+    float *src, *ikeys, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv, *wy;
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
     int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
@@ -684,6 +726,7 @@ typedef struct {
 } fc_t;
 
 #define PD(F, T, off) ((T *)((F)->pd + (off)))
+#define WO_GROUP_MAX_ROWS 256
 
 static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
 {
@@ -839,6 +882,13 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     F->o_koff128 = hb_alloc(b, 4 * R_);
     F->o_nk128 = hb_alloc(b, 4 * R_);
     F->o_hrow = hb_alloc(b, 4 * (F->NLR ? F->NLR : 1));
+    int Gl = F->mc->g1 - F->mc->g0;
+    if (F->wo_group) {
+        F->o_wo_offs = hb_alloc(b, 4 * ((size_t)Gl + 1));
+        F->o_wo_tiles = hb_alloc(b, 4 * 2 * ((size_t)Gl + 1));
+        F->o_wo_xrow = hb_alloc(b, 4 * (size_t)Gl * R);
+        F->o_wo_yrow = hb_alloc(b, 4 * (size_t)Gl * R);
+    }
     if (b->oom) {
         free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory for the forward plan");
@@ -869,6 +919,20 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     int32_t *nsel = HB(int32_t, F->o_nsel), *dst4 = HB(int32_t, F->o_dst4), *page_off = HB(int32_t, F->o_page_off);
     int32_t *koff128 = HB(int32_t, F->o_koff128), *nk128 = HB(int32_t, F->o_nk128);
     int32_t *hrow = HB(int32_t, F->o_hrow);
+    if (F->wo_group) { /* group g's rows g*R .. : att's row r*Gl + g; mid's row r*Gl + g from g*R + r */
+        int32_t *wo_offs = HB(int32_t, F->o_wo_offs), *wo_tiles = HB(int32_t, F->o_wo_tiles);
+        int32_t *wo_xrow = HB(int32_t, F->o_wo_xrow), *wo_yrow = HB(int32_t, F->o_wo_yrow);
+        for (int g = 0; g <= Gl; g++) {
+            wo_offs[g] = g * R;
+            wo_tiles[g] = g * ((R + 7) / 8);
+            wo_tiles[Gl + 1 + g] = g * ((R + 31) / 32);
+        }
+        for (int g = 0; g < Gl; g++)
+            for (int r = 0; r < R; r++) {
+                wo_xrow[(size_t)g * R + r] = r * Gl + g;
+                wo_yrow[(size_t)r * Gl + g] = g * R + r;
+            }
+    }
 #undef HB
     size_t nl = 0, npt = 0, n128 = 0, nik = 0, nsc = 0, nw4 = 0, nw128 = 0, nsw4 = 0, nsw128 = 0, ns = 0, nlr = 0;
     size_t *ld_off = malloc(sizeof(size_t) * (size_t)F->n_items), *c128_off = malloc(sizeof(size_t) * (size_t)F->n_items);
@@ -1080,6 +1144,7 @@ static void carve(fc_t *F, bump_t *b)
     F->gx = bump(b, 4 * R * gin);
     F->gy = bump(b, 4 * R * orank);
     F->mid = bump(b, 4 * R * G * orank);
+    F->wy = bump(b, F->wo_group ? 4 * R * (size_t)(F->mc->g1 - F->mc->g0) * orank : 0);
     F->tmpv = bump(b, 4 * F->NS * hd);
     size_t RK = R * (K > 0 ? K : 1), L = (size_t)c->num_hidden_layers;
     F->logit = bump(b, 4 * R * E);
@@ -1308,10 +1373,22 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     int gin = H * hd / G;
     size_t lw_cols = (size_t)Gl * orank;
     float *mid_l = F->mc->tp_size > 1 ? F->tp_send : F->mid;
-    for (int g = 0; g < Gl; g++) {
-        CU(duet_cuda_copy_2d(F->cu, F->gx, (size_t)gin, F->att + (size_t)g * gin, (size_t)Hl * hd, R, gin));
-        DUET_TRY(mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, F->gx, R, F->gy, err));
-        CU(duet_cuda_copy_2d(F->cu, mid_l + (size_t)g * orank, lw_cols, F->gy, (size_t)orank, R, orank));
+    if (F->wo_group && lw->wo_ptr && duet_cuda_matmul_invariant_tc(&lw->wo_a, g0 * orank, F->att)) {
+        /* one launch: att as (R * Gl) rows of gin, group g's rows r * Gl + g; each token's result
+         * is the batch-invariant kernel's, as with a launch per group below */
+        duet_cuda_expert_mats_t ma = {&lw->wo_proto, lw->wo_ptr, lw->wo_proto.scale ? lw->wo_ptr + Gl : NULL};
+        duet_cuda_moe_plan_t p = {.n_experts = Gl, .n_assign = R * Gl, .offs = PD(F, int32_t, F->o_wo_offs),
+                                  .tiles = PD(F, int32_t, F->o_wo_tiles), .xrow = PD(F, int32_t, F->o_wo_xrow)};
+        for (int g = 0; g < Gl; g++)
+            count_mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, R);
+        CU(duet_cuda_matmul_grouped(F->cu, &ma, NULL, &p, F->att, 1, F->wy, NULL));
+        CU(duet_cuda_gather_rows(F->cu, mid_l, F->wy, PD(F, int32_t, F->o_wo_yrow), R * Gl, orank));
+    } else {
+        for (int g = 0; g < Gl; g++) {
+            CU(duet_cuda_copy_2d(F->cu, F->gx, (size_t)gin, F->att + (size_t)g * gin, (size_t)Hl * hd, R, gin));
+            DUET_TRY(mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, F->gx, R, F->gy, err));
+            CU(duet_cuda_copy_2d(F->cu, mid_l + (size_t)g * orank, lw_cols, F->gy, (size_t)orank, R, orank));
+        }
     }
     if (F->mc->tp_size > 1) {
         CU(duet_cuda_comm_allgather(F->mc->comm, F->cu, F->tp_send, F->tp_recv, (size_t)R * lw_cols));
@@ -1731,7 +1808,11 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     for (int l = 0; l < c->num_hidden_layers; l++) {
         F.has4 |= m->layers[l].ratio == 4;
         F.has128 |= m->layers[l].ratio == 128;
+        F.wo_group |= mc->layers[l].wo_ptr != NULL;
     }
+    /* wo_a grouped: decode-sized calls with the batch-invariant matmuls (the launch per group
+     * takes the same kernel there, so the same bits); larger calls keep a launch per group */
+    F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c);
     F.row0 = malloc(sizeof(int) * (size_t)n_items);
     F.tok_h = malloc(sizeof(int32_t) * (size_t)R);
     if (!F.row0 || !F.tok_h) {

@@ -276,7 +276,10 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 template <int WT> struct tc_traits;
 template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
 template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 2; };
-template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = 2; };
+#ifndef TC_F4_STAGES
+#define TC_F4_STAGES 2
+#endif
+template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = TC_F4_STAGES; };
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
  * (a warp's 4-byte reads, eight rows by four words, hit distinct banks), then the rows' scale
@@ -299,6 +302,33 @@ template <int WT> struct h16_traits {
     static constexpr int KPG = 8 / FG;              /* k-steps in one */
 };
 template <int WT> __host__ __device__ constexpr int tc_parts() { return WT == WT_BF16 ? 3 : 2; }
+/* The split of x into fp16 parts: item q is (token tile nt, token tok, fold group f, quad tq),
+ * tq fastest (a group's largest |x| from lanes q^1, q^2).  Token-major for fp8, and for fp4
+ * with one token tile: a warp's items are then few tokens' (fp8 four, fp4 two) and the warps
+ * past a tile's last token have none (decode steps' experts hold one or two tokens).  fp4 with
+ * more token tiles keeps a warp a fold group's eight tokens and never skips (the token-major
+ * split with the skip measured 5-7% slower there, at 253-255 registers). */
+template <int WT, int NT> __host__ __device__ constexpr bool h16_token_major() { return WT == WT_F8 || NT == 1; }
+/* A fragment record's lanes are stored permuted (lane ^ h16_swizzle(k-step)) where a warp's
+ * items write every fold group's records at once, which would otherwise share banks. */
+template <int WT, int NT> __host__ __device__ constexpr int h16_swizzle(int ks)
+{
+    return h16_token_major<WT, NT>() ? ks / h16_traits<WT>::KPG * (32 / h16_traits<WT>::FG) : 0;
+}
+template <int WT, int NT> __device__ __forceinline__ void h16_item(int q, int &tq, int &f, int &tok, int &nt)
+{
+    constexpr int FG = h16_traits<WT>::FG;
+    tq = q & 3;
+    if constexpr (h16_token_major<WT, NT>()) {
+        f = (q >> 2) % FG;
+        tok = (q >> 2) / FG % 8;
+        nt = (q >> 2) / FG / 8;
+    } else {
+        tok = (q >> 2) & 7;
+        f = (q >> 5) % FG;
+        nt = (q >> 5) / FG;
+    }
+}
 /* one stage of split x: [token tile][k-step][part][lane] fragments, then (fp16) the scales
  * [token tile][fold group][token] */
 template <int WT, int NT> __host__ __device__ constexpr int tc_split_bytes()
@@ -482,13 +512,18 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr int NXP = H16 ? NXI : NX, NXR = H16 ? NXI * GC / 4 : NX;
     constexpr int XFRAG = NT * 8 * tc_parts<WT>() * 32; /* fragments a stage (uint2) */
     constexpr int XD = NT == 1 ? 2 : 1;
+    constexpr bool SKIP = h16_token_major<WT, NT>(); /* warps past a tile's last token skip the split */
     const float *xb[NXP];
 #pragma unroll
     for (int i = 0; i < NXP; i++) {
         int q = i * (TC_WARPS * 32) + threadIdx.x;
         if constexpr (H16) {
-            int ln = q & 31, f = (q >> 5) % FG, nt = (q >> 5) / FG;
-            xb[i] = q < ITEMS ? tm.xrow(t0 + 8 * nt + (ln >> 2)) + f * (128 / FG) + (ln & 3) * GC : NULL;
+            int tq, f, tok, nt;
+            h16_item<WT, NT>(q, tq, f, tok, nt);
+            int wtq, wf, wtok, wnt; /* the warp's first item: whole warps are left out */
+            h16_item<WT, NT>(q & ~31, wtq, wf, wtok, wnt);
+            bool any = q < ITEMS && (!SKIP || tm.ok(t0 + 8 * wnt + wtok));
+            xb[i] = any ? tm.xrow(t0 + 8 * nt + tok) + f * (128 / FG) + tq * GC : NULL;
         } else {
             int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
             xb[i] = tm.xrow(t0 + 8 * nt + (ln >> 2)) + tc_xcol(ln & 3, ks);
@@ -499,8 +534,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
             if constexpr (H16) {
-                if (ITEMS % (TC_WARPS * 32) && i * (TC_WARPS * 32) + threadIdx.x >= ITEMS) /* whole warps */
-                    continue;
+                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && i * (TC_WARPS * 32) + threadIdx.x >= ITEMS)
+                    continue; /* past the items, or past the tile's last token (whole warps) */
 #pragma unroll
                 for (int c = 0; c < GC / 4; c++)
                     dst[i * (GC / 4) + c] = __ldg(reinterpret_cast<const float4 *>(xb[i] + u * 128) + c);
@@ -517,9 +552,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         for (int i = 0; i < NXP; i++) {
             int q = i * (TC_WARPS * 32) + threadIdx.x;
             if constexpr (H16) {
-                if (ITEMS % (TC_WARPS * 32) && q >= ITEMS) /* whole warps; never when ITEMS fills the block */
+                /* warps whose tokens the tile lacks split nothing: those tokens' B columns hold
+                 * stale values, which reach only those tokens' outputs, never stored */
+                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && q >= ITEMS)
                     continue;
-                int ln = q & 31, f = (q >> 5) % FG, nt = (q >> 5) / FG;
+                int tq, f, tok, nt;
+                h16_item<WT, NT>(q, tq, f, tok, nt);
+                int ln = 4 * tok + tq; /* its lane in the B fragments */
                 float v[GC];
 #pragma unroll
                 for (int c = 0; c < GC / 4; c++) {
@@ -551,13 +590,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 for (int k = 0; k < KPG; k++) {
                     int c0 = WT == WT_F4 ? k : 4 * k, c1 = WT == WT_F4 ? k + 4 : 4 * k + 1;
                     int c2 = WT == WT_F4 ? k + 2 : 4 * k + 2, c3 = WT == WT_F4 ? k + 6 : 4 * k + 3;
-                    int o = ((nt * 8 + f * KPG + k) * 2) * 32 + ln;
+                    int o = ((nt * 8 + f * KPG + k) * 2) * 32 + (ln ^ h16_swizzle<WT, NT>(f * KPG + k));
                     dst[o] = make_uint2(pack_h16(h[c0], h[c1]), pack_h16(h[c2], h[c3]));
                     dst[o + 32] = make_uint2(pack_h16(l[c0], l[c1]), pack_h16(l[c2], l[c3]));
                 }
                 /* what a fold multiplies by: 2^e, and for fp4 the 2^14 its fp16 weights lack */
-                if ((ln & 3) == 0)
-                    reinterpret_cast<float *>(dst + XFRAG)[(nt * FG + f) * 8 + (ln >> 2)] =
+                if (tq == 0)
+                    reinterpret_cast<float *>(dst + XFRAG)[(nt * FG + f) * 8 + tok] =
                         __uint_as_float((uint32_t)(127 + e + (WT == WT_F4 ? 14 : 0)) << 23);
             } else {
                 int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
@@ -632,7 +671,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 for (int s = 0; s < P; s++)
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        uint2 b = xs[((nt * 8 + ks) * P + s) * 32 + lane];
+                        uint2 b = xs[((nt * 8 + ks) * P + s) * 32 + (H16 ? lane ^ h16_swizzle<WT, NT>(ks) : lane)];
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++) {
                             if constexpr (H16)
@@ -1128,11 +1167,14 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
         gemv_body<WT, NT>(a, tm, rt * GEMV_ROWS_PER_WARP, t0);
 }
 
+/* Blocks an SM the one-tile grouped fp4 launch (the experts of a decode step) keeps registers
+ * for: left alone it takes 155 registers (three blocks an SM); four blocks measured faster
+ * (docs/PERF.md). */
 #ifndef TC_GROUP_MIN_BLOCKS
-#define TC_GROUP_MIN_BLOCKS 1 /* blocks an SM the one-tile grouped launch asks registers for */
+#define TC_GROUP_MIN_BLOCKS 4
 #endif
 template <int WT, int NT>
-__global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 ? TC_GROUP_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 && WT == WT_F4 ? TC_GROUP_MIN_BLOCKS : 1)
     gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
     tok_group tm;
