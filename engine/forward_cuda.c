@@ -1206,6 +1206,22 @@ static duet_status_t mm(fc_t *F, const duet_weight_t *w, int rb, int re, const f
     return DUET_OK;
 }
 
+/* Several weights times the same x: one launch where the context is batch-invariant and the
+ * weights allow it (each row's bits as with a launch per weight), else one mm() each. */
+static duet_status_t mm_multi(fc_t *F, const duet_cuda_mm_part_t *p, int n_parts, const float *x, int n,
+                              duet_err_t *err)
+{
+    if (n > 0 && n_parts > 1 && duet_cuda_get_invariant(F->cu) && duet_cuda_matmul_multi_ok(p, n_parts, x)) {
+        for (int i = 0; i < n_parts; i++)
+            count_mm(F, p[i].w, p[i].row_begin, p[i].row_end, n);
+        CU(duet_cuda_matmul_multi(F->cu, p, n_parts, x, n));
+        return DUET_OK;
+    }
+    for (int i = 0; i < n_parts; i++)
+        DUET_TRY(mm(F, p[i].w, p[i].row_begin, p[i].row_end, x, n, p[i].y, err));
+    return DUET_OK;
+}
+
 /* compressor_run for every item: closing windows pooled into the pool, then the state ring. */
 static duet_status_t compressor(fc_t *F, const duet_cache_layer_t *v, const duet_compressor_t *hcp, const float *ape,
                                 const float *norm, int row_off, const float *pkv, const float *pg,
@@ -1252,25 +1268,33 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     const int64_t *pos = PD(F, int64_t, F->o_pos);
 
     PH(DUET_FP_ATTN_PROJ);
-    DUET_TRY(mm(F, &lw->wq_a, 0, qr, F->xn, R, F->qlora, err));
-    CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
-    DUET_TRY(mm(F, &lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->qlora, R, F->q, err));
-    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q));
-    CU(duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1));
-    DUET_TRY(mm(F, &lw->wkv, 0, hd, F->xn, R, F->kv, err));
-    CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
-    CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
+    /* the projections of xn, then those of the normalized q latent, each set in one launch
+     * where it can be (mm_multi); the norms and rotations after */
+    duet_cuda_mm_part_t xp[7], qp[2];
+    int nxp = 0, nqp = 0;
+    xp[nxp++] = (duet_cuda_mm_part_t){&lw->wq_a, 0, qr, F->qlora};
+    xp[nxp++] = (duet_cuda_mm_part_t){&lw->wkv, 0, hd, F->kv};
     if (hw->ratio) {
         int w = hw->comp.coff * hd;
-        DUET_TRY(mm(F, &lw->comp_wkv, 0, w, F->xn, R, F->ckv, err));
-        DUET_TRY(mm(F, &lw->comp_wgate, 0, w, F->xn, R, F->cg, err));
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->comp_wkv, 0, w, F->ckv};
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->comp_wgate, 0, w, F->cg};
     }
+    qp[nqp++] = (duet_cuda_mm_part_t){&lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->q};
     if (hw->ratio == 4) {
-        DUET_TRY(mm(F, &lw->icomp_wkv, 0, 2 * id, F->xn, R, F->ikv, err));
-        DUET_TRY(mm(F, &lw->icomp_wgate, 0, 2 * id, F->xn, R, F->ig, err));
-        DUET_TRY(mm(F, &lw->idx_wq_b, 0, ih * id, F->qlora, R, F->iq, err));
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->icomp_wkv, 0, 2 * id, F->ikv};
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->icomp_wgate, 0, 2 * id, F->ig};
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->idx_wproj, 0, ih, F->iw};
+        qp[nqp++] = (duet_cuda_mm_part_t){&lw->idx_wq_b, 0, ih * id, F->iq};
+    }
+    DUET_TRY(mm_multi(F, xp, nxp, F->xn, R, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
+    DUET_TRY(mm_multi(F, qp, nqp, F->qlora, R, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q));
+    CU(duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1));
+    CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
+    CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
+    if (hw->ratio == 4) {
         CU(duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1));
-        DUET_TRY(mm(F, &lw->idx_wproj, 0, ih, F->xn, R, F->iw, err));
         CU(duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)));
     }
     /* 1. compressors */
@@ -1403,8 +1427,8 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
 static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *y, duet_err_t *err)
 {
     int D = F->c->hidden_size, I = w3[0].rows;
-    DUET_TRY(mm(F, &w3[0], 0, I, x, m, F->eg, err));
-    DUET_TRY(mm(F, &w3[2], 0, I, x, m, F->eu, err));
+    duet_cuda_mm_part_t p[2] = {{&w3[0], 0, I, F->eg}, {&w3[2], 0, I, F->eu}};
+    DUET_TRY(mm_multi(F, p, 2, x, m, err));
     CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, m, I, (float)F->c->swiglu_limit, F->eg));
     DUET_TRY(mm(F, &w3[1], 0, D, F->eg, m, y, err));
     return DUET_OK;

@@ -24,7 +24,8 @@
 # (elsewhere build-var/results).
 #
 # Options there: --cases SUBSTR (only the matmul cases whose shape contains SUBSTR),
-# --batches LIST (default 1,32), --ctx N (default 4096), --reps N (default 2), --no-slice.
+# --batches LIST (default 1,32), --ctx N (default 4096), --reps N (default 2), --no-slice,
+# --ops "GROUPS" (the duet-check-ops groups timed; default "matmul moe", "" for none).
 # Exit status 0 when every variant passed its checks.
 set -uo pipefail
 
@@ -33,11 +34,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VAR="$ROOT/build-var"
 RES="${OUT:-$VAR/results}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-cases="" batches=1,32 ctx=4096 reps=2 slice=1
+cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe"
 
 usage() {
   echo "usage: scripts/device-variants.sh --prepare NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
-  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice]   (there)" >&2
+  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice] [--ops GROUPS]   (there)" >&2
   exit 2
 }
 
@@ -101,6 +102,7 @@ while [ $# -gt 0 ]; do
     --ctx) ctx="$2"; shift ;;
     --reps) reps="$2"; shift ;;
     --no-slice) slice=0 ;;
+    --ops) ops="$2"; shift ;;
     *) usage ;;
   esac
   shift
@@ -147,7 +149,7 @@ for v in "${names[@]}"; do
     continue
   fi
   ok+=("$v")
-  for op in matmul moe; do
+  for op in $ops; do
     DUET_CHECK_CASE="$cases" timeout 300 "$bin/duet-check-ops" --bench --op "$op" >"$RES/bench-$v-$op.txt" 2>>"$LOG"
   done
 done
@@ -157,7 +159,7 @@ done
 table() {
   local v
   for v in "${ok[@]}"; do
-    cat "$RES/bench-$v-matmul.txt" "$RES/bench-$v-moe.txt" 2>/dev/null |
+    for op in $ops; do cat "$RES/bench-$v-$op.txt"; done 2>/dev/null |
       awk -F'|' -v v="$v" 'NF >= 2 { split($2, t, " "); k = $1; sub(/ +[a-z]+ +[^ ]+ +[^ ]+ +(ok|FAIL) *$/, "", k)
                                   if (t[1] ~ /^[0-9.]+$/) print v "\t" k "\t" t[1] }'
   done | awk -F'\t' -v order="${ok[*]}" '

@@ -730,6 +730,102 @@ static void group_matmul(ck_t *ck)
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 32, 32, tg);
 }
 
+/* Several weights times one x in one launch (duet_cuda_matmul_multi): each part against the
+ * CPU at the decode tolerance and against its own batch-invariant launch bit for bit. */
+typedef struct {
+    duet_cuda_mm_part_t p[DUET_CUDA_MULTI_MAX];
+    int n_parts, n;
+    const float *dx;
+} multi_arg_t;
+
+static duet_status_t multi_call(ck_t *ck, void *p)
+{
+    multi_arg_t *a = p;
+    return duet_cuda_matmul_multi(ck->c, a->p, a->n_parts, a->dx, a->n);
+}
+
+static void case_matmul_multi(ck_t *ck, duet_dtype_t dt, int cols, int n_parts, const int *rows, const int *rb,
+                              const int *re, int n)
+{
+    rng_t r;
+    char tag[96], sh[64] = "";
+    snprintf(tag, sizeof tag, "matmul_multi/%d/%d/%d/%d/%d", (int)dt, cols, n_parts, rows[0], n);
+    rng_init(&r, ck->seed, tag);
+    for (int i = 0; i < n_parts && strlen(sh) < 40; i++)
+        snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%d", i ? "+" : "", re[i] - rb[i]);
+    row_t row = row_new("matmul_multi", "%s %sx%d n=%d", dt_short(dt, DUET_DT_F8_E8M0), sh, cols, n);
+    const char *only = getenv("DUET_CHECK_CASE");
+    if (only && *only && !strstr(row.shape, only))
+        return;
+    weight_t W[DUET_CUDA_MULTI_MAX];
+    multi_arg_t a = {.n_parts = n_parts, .n = n};
+    float *x = rand_f32(&r, (size_t)n * cols, 1.0f);
+    float *dx = dupload(ck, x, sizeof(float) * (size_t)n * cols);
+    a.dx = dx;
+    size_t outs = 0;
+    double wbytes = 0;
+    for (int i = 0; i < n_parts; i++) {
+        weight_make(ck, &r, &W[i], dt, rows[i], cols, DUET_DT_F8_E8M0);
+        size_t m = (size_t)(re[i] - rb[i]);
+        a.p[i] = (duet_cuda_mm_part_t){&W[i].dw, rb[i], re[i], dmalloc(ck, sizeof(float) * (size_t)n * m)};
+        dpoison(ck, a.p[i].y, sizeof(float) * (size_t)n * m);
+        outs += (size_t)n * m;
+        wbytes += ((double)W[i].data_bytes + W[i].scale_bytes) * (double)m / rows[i];
+    }
+    if (multi_call(ck, &a) != DUET_OK)
+        die(ck, "matmul_multi");
+    double worst = 0;
+    int same = 1;
+    for (int i = 0; i < n_parts; i++) {
+        size_t m = (size_t)(re[i] - rb[i]);
+        float *y = xmalloc(sizeof(float) * (size_t)n * m), *y1 = xmalloc(sizeof(float) * (size_t)n * m);
+        float *ref = xmalloc(sizeof(float) * (size_t)n * m);
+        ddownload(ck, y, a.p[i].y, sizeof(float) * (size_t)n * m);
+        ref_matmul(ck, &W[i].hw, rb[i], re[i], x, n, ref);
+        size_t w;
+        double e = nerr(y, ref, (size_t)n * m, &w);
+        worst = e > worst ? e : worst;
+        float *dy1 = dmalloc(ck, sizeof(float) * (size_t)n * m);
+        dpoison(ck, dy1, sizeof(float) * (size_t)n * m);
+        if (duet_cuda_matmul_invariant(ck->c, &W[i].dw, rb[i], re[i], dx, n, dy1) != DUET_OK)
+            die(ck, "matmul_invariant");
+        ddownload(ck, y1, dy1, sizeof(float) * (size_t)n * m);
+        same &= memcmp(y, y1, sizeof(float) * (size_t)n * m) == 0;
+        duet_cuda_free(ck->c, dy1);
+        free(y);
+        free(y1);
+        free(ref);
+    }
+    row.exact = 0;
+    row.tol = 1e-5;
+    row.err = worst;
+    row.pass = worst <= row.tol && same;
+    snprintf(row.note, sizeof row.note, "one launch a part %s", same ? "bit-exact" : "DIFFERS");
+    bench_row(ck, &row, multi_call, &a, wbytes + 4.0 * n * cols + 4.0 * (double)outs, 2.0 * (double)outs * cols,
+              BOUND_BF16);
+    print_row(ck, &row);
+    for (int i = 0; i < n_parts; i++) {
+        duet_cuda_free(ck->c, a.p[i].y);
+        weight_free(ck, &W[i]);
+    }
+    free(x);
+    duet_cuda_free(ck->c, dx);
+}
+
+static void group_matmul_multi(ck_t *ck)
+{
+    /* a C4 layer's projections of its input at V4-Flash widths (wq_a, wkv, the compressor's
+     * and the indexer's, idx_wproj), then the shared expert's w1 and w3, then row ranges */
+    static const int r7[7] = {1024, 512, 1024, 1024, 256, 256, 64}, z7[7] = {0};
+    static const int r2[2] = {2048, 2048}, z2[2] = {0};
+    static const int rr[3] = {256, 64, 512}, rb[3] = {32, 0, 128}, re[3] = {160, 64, 512};
+    case_matmul_multi(ck, DUET_DT_F8_E4M3, 4096, 7, r7, z7, r7, 1);
+    case_matmul_multi(ck, DUET_DT_F8_E4M3, 4096, 7, r7, z7, r7, 32);
+    case_matmul_multi(ck, DUET_DT_F4_E2M1X2, 4096, 2, r2, z2, r2, 1);
+    case_matmul_multi(ck, DUET_DT_F4_E2M1X2, 4096, 2, r2, z2, r2, 32);
+    case_matmul_multi(ck, DUET_DT_BF16, 512, 3, rr, rb, re, 13);
+}
+
 static void group_matmul_lt(ck_t *ck)
 {
     const duet_dtype_t E8 = DUET_DT_F8_E8M0, F32 = DUET_DT_F32;
@@ -2246,6 +2342,7 @@ typedef struct {
 
 static const group_t GROUPS[] = {
     {"matmul", group_matmul},   {"matmul_lt", group_matmul_lt}, {"fp8_act", group_fp8_act},
+    {"matmul_multi", group_matmul_multi},
     {"rmsnorm", group_rmsnorm}, {"rope", group_rope},           {"swiglu", group_swiglu},
     {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
     {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},

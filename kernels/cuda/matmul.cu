@@ -940,6 +940,79 @@ template <int WT> static duet_status_t gemv_tc_launch(duet_cuda_t *c, const gemv
     return gemv_tc_launch_nt<WT, 4>(c, a);
 }
 
+/* ---- several weights times one x (duet_cuda_matmul_multi) ---- */
+
+/* Each part's rows, pointers and where its output and split partials go; blockIdx.x walks the
+ * parts' row blocks in order (tile0: their prefix sums). */
+struct multi_args {
+    int n_parts;
+    int tile0[DUET_CUDA_MULTI_MAX + 1];
+    const uint8_t *w[DUET_CUDA_MULTI_MAX];
+    const void *scale[DUET_CUDA_MULTI_MAX];
+    int scale_cols[DUET_CUDA_MULTI_MAX];
+    int row_begin[DUET_CUDA_MULTI_MAX], row_end[DUET_CUDA_MULTI_MAX];
+    size_t row_bytes[DUET_CUDA_MULTI_MAX];
+    float *y[DUET_CUDA_MULTI_MAX];
+    size_t part_off[DUET_CUDA_MULTI_MAX]; /* floats into the split partials */
+};
+
+template <int WT, int NT>
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
+{
+    int bx = blockIdx.x, rb0 = 0;
+    size_t po = 0;
+    /* constant indices only: the arguments stay in the parameter bank */
+#pragma unroll
+    for (int i = 0; i < DUET_CUDA_MULTI_MAX; i++)
+        if (i < m.n_parts && bx >= m.tile0[i] && bx < m.tile0[i + 1]) {
+            a.w = m.w[i];
+            a.scale = m.scale[i];
+            a.scale_cols = m.scale_cols[i];
+            a.row_bytes = m.row_bytes[i];
+            a.row_begin = m.row_begin[i];
+            a.row_end = m.row_end[i];
+            a.y = m.y[i];
+            rb0 = m.row_begin[i] + (bx - m.tile0[i]) * TC_BLOCK_ROWS;
+            po = m.part_off[i];
+        }
+    tok_plain tm{a.x, a.n, a.cols};
+    tc_split s = sp;
+    if (s.chunks > 1)
+        s.part += po;
+    gemv_tc_body<WT, NT>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
+}
+
+template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a, multi_args &m)
+{
+    constexpr int smem = tc_smem_bytes<WT, NT>();
+    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
+    int tiles = m.tile0[m.n_parts], tok_tiles = duet_cdiv(a.n, 8 * NT);
+    size_t rows = 0;
+    for (int i = 0; i < m.n_parts; i++)
+        rows += (size_t)(m.row_end[i] - m.row_begin[i]);
+    tc_split sp;
+    DUET_TRY(tc_split_plan(c, a.cols, (long)tiles * tok_tiles, 1, (size_t)a.n * rows, &sp));
+    for (int i = 0, acc = 0; i < m.n_parts; i++) { /* each part's chunk planes, one after another */
+        m.part_off[i] = (size_t)sp.chunks * a.n * acc;
+        acc += m.row_end[i] - m.row_begin[i];
+    }
+    dim3 grid(tiles, tok_tiles, sp.chunks);
+    gemv_tc_multi_kernel<WT, NT><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, m, sp);
+    return DUET_OK;
+}
+
+template <int WT> static duet_status_t gemv_tc_multi(duet_cuda_t *c, const gemv_args &a, multi_args &m)
+{
+    int nt = (a.n >= 8 * TC_MAX_NT) ? TC_MAX_NT : (a.n + 7) / 8;
+    if (nt == 1)
+        return gemv_tc_multi_nt<WT, 1>(c, a, m);
+    if (nt == 2)
+        return gemv_tc_multi_nt<WT, 2>(c, a, m);
+    if (nt == 3)
+        return gemv_tc_multi_nt<WT, 3>(c, a, m);
+    return gemv_tc_multi_nt<WT, 4>(c, a, m);
+}
+
 /* Any shape and alignment: one thread per (token, row), scalar decode. */
 __global__ void gemv_simple_kernel(gemv_args a, int wt)
 {
@@ -1502,6 +1575,57 @@ extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_w
     if (duet_cuda_matmul_invariant_tc(w, row_begin, x))
         return duet_cuda_matmul_gemv_tc(c, w, row_begin, row_end, x, n, y);
     return duet_cuda_matmul_gemv(c, w, row_begin, row_end, x, n, y);
+}
+
+extern "C" int duet_cuda_matmul_multi_ok(const duet_cuda_mm_part_t *parts, int n_parts, const float *x)
+{
+    if (n_parts < 1 || n_parts > DUET_CUDA_MULTI_MAX)
+        return 0;
+    for (int i = 0; i < n_parts; i++) {
+        const duet_weight_t *w = parts[i].w;
+        if (w->dtype != parts[0].w->dtype || w->cols != parts[0].w->cols ||
+            (w->scale_dtype != parts[0].w->scale_dtype && w->scale) || parts[i].row_end <= parts[i].row_begin ||
+            parts[i].row_end > w->rows || !duet_cuda_matmul_invariant_tc(w, parts[i].row_begin, x))
+            return 0;
+    }
+    return 1;
+}
+
+extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_mm_part_t *parts, int n_parts,
+                                                const float *x, int n)
+{
+    if (!duet_cuda_matmul_multi_ok(parts, n_parts, x))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "matmul_multi: %d parts not all tensor-core eligible weights of one dtype and width "
+                               "(at most %d)", n_parts, DUET_CUDA_MULTI_MAX);
+    for (int i = 0; i < n_parts; i++)
+        DUET_TRY(check_args(c, parts[i].w, parts[i].row_begin, parts[i].row_end, n));
+    if (n == 0)
+        return DUET_OK;
+    gemv_args a;
+    gemv_args_of(parts[0].w, parts[0].row_begin, parts[0].row_end, x, n, parts[0].y, &a);
+    multi_args m;
+    memset(&m, 0, sizeof m);
+    m.n_parts = n_parts;
+    for (int i = 0; i < n_parts; i++) {
+        gemv_args pi;
+        gemv_args_of(parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, &pi);
+        m.w[i] = pi.w;
+        m.scale[i] = pi.scale;
+        m.scale_cols[i] = pi.scale_cols;
+        m.row_begin[i] = pi.row_begin;
+        m.row_end[i] = pi.row_end;
+        m.row_bytes[i] = pi.row_bytes;
+        m.y[i] = pi.y;
+        m.tile0[i + 1] = m.tile0[i] + (int)duet_cdiv(pi.row_end - pi.row_begin, TC_BLOCK_ROWS);
+    }
+    switch (weight_kind(parts[0].w)) {
+    case WT_BF16: DUET_TRY(gemv_tc_multi<WT_BF16>(c, a, m)); break;
+    case WT_F8: DUET_TRY(gemv_tc_multi<WT_F8>(c, a, m)); break;
+    default: DUET_TRY(gemv_tc_multi<WT_F4>(c, a, m)); break;
+    }
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
 }
 
 extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,

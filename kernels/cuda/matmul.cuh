@@ -63,6 +63,22 @@ duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w,
 /* 1 when duet_cuda_matmul_invariant takes the tensor-core kernel for this weight, row_begin and x. */
 int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x);
 
+/* Several weights times the same x in one launch (a decode step's projections of one
+ * input): part i computes rows [row_begin, row_end) of its weight into its y (n × its rows),
+ * each token's result bit for bit what duet_cuda_matmul_invariant gives (the same block code;
+ * blockIdx walks the parts' row blocks).  All parts one dtype and width, each
+ * tensor-core eligible (duet_cuda_matmul_invariant_tc); DUET_ERR_UNSUPPORTED otherwise, when
+ * the caller launches them one by one. */
+#define DUET_CUDA_MULTI_MAX 8
+typedef struct {
+    const duet_weight_t *w;
+    int row_begin, row_end;
+    float *y;
+} duet_cuda_mm_part_t;
+int duet_cuda_matmul_multi_ok(const duet_cuda_mm_part_t *parts, int n_parts, const float *x);
+duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_mm_part_t *parts, int n_parts, const float *x,
+                                     int n);
+
 /* Grouped expert matmuls (MoE): every expert's assigned token rows in one launch.
  * The assignments are sorted by expert (duet_cuda_moe_sort, moe_route.cuh): expert e
  * owns positions [offs[e], offs[e+1]); position p reads x row xrow[p] (or row p when
