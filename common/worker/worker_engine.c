@@ -1,5 +1,6 @@
 #include "worker_engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,12 @@ static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
               what, duet_tp_cuda_weight_bytes(t) / 1e9, pools / 1e6, e->tp > 1 ? " on every GPU" : "",
               (duet_time_ns() - t0) / 1e9);
     duet_cuda_t *c0 = duet_tp_cuda_context(t, 0);
+    const char *ph = getenv("DUET_CUDA_PHASES"); /* rank 0's forward calls timed by phase (log_stats) */
+    if (ph && strcmp(ph, "0") != 0 && duet_cuda_phases_enable(c0, 1) != DUET_OK) {
+        if (err)
+            *err = *duet_cuda_error(c0);
+        return DUET_ERR_CUDA;
+    }
     size_t bytes = (size_t)e->logit_rows * (size_t)e->model->cfg.vocab_size * sizeof(float);
     if (duet_cuda_host_alloc(c0, (void **)&e->logits, bytes) != DUET_OK) {
         e->logits = NULL;
@@ -200,6 +207,26 @@ void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who
 {
     if (!e->gpu)
         return;
+#if DUET_HAVE_CUDA
+    duet_cuda_t *c0 = duet_tp_cuda_context(e->gpu, 0);
+    if (duet_cuda_phases_enabled(c0)) {
+        duet_cuda_phase_totals_t t;
+        duet_cuda_phase_totals(c0, &t, 0);
+        char line[1024];
+        size_t o = 0;
+        double sum = 0;
+        for (int i = 0; i < DUET_FP_COUNT; i++)
+            sum += t.ms[i];
+        for (int i = 0; i < DUET_FP_COUNT && o < sizeof line; i++)
+            if (t.count[i])
+                o += (size_t)snprintf(line + o, sizeof line - o, " %s %.3f (%.0f%%);", duet_fwd_phase_name(i),
+                                      t.collections ? t.ms[i] / t.collections : 0.0,
+                                      sum > 0 ? 100.0 * t.ms[i] / sum : 0.0);
+        duet_info("%s: GPU ms a forward call by phase (DUET_CUDA_PHASES, %ld calls%s):%s total %.3f", who,
+                  t.collections, t.dropped ? ", marks dropped" : "", o ? line : " none",
+                  t.collections ? sum / t.collections : 0.0);
+    }
+#endif
     if (e->direct) {
         duet_info("%s: data plane straight between GPU memory (no staging copies)", who);
         return;
