@@ -80,7 +80,9 @@ duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms);
  * DUET_CUDA_PHASE_MARKS in one collection are dropped (counted in `dropped`).
  * duet_cuda_phase_collect waits for the last mark and adds every interval to its phase's
  * total.  Ids are the caller's, 0 .. DUET_CUDA_PHASE_IDS-1; an event costs a few
- * microseconds of host time, so leave this off outside measurements. */
+ * microseconds of host time, so leave this off outside measurements.  Marks of a call that
+ * failed before its collection stay for the next one; duet_cuda_phase_totals(c, t, 1) drops
+ * them. */
 #define DUET_CUDA_PHASE_IDS 32
 #define DUET_CUDA_PHASE_END (-1)
 #define DUET_CUDA_PHASE_MARKS 4096
