@@ -4,11 +4,12 @@
 # Here (any machine with nvcc; no GPU needed):
 #   scripts/device-forward.sh --prepare
 #       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja duet-check-forward duet-check-ops
-#       duet-mkmodel duet-generate; scripts/make-bundle.sh
-# There (the device tool; carry the four binaries and the bundle):
+#       duet-mkmodel duet-generate; scripts/make-bundle.sh; packs the four into
+#       build-fwd/device-forward.tgz (about 7 MB instead of 33)
+# There (the device tool; carry the packed binaries and the bundle):
 #   run(command="bash scripts/device-forward.sh",
-#       carry=["build-fwd/tools/duet-check-forward", "build-fwd/tools/duet-check-ops",
-#              "build-fwd/tools/duet-mkmodel", "build-fwd/tools/duet-generate", ".bundle"])
+#       carry=["build-fwd/device-forward.tgz", ".bundle"])
+# (Carrying build-fwd/tools/duet-check-forward, -ops, -mkmodel and -generate themselves works too.)
 #
 # On the GPU: unpacks .bundle (as device-check.sh), regenerates the fixtures
 # with duet-mkmodel the way the build does (tiny-bf16 seed 1, tiny-fp8-fp4
@@ -37,6 +38,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 MB travel
 BIN="$BUILD/tools"
 RES="${OUT:-$BUILD/device-forward}"
+TGZ="$BUILD/device-forward.tgz"
+TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 ops_bench=0 batches=1,32,128 long_ctx=32768
 
@@ -44,8 +47,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prepare)
       set -e
-      duet_device_prepare "$BUILD" tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate
-      du -sh "$BIN"/duet-check-forward "$BIN"/duet-check-ops "$BIN"/duet-mkmodel "$BIN"/duet-generate "$ROOT/.bundle"
+      duet_device_prepare "$BUILD" $TOOLS
+      tar -czf "$TGZ" -C "$BUILD" $TOOLS
+      du -sh "$TGZ" "$ROOT/.bundle"
       exit 0 ;;
     --quick) prompts=4 tokens=32 ;;
     --no-bench) bench=0 ;;
@@ -63,6 +67,9 @@ while [ $# -gt 0 ]; do
 done
 
 mkdir -p "$RES" "$FIX"
+if [ -f "$TGZ" ]; then # the binaries this call carried packed, over any an earlier call left
+  tar -xzf "$TGZ" -C "$BUILD" || { echo "device-forward: cannot unpack $TGZ" >&2; exit 2; }
+fi
 LOG="$RES/device-forward.log"
 SUM="$RES/summary.txt"
 : >"$LOG"
