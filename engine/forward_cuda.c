@@ -5,6 +5,7 @@
 #include "forward_cuda.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1186,6 +1187,31 @@ const char *duet_fwd_phase_name(int phase)
         [DUET_FP_MOE_SHARED] = "moe shared", [DUET_FP_HEAD] = "head",
     };
     return phase >= 0 && phase < DUET_FP_COUNT ? names[phase] : "?";
+}
+
+double duet_fwd_phase_line(const duet_cuda_phase_totals_t *t, char *buf, size_t len)
+{
+    double sum = 0;
+    int order[DUET_FP_COUNT];
+    for (int i = 0; i < DUET_FP_COUNT; i++) {
+        sum += t->ms[i];
+        order[i] = i;
+    }
+    for (int i = 1; i < DUET_FP_COUNT; i++) /* insertion sort, largest first */
+        for (int j = i; j > 0 && t->ms[order[j]] > t->ms[order[j - 1]]; j--) {
+            int k = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = k;
+        }
+    size_t o = 0;
+    if (len)
+        buf[0] = '\0';
+    for (int i = 0; i < DUET_FP_COUNT && o < len; i++)
+        if (t->count[order[i]])
+            o += (size_t)snprintf(buf + o, len - o, " %s %.3f (%.0f%%);", duet_fwd_phase_name(order[i]),
+                                  t->collections ? t->ms[order[i]] / t->collections : 0.0,
+                                  sum > 0 ? 100.0 * t->ms[order[i]] / sum : 0.0);
+    return t->collections ? sum / t->collections : 0.0;
 }
 
 static void count_mm(fc_t *F, const duet_weight_t *w, int rb, int re, int n)

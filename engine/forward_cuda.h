@@ -141,6 +141,9 @@ typedef enum {
     DUET_FP_COUNT
 } duet_fwd_phase_t;
 const char *duet_fwd_phase_name(int phase);
+/* The totals as " phase ms (share%);" for each phase that ran, largest first, the ms per
+ * collected call, into buf (truncated to len); returns the total GPU ms a call. */
+double duet_fwd_phase_line(const duet_cuda_phase_totals_t *t, char *buf, size_t len);
 
 duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc, duet_fwd_item_t *items,
                                 int n_items, duet_err_t *err);

@@ -283,24 +283,10 @@ static void print_phases(duet_cuda_t *cu, const char *what)
     duet_cuda_phase_totals(cu, &t, 1);
     if (!t.collections)
         return;
-    double sum = 0;
-    int order[DUET_FP_COUNT];
-    for (int i = 0; i < DUET_FP_COUNT; i++) {
-        sum += t.ms[i];
-        order[i] = i;
-    }
-    for (int i = 1; i < DUET_FP_COUNT; i++) /* insertion sort, largest first */
-        for (int j = i; j > 0 && t.ms[order[j]] > t.ms[order[j - 1]]; j--) {
-            int k = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = k;
-        }
-    printf("phases %s (GPU ms a call, %ld calls%s):", what, t.collections, t.dropped ? ", marks dropped" : "");
-    for (int i = 0; i < DUET_FP_COUNT; i++)
-        if (t.count[order[i]])
-            printf(" %s %.3f (%.0f%%);", duet_fwd_phase_name(order[i]), t.ms[order[i]] / t.collections,
-                   sum > 0 ? 100.0 * t.ms[order[i]] / sum : 0.0);
-    printf(" total %.3f\n", sum / t.collections);
+    char line[1024];
+    double total = duet_fwd_phase_line(&t, line, sizeof line);
+    printf("phases %s (GPU ms a call, %ld calls%s):%s total %.3f\n", what, t.collections,
+           t.dropped ? ", marks dropped" : "", line, total);
 }
 
 static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)

@@ -1,6 +1,5 @@
 #include "worker_engine.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -213,18 +212,9 @@ void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who
         duet_cuda_phase_totals_t t;
         duet_cuda_phase_totals(c0, &t, 0);
         char line[1024];
-        size_t o = 0;
-        double sum = 0;
-        for (int i = 0; i < DUET_FP_COUNT; i++)
-            sum += t.ms[i];
-        for (int i = 0; i < DUET_FP_COUNT && o < sizeof line; i++)
-            if (t.count[i])
-                o += (size_t)snprintf(line + o, sizeof line - o, " %s %.3f (%.0f%%);", duet_fwd_phase_name(i),
-                                      t.collections ? t.ms[i] / t.collections : 0.0,
-                                      sum > 0 ? 100.0 * t.ms[i] / sum : 0.0);
+        double total = duet_fwd_phase_line(&t, line, sizeof line);
         duet_info("%s: GPU ms a forward call by phase (DUET_CUDA_PHASES, %ld calls%s):%s total %.3f", who,
-                  t.collections, t.dropped ? ", marks dropped" : "", o ? line : " none",
-                  t.collections ? sum / t.collections : 0.0);
+                  t.collections, t.dropped ? ", marks dropped" : "", line[0] ? line : " none", total);
     }
 #endif
     if (e->direct) {
