@@ -14,6 +14,8 @@
  *
  * fp8 activations (duet_cuda_matmul_fp8_act): quantize x per 1×128, then
  * cuBLASLt's block-scaled e4m3 GEMM. */
+#include <type_traits>
+
 #include "common.cuh"
 
 enum { WT_BF16 = 0, WT_F8, WT_F4, WT_F32 };
@@ -928,16 +930,22 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     return DUET_OK;
 }
 
+/* f(std::integral_constant<int, NT>()) with the token tiles (8 tokens each) a block takes for
+ * n tokens: as many as n needs, at most TC_MAX_NT. */
+static_assert(TC_MAX_NT == 4, "tc_with_nt instantiates one to four token tiles");
+template <class F> static duet_status_t tc_with_nt(int n, F &&f)
+{
+    switch (n >= 8 * TC_MAX_NT ? TC_MAX_NT : (n + 7) / 8) {
+    case 1: return f(std::integral_constant<int, 1>());
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    default: return f(std::integral_constant<int, 4>());
+    }
+}
+
 template <int WT> static duet_status_t gemv_tc_launch(duet_cuda_t *c, const gemv_args &a)
 {
-    int nt = (a.n >= 8 * TC_MAX_NT) ? TC_MAX_NT : (a.n + 7) / 8;
-    if (nt == 1)
-        return gemv_tc_launch_nt<WT, 1>(c, a);
-    if (nt == 2)
-        return gemv_tc_launch_nt<WT, 2>(c, a);
-    if (nt == 3)
-        return gemv_tc_launch_nt<WT, 3>(c, a);
-    return gemv_tc_launch_nt<WT, 4>(c, a);
+    return tc_with_nt(a.n, [&](auto nt) { return gemv_tc_launch_nt<WT, decltype(nt)::value>(c, a); });
 }
 
 /* ---- several weights times one x (duet_cuda_matmul_multi) ---- */
@@ -1003,14 +1011,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
 
 template <int WT> static duet_status_t gemv_tc_multi(duet_cuda_t *c, const gemv_args &a, multi_args &m)
 {
-    int nt = (a.n >= 8 * TC_MAX_NT) ? TC_MAX_NT : (a.n + 7) / 8;
-    if (nt == 1)
-        return gemv_tc_multi_nt<WT, 1>(c, a, m);
-    if (nt == 2)
-        return gemv_tc_multi_nt<WT, 2>(c, a, m);
-    if (nt == 3)
-        return gemv_tc_multi_nt<WT, 3>(c, a, m);
-    return gemv_tc_multi_nt<WT, 4>(c, a, m);
+    return tc_with_nt(a.n, [&](auto nt) { return gemv_tc_multi_nt<WT, decltype(nt)::value>(c, a, m); });
 }
 
 /* Any shape and alignment: one thread per (token, row), scalar decode. */
