@@ -110,6 +110,9 @@ typedef struct {
     double weight_bytes; /* weight bytes the matmuls read (each routed expert once) */
     double cache_bytes;  /* encoded cache entries read (window, compressed, indexer keys) */
     double flops;        /* matmuls + attention + indexer, 2 per multiply-add */
+    double host_plan_s;  /* host seconds from the call's start to the plan's upload queued */
+    double host_queue_s; /* host seconds from the call's start to its last launch queued (the wait
+                          * for the device follows): near the call's time, the host bounds it */
     int rows;
 } duet_fwd_cuda_stats_t;
 

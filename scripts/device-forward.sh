@@ -29,7 +29,9 @@
 # Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops,
 # --ops-bench, --batches LIST (default 1,32,128), --long-ctx N (default 32768; 0: none),
 # --prompts N, --tokens N, --phases (the slice at 4k, batches 1 and 32, again with the
-# forward call's GPU time split by phase: duet-check-forward --phases), --moe-host (time the slice a second time with
+# forward call's GPU time split by phase: duet-check-forward --phases), --kernels (one decode step
+# at 4k, batches 1 and 32, under Nsight Compute: every kernel's duration, their sum against the
+# step's time, scripts/kernel-times.py), --moe-host (time the slice a second time with
 # DUET_MOE_HOST=1: the per-expert MoE path with routing on the host).  Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -41,7 +43,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 ops_bench=0 batches=1,32,128 long_ctx=32768
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 long_ctx=32768
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -56,12 +58,13 @@ while [ $# -gt 0 ]; do
     --no-ops) ops=0 ;;
     --moe-host) moe_host=1 ;;
     --phases) phases=1 ;;
+    --kernels) kernels=1 ;;
     --ops-bench) ops_bench=1 ;;
     --batches) batches="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -165,6 +168,23 @@ if [ -n "$slice_pid" ]; then
     cat "$RES/bench-slice-phases.txt" >>"$LOG"
     { echo "[slice bench by phase, with an event at each phase] exit $rc"; grep '^bench\|^phases' "$RES/bench-slice-phases.txt"; } | tee -a "$SUM"
     [ "$rc" = 0 ] || fail=1
+  fi
+  if [ "$kernels" = 1 ]; then
+    ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+    if [ -z "$ncu" ]; then
+      echo "[slice kernels] no ncu on this machine" | tee -a "$SUM"
+    else
+      timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
+        --print-kernel-base function --cache-control none --clock-control none \
+        "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx 4096 --batches 1,32 \
+        >"$RES/kernels-slice.csv" 2>>"$LOG"
+      rc=$?
+      steps="$(grep '^bench decode' "$RES/bench-slice.txt" | awk '{for(i=1;i<=NF;i++) if($i=="ms/step,") print $(i-1)}' | head -2 | paste -sd,)"
+      { echo "[slice kernels, ncu] exit $rc (step times from the slice bench: $steps ms)"
+        python3 "$ROOT/scripts/kernel-times.py" "$RES/kernels-slice.csv" --labels 1,32 --step-ms "$steps" --top 30 --launches 0; } \
+        | tee -a "$SUM"
+      [ "$rc" = 0 ] || fail=1
+    fi
   fi
   if [ "$moe_host" = 1 ]; then
     # the older MoE path (routing on the host, one launch set per expert) in the same run

@@ -308,7 +308,7 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
     int maxb = 1;
     for (int i = 0; i < a->n_batches; i++)
         maxb = a->batches[i] > maxb ? a->batches[i] : maxb;
-    int steps = 8;
+    int steps = 9; /* two warm-up steps, six timed, one profiled */
     uint32_t per = (uint32_t)((ctx + steps + 2 + a->opts.page_tokens - 1) / a->opts.page_tokens) + 1;
     if (gpu_cache(g, m, &a->opts, per * (uint32_t)(maxb + 2), (uint32_t)(maxb + 2), &err)) {
         fprintf(stderr, "check-forward: %s\n", duet_err_text(&err));
@@ -370,7 +370,7 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
         int32_t *toks = malloc(sizeof(int32_t) * (size_t)b * steps);
         for (int i = 0; i < b * steps; i++)
             toks[i] = 2 + (int32_t)(fwd_mix64(a->seed + 77 + (uint64_t)i) % (uint64_t)(V - 2));
-        double tsum = 0, wb = 0, cb = 0, fl = 0;
+        double tsum = 0, wb = 0, cb = 0, fl = 0, hp = 0, hq = 0;
         int timed = 0;
         for (int s = 0; s < steps; s++) {
             for (int i = 0; i < b; i++)
@@ -378,15 +378,27 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
                                              .logits_mode = DUET_LOGITS_LAST};
             if (s == 2)
                 duet_cuda_phase_totals(g->cu, &(duet_cuda_phase_totals_t){0}, 1); /* the timed steps' only */
+            /* one untimed step for a profiler run (ncu --profile-from-start off) */
+            if (s == steps - 1 && a->phases)
+                break;
+            if (s == steps - 1 && duet_cuda_profile_span(g->cu, 1) != DUET_OK)
+                goto cuda_fail;
             double t0 = duet_time_s();
             if (duet_forward_cuda_ex(g->mc, g->dc, items, b, &o, &err) != DUET_OK)
                 goto fail;
             double t = duet_time_s() - t0;
+            if (s == steps - 1) {
+                if (duet_cuda_profile_span(g->cu, 0) != DUET_OK)
+                    goto cuda_fail;
+                continue;
+            }
             if (s >= 2) {
                 tsum += t;
                 wb += stt.weight_bytes;
                 cb += stt.cache_bytes;
                 fl += stt.flops;
+                hp += stt.host_plan_s;
+                hq += stt.host_queue_s;
                 timed++;
             }
         }
@@ -400,6 +412,8 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
                "%.3f TFLOP a step; roofline %.3f ms (%s) -> %.1f%% of roofline\n",
                b, ctx, t * 1e3, b / t, wb / 1e9, cb / 1e9, fl / 1e12, roof * 1e3, t_bytes > t_flops ? "bytes" : "FLOPs",
                100.0 * roof / t);
+        printf("host decode batch %d: plan built and queued at %.3f ms, last launch queued at %.3f ms of the %.3f ms "
+               "step\n", b, hp / timed * 1e3, hq / timed * 1e3, t * 1e3);
         char what[64];
         snprintf(what, sizeof what, "decode batch %d", b);
         print_phases(g->cu, what);
@@ -416,6 +430,8 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
     duet_cuda_free(g->cu, ldev);
     gpu_cache_free(g);
     return 0;
+cuda_fail:
+    err = *duet_cuda_error(g->cu);
 fail:
     fprintf(stderr, "check-forward: bench: %s\n", duet_err_text(&err));
     return 2;

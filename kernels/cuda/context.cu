@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cuda_profiler_api.h>
+
 #include "common.cuh"
 
 #define WORKSPACE_BYTES (32u << 20)
@@ -311,6 +313,13 @@ extern "C" duet_status_t duet_cuda_phases_enable(duet_cuda_t *c, int on)
 }
 
 extern "C" int duet_cuda_phases_enabled(const duet_cuda_t *c) { return c->phases != NULL; }
+
+extern "C" duet_status_t duet_cuda_profile_span(duet_cuda_t *c, int on)
+{
+    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_CUDA_CHECK(c, on ? cudaProfilerStart() : cudaProfilerStop());
+    return DUET_OK;
+}
 
 extern "C" duet_status_t duet_cuda_phase(duet_cuda_t *c, int id)
 {

@@ -99,6 +99,10 @@ duet_status_t duet_cuda_phase_collect(duet_cuda_t *c);
 /* The totals so far; `reset` clears them (and any uncollected marks). */
 void duet_cuda_phase_totals(duet_cuda_t *c, duet_cuda_phase_totals_t *t, int reset);
 
+/* Mark the start (on) or end (off) of a span for a profiler run with collection off at start
+ * (ncu --profile-from-start off): cudaProfilerStart/Stop; harmless without a profiler. */
+duet_status_t duet_cuda_profile_span(duet_cuda_t *c, int on);
+
 /* Fill n elements at p with seeded pseudo-random values, on the device:
  * F32 / BF16 normal(0, 1), F8_E4M3 and U8 uniform over the valid codes (no NaN for e4m3). */
 duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtype_t dtype, uint64_t seed);

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""kernel-times.py: one forward call's kernels, from an Nsight Compute CSV.
+
+Input: the output of
+    ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
+        --print-kernel-base function --cache-control none --clock-control none \
+        duet-check-forward --bench --decode-only --batches B1,B2,...
+(duet-check-forward profiles one decode step a batch size, in the order of --batches).
+Each step starts at its embedding kernel (embed_kernel).  For each step, prints the kernel
+count, the sum of the kernels' durations (the device's busy time: the step's time less this
+is the gaps between kernels, launch latency and host work), and the kernels by total time.
+
+Usage: kernel-times.py CSV [--labels 1,32] [--top N] [--step-ms 2.08,6.49] [--launches MIN_US]
+"""
+import argparse
+import csv
+import sys
+from collections import OrderedDict
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        lines = f.readlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        sys.exit("kernel-times: no CSV header (\"ID\",...) in %s" % path)
+    rows = []
+    for r in csv.DictReader(lines[start:]):
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = (r.get("Metric Unit") or "ns").strip()
+        v = float(r["Metric Value"].replace(",", ""))
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(unit)
+        if scale is None:
+            sys.exit("kernel-times: unknown unit %r" % unit)
+        rows.append((r["Kernel Name"], v * scale, r.get("Grid Size", ""), r.get("Block Size", "")))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--labels", default="")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--step-ms", default="", help="the steps' measured times, for the busy share")
+    ap.add_argument("--launches", type=float, default=-1.0,
+                    help="also list each launch of at least this many us, in order (grid, block)")
+    a = ap.parse_args()
+    rows = read_rows(a.csv)
+    steps = []
+    for name, us, grid, block in rows:
+        if name.startswith("embed_kernel") or not steps:
+            steps.append([])
+        steps[-1].append((name, us, grid, block))
+    labels = a.labels.split(",") if a.labels else [str(i) for i in range(len(steps))]
+    step_ms = [float(x) for x in a.step_ms.split(",")] if a.step_ms else []
+    for i, st in enumerate(steps):
+        busy = sum(us for _, us, _, _ in st)
+        lab = labels[i] if i < len(labels) else str(i)
+        line = "kernels step %s: %d kernels, %.3f ms busy" % (lab, len(st), busy / 1e3)
+        if i < len(step_ms) and step_ms[i] > 0:
+            line += " of the %.3f ms step (%.0f%%; %.1f us a kernel left between them)" % (
+                step_ms[i], 100.0 * busy / 1e3 / step_ms[i], (step_ms[i] * 1e3 - busy) / len(st))
+        print(line)
+        agg = OrderedDict()
+        for name, us, _, _ in st:
+            n, t, mx = agg.get(name, (0, 0.0, 0.0))
+            agg[name] = (n + 1, t + us, max(mx, us))
+        short = sum(1 for _, us, _, _ in st if us < 5.0)
+        print("  %d of them under 5 us (%.3f ms together)" % (short, sum(us for _, us, _, _ in st if us < 5.0) / 1e3))
+        for name, (n, t, mx) in sorted(agg.items(), key=lambda kv: -kv[1][1])[: a.top]:
+            print("  %8.1f us %5.1f%%  %4d x  (max %7.1f us)  %s" % (t, 100.0 * t / busy, n, mx, name[:90]))
+        if a.launches >= 0:
+            for k, (name, us, grid, block) in enumerate(st):
+                if us >= a.launches:
+                    print("  #%-4d %8.1f us  grid %-14s block %-12s %s" % (k, us, grid, block, name[:60]))
+
+
+if __name__ == "__main__":
+    main()
