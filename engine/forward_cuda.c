@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "time_util.h"
 #include "log.h"
 
 /* ---- device model ------------------------------------------------------ */
@@ -711,6 +712,7 @@ typedef struct {
     size_t o_koff4, o_nk0, o_nk4, o_nsel, o_dst4, o_page_off, o_koff128, o_nk128, o_hrow;
     /* wo_a grouped (wo_group): offs (Gl+1), tiles (2, Gl+1), x rows (Gl*R), then mid's rows (R*Gl) */
     int wo_group;
+    int hc_fused; /* hyper-connection pre-mixes fused with their norms (hc_fused) */
     size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;
     uint8_t *pd; /* device plan */
     /* device workspace */
@@ -1688,13 +1690,55 @@ duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc,
     return duet_forward_cuda_ex(mc, dc, items, n_items, NULL, err);
 }
 
+/* Whether the hyper-connection pre-mixes take the fused operation with the norm (the same bits
+ * either way): where the width allows and the rows are no more than the SMs.  Its block (a
+ * row's, of the norm's 1024 threads) waits for one warp's Sinkhorn iterations, which at decode
+ * sizes costs less than the third launch; with more rows than SMs the blocks queue behind those
+ * waits (a 4096-token prefill measured 18 ms against 10 for the two operations). */
+static int hc_fused(const fc_t *F)
+{
+    duet_cuda_info_t info;
+    duet_cuda_info(F->cu, &info);
+    return duet_cuda_hc_norm_ok(F->c->hc_mult, F->c->hidden_size) && F->R <= info.sm_count;
+}
+
+/* A layer's hyper-connection pre-mix of F->h and the norm of its result into F->xn: one fused
+ * operation (hc_fused), else hc_pre into F->x and rmsnorm. */
+static duet_status_t hc_pre_norm(fc_t *F, const float *fn, const float *base, const float *scale, const float *norm)
+{
+    const duet_model_config_t *c = F->c;
+    int hc = c->hc_mult, D = c->hidden_size;
+    float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
+    if (F->hc_fused)
+        return duet_cuda_hc_pre_norm(F->cu, F->h, F->R, hc, D, fn, base, scale, c->hc_sinkhorn_iters, hc_eps, eps,
+                                     F->post, F->comb, norm, eps, F->xn);
+    DUET_TRY(duet_cuda_hc_pre(F->cu, F->h, F->R, hc, D, fn, base, scale, c->hc_sinkhorn_iters, hc_eps, eps, F->post,
+                              F->comb, F->x));
+    return duet_cuda_rmsnorm(F->cu, F->x, norm, F->R, D, eps, F->xn);
+}
+
+/* The same for the head's pre-mix and the final norm. */
+static duet_status_t hc_head_norm(fc_t *F)
+{
+    const duet_model_config_t *c = F->c;
+    const duet_model_cuda_t *mc = F->mc;
+    int hc = c->hc_mult, D = c->hidden_size;
+    float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
+    if (F->hc_fused)
+        return duet_cuda_hc_head_norm(F->cu, F->h, F->R, hc, D, mc->hc_head_fn, mc->hc_head_base,
+                                      F->m->hc_head_scale, hc_eps, eps, mc->norm, eps, F->xn);
+    DUET_TRY(duet_cuda_hc_head(F->cu, F->h, F->R, hc, D, mc->hc_head_fn, mc->hc_head_base, F->m->hc_head_scale, hc_eps,
+                               eps, F->x));
+    return duet_cuda_rmsnorm(F->cu, F->x, mc->norm, F->R, D, eps, F->xn);
+}
+
 static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *err)
 {
     const duet_model_config_t *c = F->c;
     duet_model_cuda_t *mc = F->mc;
     int R = F->R, D = c->hidden_size, hc = c->hc_mult;
-    float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
     hbuf_t hb = {0};
+    double t0 = duet_time_s();
     duet_status_t st = build_plan(F, &hb, err);
     if (st != DUET_OK)
         goto out;
@@ -1722,6 +1766,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         goto out;
     }
     F->pd = mc->plan_dev;
+    F->st.host_plan_s = duet_time_s() - t0;
     /* workspace */
     {
         bump_t b = {.dry = 1};
@@ -1752,9 +1797,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const layer_dev_t *lw = &mc->layers[l];
         if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
-            duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale,
-                             c->hc_sinkhorn_iters, hc_eps, eps, F->post, F->comb, F->x) != DUET_OK ||
-            duet_cuda_rmsnorm(mc->c, F->x, lw->attn_norm, R, D, eps, F->xn) != DUET_OK) {
+            hc_pre_norm(F, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, lw->attn_norm) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;
         }
@@ -1772,9 +1815,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         }
         if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
             duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK ||
-            duet_cuda_hc_pre(mc->c, F->h, R, hc, D, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale,
-                             c->hc_sinkhorn_iters, hc_eps, eps, F->post, F->comb, F->x) != DUET_OK ||
-            duet_cuda_rmsnorm(mc->c, F->x, lw->ffn_norm, R, D, eps, F->xn) != DUET_OK) {
+            hc_pre_norm(F, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, lw->ffn_norm) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;
         }
@@ -1791,9 +1832,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         goto out;
     }
     if (F->NLR && mc->head.data) { /* tensor parallelism: rank 0 only */
-        if (duet_cuda_hc_head(mc->c, F->h, R, hc, D, mc->hc_head_fn, mc->hc_head_base, F->m->hc_head_scale, hc_eps,
-                              eps, F->x) != DUET_OK ||
-            duet_cuda_rmsnorm(mc->c, F->x, mc->norm, R, D, eps, F->xn) != DUET_OK ||
+        if (hc_head_norm(F) != DUET_OK ||
             duet_cuda_gather_rows(mc->c, F->hx, F->xn, PD(F, int32_t, F->o_hrow), (int)F->NLR, D) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;
@@ -1801,6 +1840,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         float *lg = opts && opts->logits_dev ? opts->logits_dev : F->logits;
         if ((st = mm(F, &mc->head, 0, c->vocab_size, F->hx, (int)F->NLR, lg, err)) != DUET_OK)
             goto out;
+        F->st.host_queue_s = duet_time_s() - t0; /* the downloads below wait for the device */
         if (!(opts && opts->logits_dev)) {
             size_t row = 0, V = (size_t)c->vocab_size;
             for (int i = 0; i < F->n_items; i++) {
@@ -1815,6 +1855,8 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
             }
         }
     }
+    if (!F->st.host_queue_s)
+        F->st.host_queue_s = duet_time_s() - t0;
     if (duet_cuda_phase(mc->c, DUET_CUDA_PHASE_END) != DUET_OK || duet_cuda_sync(mc->c) != DUET_OK ||
         duet_cuda_phase_collect(mc->c) != DUET_OK) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
@@ -1863,6 +1905,7 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     /* wo_a grouped: decode-sized calls with the batch-invariant matmuls (the launch per group
      * takes the same kernel there, so the same bits); larger calls keep a launch per group */
     F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c);
+    F.hc_fused = hc_fused(&F);
     F.row0 = malloc(sizeof(int) * (size_t)n_items);
     F.tok_h = malloc(sizeof(int32_t) * (size_t)R);
     if (!F.row0 || !F.tok_h) {

@@ -1766,7 +1766,7 @@ static void group_attn(ck_t *ck)
 /* ---- hyper-connections ---- */
 
 typedef struct {
-    float *dx, *dfn, *dbase, *dscale, *dpost, *dcomb, *dout, *df;
+    float *dx, *dfn, *dbase, *dscale, *dpost, *dcomb, *dout, *df, *dnw, *dy;
     int n, hc, dim, iters;
     float scale_head;
 } hc_arg_t;
@@ -1783,6 +1783,20 @@ static duet_status_t hchead_call(ck_t *ck, void *p)
     hc_arg_t *a = p;
     return duet_cuda_hc_head(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->scale_head, 1e-6f, 1e-6f,
                              a->dout);
+}
+
+static duet_status_t hcprenorm_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_pre_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->dscale, a->iters, 1e-6f,
+                                 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f, a->dy);
+}
+
+static duet_status_t hcheadnorm_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_head_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->scale_head, 1e-6f, 1e-6f,
+                                  a->dnw, 1e-6f, a->dy);
 }
 
 static duet_status_t hcpost_call(ck_t *ck, void *p)
@@ -1842,6 +1856,47 @@ static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
     bench_row(ck, &row, hcpre_call, &a, 4.0 * (nx + nfn + (size_t)n * (dim + hc + hc * hc)),
               2.0 * (double)mix * hc * dim * n + 2.0 * nx, BOUND_FP32);
     print_row(ck, &row);
+    /* hc_pre_norm: hc_pre then rmsnorm in one operation, bit-exact against the two launches */
+    if (duet_cuda_hc_norm_ok(hc, dim)) {
+        float *nw = rand_f32(&r, (size_t)dim, 1.0f);
+        a.dnw = dupload(ck, nw, 4 * (size_t)dim);
+        a.dy = dmalloc(ck, 4 * (size_t)n * dim);
+        float *y2 = xmalloc(4 * (size_t)n * dim), *y1 = xmalloc(4 * (size_t)n * dim);
+        float *p2 = xmalloc(4 * (size_t)n * hc), *c2 = xmalloc(4 * (size_t)n * hc * hc);
+        /* the two launches: hc_pre's collapsed (a.dout) normalized into a.dy */
+        CK(duet_cuda_rmsnorm(ck->c, a.dout, a.dnw, n, dim, 1e-6f, a.dy));
+        ddownload(ck, y1, a.dy, 4 * (size_t)n * dim);
+        dpoison(ck, a.dpost, 4 * (size_t)n * hc);
+        dpoison(ck, a.dcomb, 4 * (size_t)n * hc * hc);
+        dpoison(ck, a.dy, 4 * (size_t)n * dim);
+        CK(hcprenorm_call(ck, &a));
+        ddownload(ck, y2, a.dy, 4 * (size_t)n * dim);
+        ddownload(ck, p2, a.dpost, 4 * (size_t)n * hc);
+        ddownload(ck, c2, a.dcomb, 4 * (size_t)n * hc * hc);
+        row = row_new("hc_pre_norm", "n=%d hc=%d dim=%d iters=%d", n, hc, dim, iters);
+        row_bytes(&row, y2, y1, 4 * (size_t)n * dim);
+        if (row.pass && (memcmp(p2, gpost, 4 * (size_t)n * hc) || memcmp(c2, gcomb, 4 * (size_t)n * hc * hc))) {
+            row.pass = 0;
+            snprintf(row.note, sizeof row.note, "post or comb differ from hc_pre's");
+        }
+        bench_row(ck, &row, hcprenorm_call, &a, 4.0 * (nx + nfn + (size_t)n * (2 * dim + hc + hc * hc)),
+                  2.0 * (double)mix * hc * dim * n + 4.0 * nx, BOUND_FP32);
+        print_row(ck, &row);
+        /* hc_head_norm the same way */
+        CK(hchead_call(ck, &a));
+        CK(duet_cuda_rmsnorm(ck->c, a.dout, a.dnw, n, dim, 1e-6f, a.dy));
+        ddownload(ck, y1, a.dy, 4 * (size_t)n * dim);
+        dpoison(ck, a.dy, 4 * (size_t)n * dim);
+        CK(hcheadnorm_call(ck, &a));
+        ddownload(ck, y2, a.dy, 4 * (size_t)n * dim);
+        row = row_new("hc_head_norm", "n=%d hc=%d dim=%d", n, hc, dim);
+        row_bytes(&row, y2, y1, 4 * (size_t)n * dim);
+        bench_row(ck, &row, hcheadnorm_call, &a, 4.0 * (nx + (size_t)hc * hc * dim + 2 * (size_t)n * dim),
+                  2.0 * (double)hc * hc * dim * n + 4.0 * nx, BOUND_FP32);
+        print_row(ck, &row);
+        free(nw); free(y1); free(y2); free(p2); free(c2);
+        duet_cuda_free(ck->c, a.dnw); duet_cuda_free(ck->c, a.dy);
+    }
     /* hc_post on the CPU's post/comb (so it is checked on its own), in place: bit-exact */
     float *f = rand_f32(&r, (size_t)n * dim, 1.0f), *xg = xmalloc(4 * nx);
     a.df = dupload(ck, f, 4 * (size_t)n * dim);

@@ -6,11 +6,15 @@
  * block so that each fn value read serves 4 rows.  The second sums
  * the slices in order (mixes = inv · Σ x·fn, where the CPU sums (x·inv)·fn),
  * runs the sigmoids and the Sinkhorn normalisation of comb (one warp, one
- * lane per entry, sums in the CPU's index order over shared memory), and
- * forms collapsed = Σ_k pre_k x_k.  fn (mix × hc*dim floats) is read once per
- * 4 rows, from L2 after the first.
+ * lane per entry, a row's or column's entries gathered by shuffles and summed
+ * in the CPU's index order), and forms collapsed = Σ_k pre_k x_k.  fn (mix ×
+ * hc*dim floats) is read once per 4 rows, from L2 after the first.
+ * hc_pre_norm / hc_head_norm: the second kernel also takes the RMSNorm of
+ * collapsed (rmsnorm.cu's threads and order), so the row is not stored and
+ * read back by a third launch.
  * hc_post: one thread per (row, column), the CPU's loops. */
 #include "common.cuh"
+#include "rmsnorm.cuh"
 
 #define HC_THREADS 256
 #define HC_MAX 16
@@ -26,23 +30,38 @@ __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_r
 __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
                                                                 int mix, int slice, float *part)
 {
-    __shared__ float red[33];
+    __shared__ float red[HC_RG][32];
     int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
+    int nr = min(HC_RG, n - i0); /* rows of this group */
     int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const float *xr[HC_RG];
 #pragma unroll
     for (int r = 0; r < HC_RG; r++)
         xr[r] = x + (size_t)min(i0 + r, n - 1) * flat_dim;
+    /* Σ x² of each row: a block sum each (duet_block_sum's tree), the rows side by side */
+    float ss[HC_RG];
+#pragma unroll
+    for (int r = 0; r < HC_RG; r++)
+        ss[r] = 0.0f;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++) /* rows past n read the last one's (in bounds, unused) */
+            ss[r] = fmaf(xr[r][c], xr[r][c], ss[r]);
 #pragma unroll
     for (int r = 0; r < HC_RG; r++) {
-        float ss = 0.0f;
-        for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
-            ss = fmaf(xr[r][c], xr[r][c], ss);
-        ss = duet_block_sum(ss, red);
-        if (threadIdx.x == 0 && i0 + r < n)
-            part[((size_t)(i0 + r) * S + s) * (1 + mix)] = ss;
+        ss[r] = duet_warp_sum(ss[r]);
+        if (lane == 0)
+            red[r][warp] = ss[r];
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (warp == 0)
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++) {
+            float t = duet_warp_sum(lane < nw ? red[r][lane] : 0.0f);
+            if (lane == 0 && r < nr)
+                part[((size_t)(i0 + r) * S + s) * (1 + mix)] = t;
+        }
     for (int m = warp; m < mix; m += nw) {
         const float *f = fn + (size_t)m * flat_dim;
         float acc[HC_RG];
@@ -63,7 +82,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
 #pragma unroll
         for (int r = 0; r < HC_RG; r++) {
             float v = duet_warp_sum(acc[r]);
-            if (lane == 0 && i0 + r < n)
+            if (lane == 0 && r < nr)
                 part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
         }
     }
@@ -94,58 +113,59 @@ __device__ float hc_gather(const float *part, int S, int mix, int flat_dim, floa
 }
 
 /* comb's row softmax and Sinkhorn normalisation in the CPU's operation order; one warp,
- * lane l < hc*hc holds entry (l / hc, l % hc); sums run over shared memory in index order. */
-__device__ void sinkhorn_warp(const float *mixes, int hc, const float *base, float scale2, int iters, float hc_eps,
-                              float *cb_s, float *cbo)
+ * lane l < hc*hc holds entry (l / hc, l % hc) and reads the others of its row or column from
+ * their lanes (shuffles, all in flight at once), then sums them in index order.  HCT > 0: hc
+ * known at compile time. */
+template <int HCT>
+__device__ void sinkhorn_warp(const float *mixes, int hc_rt, const float *base, float scale2, int iters, float hc_eps,
+                              float *cbo)
 {
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    constexpr int CAP = HCT > 0 ? HCT : 5; /* hc * hc <= 32 */
     int lane = threadIdx.x & 31, n2 = hc * hc;
     int j = lane / hc, k = lane % hc;
     bool on = lane < n2;
     float v = on ? __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale2), base[2 * hc + lane]) : 0.0f;
-    if (on)
-        cb_s[lane] = v;
-    __syncwarp();
+    float t[CAP];
+    auto row = [&](float x) {
+#pragma unroll
+        for (int q = 0; q < CAP; q++)
+            t[q] = __shfl_sync(0xffffffffu, x, (j * hc + (q < hc ? q : 0)) & 31);
+    };
+    auto col = [&](float x) {
+#pragma unroll
+        for (int q = 0; q < CAP; q++)
+            t[q] = __shfl_sync(0xffffffffu, x, ((q < hc ? q : 0) * hc + k) & 31);
+    };
+    auto sum = [&]() {
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < CAP; q++)
+            if (q < hc)
+                s = __fadd_rn(s, t[q]);
+        return s;
+    };
+    row(v);
     float mx = -INFINITY;
-    if (on)
-        for (int q = 0; q < hc; q++)
-            mx = fmaxf(mx, cb_s[j * hc + q]);
-    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < CAP; q++)
+        if (q < hc)
+            mx = fmaxf(mx, t[q]);
     float e = on ? expf(__fsub_rn(v, mx)) : 0.0f;
-    if (on)
-        cb_s[lane] = e;
-    __syncwarp();
-    float s = 0.0f;
-    if (on)
-        for (int q = 0; q < hc; q++)
-            s = __fadd_rn(s, cb_s[j * hc + q]);
-    __syncwarp();
+    row(e);
+    float s = sum();
     v = on ? __fadd_rn(__fdiv_rn(e, s), hc_eps) : 0.0f;
-    if (on)
-        cb_s[lane] = v;
-    __syncwarp();
     for (int it = 0; it < iters; it++) {
         if (it > 0) {
-            s = 0.0f;
+            row(v);
+            s = sum();
             if (on)
-                for (int q = 0; q < hc; q++)
-                    s = __fadd_rn(s, cb_s[j * hc + q]);
-            __syncwarp();
-            if (on) {
                 v = __fdiv_rn(v, __fadd_rn(s, hc_eps));
-                cb_s[lane] = v;
-            }
-            __syncwarp();
         }
-        s = 0.0f;
+        col(v);
+        s = sum();
         if (on)
-            for (int q = 0; q < hc; q++)
-                s = __fadd_rn(s, cb_s[q * hc + k]);
-        __syncwarp();
-        if (on) {
             v = __fdiv_rn(v, __fadd_rn(s, hc_eps));
-            cb_s[lane] = v;
-        }
-        __syncwarp();
     }
     if (on)
         cbo[lane] = v;
@@ -222,7 +242,12 @@ __global__ void __launch_bounds__(HC_THREADS) hc_pre_finish_kernel(const float *
     }
     if (threadIdx.x < 32) {
         if (hc * hc <= 32)
-            sinkhorn_warp(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
+        {
+            if (hc == 4)
+                sinkhorn_warp<4>(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, comb + (size_t)i * hc * hc);
+            else
+                sinkhorn_warp<0>(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, comb + (size_t)i * hc * hc);
+        }
         else if (threadIdx.x == 0)
             sinkhorn_serial(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
     }
@@ -243,6 +268,77 @@ __global__ void __launch_bounds__(HC_THREADS) hc_head_finish_kernel(const float 
         pre[threadIdx.x] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(vals[1 + threadIdx.x], scale), base[threadIdx.x])), hc_eps);
     __syncthreads();
     hc_collapse(x + (size_t)i * flat_dim, pre, hc, dim, y + (size_t)i * dim);
+}
+
+/* hc_pre / hc_head's second kernel fused with the RMSNorm of its output: y = rmsnorm(collapsed,
+ * norm_w), the collapsed row never stored.  A block of duet_cuda_rmsnorm's threads for dim, each
+ * thread the columns that kernel gives it (at most HC_NORM_COLS), so the sum of squares has its
+ * order and y its bits; the collapse is hc_collapse's per column.  HEAD: hc_head's pre weights
+ * (no post, no Sinkhorn); else hc_pre's, with the Sinkhorn on warp 0 while the others start
+ * the collapse. */
+#define HC_NORM_COLS 8
+template <bool HEAD, int HCT>
+__global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, int hc_rt, int dim, int S,
+                                                              const float *part, const float *base,
+                                                              const float *scale_d, float scale_h,
+                                                              int sinkhorn_iters, float hc_eps, float norm_eps,
+                                                              float *post, float *comb, const float *norm_w,
+                                                              float eps, float *y)
+{
+    __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
+    __shared__ float cb_s[HC_MAX * HC_MAX];
+    __shared__ float pre[HC_MAX];
+    __shared__ float red[33];
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    int i = blockIdx.x, flat_dim = hc * dim, mix = HEAD ? hc : (2 + hc) * hc;
+    hc_gather(part, S, mix, flat_dim, norm_eps, vals);
+    const float *mixes = vals + 1;
+    if (threadIdx.x < hc) {
+        int k = threadIdx.x;
+        if (HEAD) {
+            pre[k] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(mixes[k], scale_h), base[k])), hc_eps);
+        } else {
+            pre[k] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(mixes[k], scale_d[0]), base[k])), hc_eps);
+            post[(size_t)i * hc + k] =
+                __fmul_rn(2.0f, sigm(__fadd_rn(__fmul_rn(mixes[hc + k], scale_d[1]), base[hc + k])));
+        }
+    }
+    __syncthreads();
+    if (!HEAD && threadIdx.x < 32) {
+        if (hc * hc <= 32)
+            sinkhorn_warp<HCT>(mixes, hc, base, scale_d[2], sinkhorn_iters, hc_eps, comb + (size_t)i * hc * hc);
+        else if (threadIdx.x == 0)
+            sinkhorn_serial(mixes, hc, base, scale_d[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
+    }
+    const float *xi = x + (size_t)i * flat_dim;
+    float v[HC_NORM_COLS], ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC_NORM_COLS; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        v[j] = 0.0f;
+        if (c < dim) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < (HCT > 0 ? HCT : HC_MAX); k++) {
+                if (k >= hc)
+                    break;
+                acc = __fadd_rn(acc, __fmul_rn(pre[k], xi[(size_t)k * dim + c]));
+            }
+            v[j] = acc;
+            ss = fmaf(acc, acc, ss);
+        }
+    }
+    ss = duet_block_sum(ss, red);
+    float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)dim), eps)));
+    float *yi = y + (size_t)i * dim;
+#pragma unroll
+    for (int j = 0; j < HC_NORM_COLS; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < dim) {
+            float t = __fmul_rn(v[j], inv);
+            yi[c] = norm_w ? __fmul_rn(norm_w[c], t) : t;
+        }
+    }
 }
 
 /* Slices per row so that the partial kernel fills the GPU; each a multiple of 4 floats. */
@@ -339,6 +435,69 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
         hc_post_kernel<0><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, hc, dim, f, post, comb);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
+}
+
+/* The fused hc_pre / hc_head + rmsnorm launches (hc_finish_norm_kernel); UNSUPPORTED where the
+ * row is wider than its threads can hold (the caller then takes the two operations). */
+static duet_status_t hc_norm_launch(duet_cuda_t *c, bool head, const float *x, int n, int hc, int dim,
+                                    const float *fn, const float *base, const float *scale_d, float scale_h,
+                                    int sinkhorn_iters, float hc_eps, float norm_eps, float *post, float *comb,
+                                    const float *norm_w, float eps, float *y)
+{
+    DUET_TRY(hc_check(c, head ? "hc_head_norm" : "hc_pre_norm", hc, dim, x));
+    int threads = duet_cuda_rmsnorm_threads(dim);
+    if (dim > HC_NORM_COLS * threads)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: dim %d over %d", head ? "hc_head_norm" : "hc_pre_norm",
+                               dim, HC_NORM_COLS * threads);
+    if (n <= 0)
+        return DUET_OK;
+    if (n > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)",
+                               head ? "hc_head_norm" : "hc_pre_norm", n);
+    int flat_dim = hc * dim, mix = head ? hc : (2 + hc) * hc, S, slice;
+    hc_split(c, n, flat_dim, &S, &slice);
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
+    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
+                                                                                   (float *)scr);
+    DUET_CUDA_CHECK_LAUNCH(c);
+#define HC_NORM(HEAD, HCT)                                                                                          \
+    hc_finish_norm_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale_d,   \
+                                                                   scale_h, sinkhorn_iters, hc_eps, norm_eps, post,  \
+                                                                   comb, norm_w, eps, y)
+    if (head && hc == 4)
+        HC_NORM(true, 4);
+    else if (head)
+        HC_NORM(true, 0);
+    else if (hc == 4)
+        HC_NORM(false, 4);
+    else
+        HC_NORM(false, 0);
+#undef HC_NORM
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" int duet_cuda_hc_norm_ok(int hc, int dim)
+{
+    return hc >= 1 && hc <= HC_MAX && dim > 0 && (hc * dim) % 4 == 0 && dim <= HC_NORM_COLS * duet_cuda_rmsnorm_threads(dim);
+}
+
+extern "C" duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim,
+                                               const float *fn, const float *base, const float *scale,
+                                               int sinkhorn_iters, float hc_eps, float norm_eps, float *post,
+                                               float *comb, const float *norm_w, float eps, float *y)
+{
+    return hc_norm_launch(c, false, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps, norm_eps, post,
+                          comb, norm_w, eps, y);
+}
+
+extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim,
+                                                const float *fn, const float *base, float scale, float hc_eps,
+                                                float norm_eps, const float *norm_w, float eps, float *y)
+{
+    return hc_norm_launch(c, true, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL, norm_w, eps,
+                          y);
 }
 
 extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,

@@ -20,6 +20,18 @@ duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n, int hc, in
                                float norm_eps, float *post, float *comb, float *collapsed);
 duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f, const float *post,
                                 const float *comb);
+/* hc_pre followed by duet_cuda_rmsnorm(collapsed, norm_w, eps) -> y in two launches instead of
+ * three, bit for bit the same post, comb and y (collapsed is not stored).  Takes rows of up to
+ * 8 x duet_cuda_rmsnorm_threads(dim) columns (duet_cuda_hc_norm_ok; UNSUPPORTED beyond). */
+int duet_cuda_hc_norm_ok(int hc, int dim);
+duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
+                                    const float *base, const float *scale, int sinkhorn_iters, float hc_eps,
+                                    float norm_eps, float *post, float *comb, const float *norm_w, float eps,
+                                    float *y);
+/* hc_head followed by the rmsnorm, the same way. */
+duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
+                                     const float *base, float scale, float hc_eps, float norm_eps,
+                                     const float *norm_w, float eps, float *y);
 /* scale: a host value, as in the CPU contract. */
 duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                 const float *base, float scale, float hc_eps, float norm_eps, float *y);

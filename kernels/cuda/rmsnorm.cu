@@ -19,12 +19,14 @@ __global__ void rmsnorm_kernel(const float *x, const float *weight, int dim, flo
     }
 }
 
+extern "C" int duet_cuda_rmsnorm_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 128; }
+
 extern "C" duet_status_t duet_cuda_rmsnorm(duet_cuda_t *c, const float *x, const float *weight, int n, int dim,
                                            float eps, float *y)
 {
     if (n <= 0 || dim <= 0)
         return DUET_OK;
-    int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 256 : 128;
+    int threads = duet_cuda_rmsnorm_threads(dim);
     rmsnorm_kernel<<<n, threads, 0, c->stream>>>(x, weight, dim, eps, y);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;

@@ -12,6 +12,9 @@ extern "C" {
 
 duet_status_t duet_cuda_rmsnorm(duet_cuda_t *c, const float *x, const float *weight, int n, int dim, float eps,
                                 float *y);
+/* The threads of a row's block for `dim` columns (thread t sums columns t, t + threads, ...):
+ * operations fused with the norm take the same, so that the result keeps its bits. */
+int duet_cuda_rmsnorm_threads(int dim);
 
 #ifdef __cplusplus
 }
