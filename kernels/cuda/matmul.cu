@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_ROWS 32 /* rows a warp */
 #define TC_BLOCK_ROWS (TC_WARPS * TC_ROWS)
 #define TC_MAX_NT 4
-#define TC_CHUNK_UNITS 4
+#define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 #define TC_GROUP_SPLIT_WAVES 4 /* grouped launches of fewer blocks than this many an SM are split */
 
@@ -274,7 +274,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
  * STAGES: units in shared memory.  Measured on the H200 (with the bf16 split and again with
  * the fp16 one): two stages (one computed, one in flight) beat deeper pipelines and fetches
- * of several units a row, which cost blocks an SM. */
+ * of several units a row, which cost blocks an SM; with one token tile, four or five stages
+ * (a decode step's whole chunk in flight at once) measured no faster. */
 template <int WT> struct tc_traits;
 template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
 template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 2; };
