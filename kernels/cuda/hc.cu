@@ -399,6 +399,24 @@ static duet_status_t hc_check(duet_cuda_t *c, const char *op, int hc, int dim, c
     return DUET_OK;
 }
 
+/* The first kernel of hc_pre / hc_head (and their fused forms) for n > 0 rows: the slice
+ * partials of the `mix` mix rows into the context's scratch (*part, *S slices a row). */
+static duet_status_t hc_partials(duet_cuda_t *c, const char *op, const float *x, int n, int hc, int dim,
+                                 const float *fn, int mix, int *S, float **part)
+{
+    if (n > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", op, n);
+    int flat_dim = hc * dim, slice;
+    hc_split(c, n, flat_dim, S, &slice);
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * *S * (1 + mix), &scr));
+    *part = (float *)scr;
+    hc_partial_kernel<<<dim3(*S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
+                                                                                    *part);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                           const float *base, const float *scale, int sinkhorn_iters, float hc_eps,
                                           float norm_eps, float *post, float *comb, float *collapsed)
@@ -406,16 +424,10 @@ extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n,
     DUET_TRY(hc_check(c, "hc_pre", hc, dim, x));
     if (n <= 0)
         return DUET_OK;
-    if (n > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_pre: %d rows (at most 65535)", n);
-    int flat_dim = hc * dim, mix = (2 + hc) * hc, S, slice;
-    hc_split(c, n, flat_dim, &S, &slice);
-    void *scr;
-    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
-    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
-                                                                                   (float *)scr);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    hc_pre_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale,
+    int S = 0;
+    float *scr = NULL;
+    DUET_TRY(hc_partials(c, "hc_pre", x, n, hc, dim, fn, (2 + hc) * hc, &S, &scr));
+    hc_pre_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, scr, base, scale,
                                                           sinkhorn_iters, hc_eps, norm_eps, post, comb, collapsed);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
@@ -451,18 +463,12 @@ static duet_status_t hc_norm_launch(duet_cuda_t *c, bool head, const float *x, i
                                dim, HC_NORM_COLS * threads);
     if (n <= 0)
         return DUET_OK;
-    if (n > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)",
-                               head ? "hc_head_norm" : "hc_pre_norm", n);
-    int flat_dim = hc * dim, mix = head ? hc : (2 + hc) * hc, S, slice;
-    hc_split(c, n, flat_dim, &S, &slice);
-    void *scr;
-    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
-    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
-                                                                                   (float *)scr);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    int S = 0;
+    float *scr = NULL;
+    DUET_TRY(hc_partials(c, head ? "hc_head_norm" : "hc_pre_norm", x, n, hc, dim, fn, head ? hc : (2 + hc) * hc, &S,
+                         &scr));
 #define HC_NORM(HEAD, HCT)                                                                                          \
-    hc_finish_norm_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale_d,   \
+    hc_finish_norm_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, scr, base, scale_d,                 \
                                                                    scale_h, sinkhorn_iters, hc_eps, norm_eps, post,  \
                                                                    comb, norm_w, eps, y)
     if (head && hc == 4)
@@ -506,16 +512,10 @@ extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n
     DUET_TRY(hc_check(c, "hc_head", hc, dim, x));
     if (n <= 0)
         return DUET_OK;
-    if (n > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_head: %d rows (at most 65535)", n);
-    int flat_dim = hc * dim, S, slice;
-    hc_split(c, n, flat_dim, &S, &slice);
-    void *scr;
-    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + hc), &scr));
-    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, hc, slice,
-                                                                                   (float *)scr);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    hc_head_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, (const float *)scr, base, scale, hc_eps,
+    int S = 0;
+    float *scr = NULL;
+    DUET_TRY(hc_partials(c, "hc_head", x, n, hc, dim, fn, hc, &S, &scr));
+    hc_head_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, scr, base, scale, hc_eps,
                                                            norm_eps, y);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
