@@ -35,6 +35,7 @@ typedef struct {
     int32_t last_token;
     uint32_t n_generated;
     uint32_t n_prompt_pages;
+    uint32_t cached_tokens; /* prompt tokens prefill served from its prefix cache (its TransferDone) */
     int sink;            /* where this request's events go (Reserve.event_url; held until free_dd) */
 } dd_t; /* per-request decode data (duet_dreq_t.user) */
 
@@ -85,6 +86,11 @@ static void emit_finished(dsrv_t *s, duet_dreq_t *r, Duet__V1__FinishReason reas
     dd_t *u = r->user;
     if (duet_msg_new_request_finished(&o, reason, (uint32_t)r->prompt_len, u ? u->n_generated : 0, &ev) == DUET_OK) {
         ev->request_finished->abort_reason = why;
+        /* the usage's cached count rides on the event that ends the request (the router's copy
+         * from prefill may arrive after it) */
+        if (u && reason != DUET__V1__FINISH_REASON__FINISH_REASON_ABORT)
+            ev->request_finished->cached_tokens =
+                u->cached_tokens <= (uint32_t)r->prompt_len ? u->cached_tokens : (uint32_t)r->prompt_len;
         if (error != DUET_OK)
             ev->request_finished->error = duet_msg_error_code(error);
         push_event(s, r, ev);
@@ -380,6 +386,8 @@ static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
         if (duet_dreq_transfer_done(s->tab, r->rid, r->epoch, &r) != DUET_OK)
             return;
         r->seq.n_past = r->prompt_len;
+        if (r->user)
+            ((dd_t *)r->user)->cached_tokens = ev->cached_tokens;
         if (duet_worker_engine_on_gpu(&s->eng)) {
             /* what arrived (verified) in the host pools: the prompt's pages and the slot -> device pools */
             const dd_t *u = r->user;

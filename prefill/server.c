@@ -612,12 +612,15 @@ static void prefill_step(psrv_t *s)
         if (r->done < r->n_tokens)
             continue;
         int32_t first = duet_sample(items[i].logits, s->model->cfg.vocab_size, &r->sp, r->n_tokens);
-        duet_xfer_send_finish(s->net.xfer, r->tid, first);
+        uint32_t cached = r->hreq.active ? (uint32_t)r->hreq.hit_tokens : 0;
+        /* decode's copy carries `cached` into its RequestFinished, so the count does not depend on
+         * this copy reaching the router before decode finishes */
+        duet_xfer_send_finish(s->net.xfer, r->tid, first, cached);
         r->state = PR_TRANSFERRING;
         duet_msg_origin_t o = origin(s, r->rid, r->epoch);
         duet_envelope_t *ev = NULL;
         if (duet_msg_new_transfer_done(&o, first, (uint32_t)r->n_tokens, 0, &ev) == DUET_OK) {
-            ev->transfer_done->cached_tokens = r->hreq.active ? (uint32_t)r->hreq.hit_tokens : 0;
+            ev->transfer_done->cached_tokens = cached;
             push_event(s, r, ev); /* the router's copy: the first token is known */
         }
     }

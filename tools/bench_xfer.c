@@ -355,7 +355,7 @@ static uint64_t peer_begin(int fd, duet_xfer_t *x, const uint32_t *local, uint32
 
 static uint64_t peer_end(int fd, duet_xfer_t *x, uint64_t tid, duet_xfer_desc_t *d, double *t_event)
 {
-    duet_xfer_send_finish(x, tid, 0);
+    duet_xfer_send_finish(x, tid, 0, 0);
     duet_xfer_event_t ev;
     do {
         if (duet_xfer_wait(x, &ev, 120000) != DUET_OK)

@@ -16,7 +16,9 @@
  * (before Reserve, while WAITING_FOR_INPUT, just after Prefill, after some
  * tokens), the way the router does it: prefill first, then decode, telling
  * decode when no put can still land.  Output lines: {"rid", "status":
- * ok|aborted|rejected|error|timeout, "finish", "tokens", "abort_stage"}. */
+ * ok|aborted|rejected|error|timeout, "finish", "tokens", "abort_stage",
+ * "cached_tokens" (decode's RequestFinished: prompt tokens prefill served from
+ * its prefix cache)}. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +50,7 @@ typedef struct {
     int32_t *out;
     uint32_t n_out;
     const char *status, *finish;
+    uint32_t cached_tokens; /* from decode's RequestFinished */
     int abort_stage, abort_after;
     int prefill_sent;
     uint64_t deadline_ns;
@@ -246,6 +249,7 @@ static void on_event(drv_t *D, duet_envelope_t *ev)
             abort_request(D, r, r->prefill_sent);
             return;
         }
+        r->cached_tokens = ev->request_finished->cached_tokens;
         finish(r, fr == DUET__V1__FINISH_REASON__FINISH_REASON_ABORT   ? "aborted"
                   : fr == DUET__V1__FINISH_REASON__FINISH_REASON_ERROR ? "error"
                                                                        : "ok",
@@ -416,6 +420,7 @@ static int cmd_run(int argc, char **argv)
         json_object_set_new(o, "status", json_string(r->status));
         json_object_set_new(o, "finish", json_string(r->finish ? r->finish : ""));
         json_object_set_new(o, "abort_stage", json_string(ab_names[r->abort_stage]));
+        json_object_set_new(o, "cached_tokens", json_integer(r->cached_tokens));
         json_object_set_new(o, "tokens", toks);
         char *s = json_dumps(o, JSON_COMPACT);
         fprintf(f, "%s\n", s);

@@ -40,7 +40,7 @@
 
 enum {
     AM_BEGIN = 0x31,      /* {hdr, addr_len, address}: sender announces a transfer */
-    AM_DONE = 0x32,       /* {hdr, first_token, n_sums, sums[]}: TransferDone */
+    AM_DONE = 0x32,       /* {hdr, first_token, n_sums, cached_tokens, am_bytes, sums[]}: TransferDone */
     AM_ABORT_ACK = 0x33,  /* {hdr}: AbortAck, after the flush */
     AM_DATA = 0x34,       /* header {data hdr}, payload: page bytes (AM write path) */
     AM_PING = 0x35,       /* {hdr}: liveness probe, receiver -> sender of its pending requests */
@@ -48,7 +48,7 @@ enum {
 };
 
 #define AM_MAGIC 0x31465844u /* "DXF1" */
-#define AM_VERSION 1
+#define AM_VERSION 2 /* 2: TransferDone carries cached_tokens */
 #define DESC_MAGIC 0x31445844u /* "DXD1" */
 #define SPIN_NS 200000ull      /* keep polling this long after the last activity */
 #define IDLE_SLEEP_MS 50       /* longest sleep: UCX keepalive runs from progress */
@@ -72,6 +72,8 @@ typedef struct {
     am_hdr_t h;
     int32_t first_token;
     uint32_t n_sums;
+    uint32_t cached_tokens;   /* prompt tokens the sender served from its prefix cache */
+    uint32_t reserved;        /* 0 */
     uint64_t am_bytes;        /* bytes sent as AM_DATA before it (0 on the RMA path) */
     /* uint64_t sums[n_sums] */
 } am_done_t;
@@ -179,6 +181,7 @@ typedef struct send {
     send_stage_t stage;
     int finish_req, abort_req, started, event_sent;
     int32_t first_token;
+    uint32_t cached_tokens;
     duet_status_t status;
     char msg[160];
     uint32_t n_inflight;
@@ -211,6 +214,7 @@ typedef struct recv {
     uint32_t unit_bits_n;
     uint64_t am_bytes;        /* AM_DATA bytes written */
     inmsg_t *pending_done;    /* TransferDone that arrived before all its data */
+    uint32_t cached_tokens;   /* from TransferDone, for the RECV event */
 } recv_t;
 
 typedef enum {
@@ -225,6 +229,7 @@ typedef struct cmd {
     int pool;
     uint32_t layer;
     int32_t first_token;
+    uint32_t cached_tokens;
     void *obj;
     char rid[DUET_XFER_RID_MAX];
     uint64_t epoch;
@@ -1117,6 +1122,7 @@ static int send_advance(duet_xfer_t *x, send_t *t, uint64_t now)
                 am_done_t *d = (am_done_t *)t->msg_buf;
                 hdr_fill(x, &d->h, AM_DONE, rid, t->desc.epoch);
                 d->first_token = t->first_token;
+                d->cached_tokens = t->cached_tokens;
                 d->n_sums = n;
                 d->am_bytes = t->am_bytes;
                 duet_status_t cs = DUET_OK;
@@ -1215,6 +1221,7 @@ static void recv_end(duet_xfer_t *x, recv_t *r, duet_status_t st, int32_t first_
         .user = r->user,
         .epoch = r->epoch,
         .first_token = first_token,
+        .cached_tokens = st == DUET_OK ? r->cached_tokens : 0,
         .cancelled = (uint32_t)r->cancelled,
         .peer_id = r->peer_id,
     };
@@ -1557,6 +1564,7 @@ static void handle_msg(duet_xfer_t *x, const inmsg_t *m)
         return;
     }
     memcpy(&d, m->data, sizeof d);
+    r->cached_tokens = d.cached_tokens;
     if (r->cancelled) {
         /* The sender flushed before this message, and page messages for a cancelled receive are
          * dropped unwritten: nothing more can land in the pages, so the receive ends here. */
@@ -1709,6 +1717,7 @@ static void run_command(duet_xfer_t *x, cmd_t *c)
         if (t && !t->abort_req && !t->finish_req) {
             t->finish_req = 1;
             t->first_token = c->first_token;
+            t->cached_tokens = c->cached_tokens;
         }
         break;
     case CMD_SEND_ABORT:
@@ -2594,13 +2603,14 @@ duet_status_t duet_xfer_send_put(duet_xfer_t *x, uint64_t tid, int pool, uint32_
     return DUET_OK;
 }
 
-duet_status_t duet_xfer_send_finish(duet_xfer_t *x, uint64_t tid, int32_t first_token)
+duet_status_t duet_xfer_send_finish(duet_xfer_t *x, uint64_t tid, int32_t first_token, uint32_t cached_tokens)
 {
     cmd_t *c = cmd_new(CMD_SEND_FINISH);
     if (!c)
         return DUET_ERR_NOMEM;
     c->tid = tid;
     c->first_token = first_token;
+    c->cached_tokens = cached_tokens;
     cmd_push(x, c);
     return DUET_OK;
 }

@@ -11,7 +11,7 @@
  * Sender (prefill) side of one request:
  *   duet_xfer_send_begin(desc, local pages, local slot)  checks layouts, returns a tid
  *   duet_xfer_send_put(tid, pool, layer) ...            as each layer is computed
- *   duet_xfer_send_finish(tid, first_token)             puts, flush, then TransferDone
+ *   duet_xfer_send_finish(tid, first_token, cached)     puts, flush, then TransferDone
  *   -> one DUET_XFER_EV_SEND event with the outcome
  * Receiver (decode) side:
  *   duet_xfer_recv_expect(rid, epoch, pages, slot, deadline) -> descriptor to hand to P
@@ -182,6 +182,7 @@ typedef struct {
     char rid[DUET_XFER_RID_MAX];
     uint64_t epoch;
     int32_t first_token;      /* RECV OK: from TransferDone */
+    uint32_t cached_tokens;   /* RECV OK: prompt tokens the sender served from its prefix cache (TransferDone) */
     uint32_t cancelled;       /* RECV: duet_xfer_recv_cancel() was called */
     uint64_t peer_id;         /* the other engine's id (0 when unknown) */
     uint64_t bytes;           /* SEND: bytes put */
@@ -259,9 +260,10 @@ duet_status_t duet_xfer_send_begin(duet_xfer_t *x, const duet_xfer_desc_t *desc,
  * does not have. */
 duet_status_t duet_xfer_send_put(duet_xfer_t *x, uint64_t tid, int pool, uint32_t layer);
 /* After every queued put completes: flush the endpoint, then send
- * TransferDone{rid, epoch, first_token, checksums}.  SEND event OK when it
- * has been handed to UCX. */
-duet_status_t duet_xfer_send_finish(duet_xfer_t *x, uint64_t tid, int32_t first_token);
+ * TransferDone{rid, epoch, first_token, cached_tokens, checksums}.  SEND event OK when it
+ * has been handed to UCX.  cached_tokens (the prompt tokens served from the sender's prefix
+ * cache) reaches the receiver's RECV event, so what it reports after the transfer carries it. */
+duet_status_t duet_xfer_send_finish(duet_xfer_t *x, uint64_t tid, int32_t first_token, uint32_t cached_tokens);
 /* Stop issuing puts, wait for those in flight, flush, then send AbortAck.
  * SEND event with status ABORTED. */
 duet_status_t duet_xfer_send_abort(duet_xfer_t *x, uint64_t tid);

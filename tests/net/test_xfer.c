@@ -54,6 +54,7 @@ typedef struct {
 typedef struct {
     int32_t status;
     int32_t first_token;
+    uint32_t cached_tokens;
     int32_t bytes_ok;         /* 1: every byte as expected */
     int32_t cancelled;
     uint64_t mismatches;
@@ -106,6 +107,7 @@ static int receiver_main(int fd, const void *argp)
     CHECK(ev.user == 42 && ev.epoch == 7 && strcmp(ev.rid, "req-0001") == 0, "event identity");
     res.status = ev.status;
     res.first_token = ev.first_token;
+    res.cached_tokens = ev.cached_tokens;
     res.cancelled = (int32_t)ev.cancelled;
     snprintf(res.msg, sizeof res.msg, "%s", ev.msg);
     duet_kv_cache_t *theirs = xh_make_cache(a->kv, a->idx, si->seed);
@@ -202,7 +204,7 @@ static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_on
     sender_info_t si;
     uint64_t tid = begin(&s, fd, &d, &si, !skip_one);
     put_layerwise(&s, tid, skip_one);
-    CHECK(duet_xfer_send_finish(s.x, tid, 1234) == DUET_OK, "finish");
+    CHECK(duet_xfer_send_finish(s.x, tid, 1234, 17) == DUET_OK, "finish");
     duet_xfer_event_t ev;
     REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
     CHECK(ev.status == DUET_OK && ev.tid == tid && ev.user == 9, "send: %s %s",
@@ -213,6 +215,7 @@ static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_on
     if (!skip_one) {
         CHECK(res->status == DUET_OK, "receiver: %s %s", duet_status_code(res->status), res->msg);
         CHECK(res->first_token == 1234, "first token %d", res->first_token);
+        CHECK(res->cached_tokens == 17, "cached tokens %u", res->cached_tokens);
         CHECK(res->bytes_ok, "%" PRIu64 " units differ", res->mismatches);
     } else {
         /* a layer never sent: TransferDone's checksums must catch it */
@@ -257,7 +260,7 @@ static void case_foreign_pages_refused(void)
     sender_info_t si;
     uint64_t tid = begin(&s, fd, &d, &si, 1);
     put_layerwise(&s, tid, 0);
-    CHECK(duet_xfer_send_finish(s.x, tid, 5) == DUET_OK, "finish");
+    CHECK(duet_xfer_send_finish(s.x, tid, 5, 0) == DUET_OK, "finish");
     duet_xfer_event_t ev;
     REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event");
     uint32_t n;
@@ -401,7 +404,7 @@ static void case_kill_receiver(void)
     CHECK(ms <= DETECT_BOUND_MS, "detected after %.0f ms (bound %d ms)", ms, DETECT_BOUND_MS);
     printf("  receiver kill -9 -> sender %s after %.1f ms (%s)\n", duet_status_code(ev.status), ms, ev.msg);
     /* the healthy receiver is still served */
-    CHECK(duet_xfer_send_finish(s.x, t2, 77) == DUET_OK, "finish");
+    CHECK(duet_xfer_send_finish(s.x, t2, 77, 0) == DUET_OK, "finish");
     REQUIRE(xh_wait_event(s.x, DUET_XFER_EV_SEND, &ev, 10000) == 0, "no SEND event for r2");
     CHECK(ev.tid == t2 && ev.status == DUET_OK, "send to r2: %s %s", duet_status_code(ev.status), ev.msg);
     uint32_t n;

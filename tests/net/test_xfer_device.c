@@ -307,7 +307,7 @@ static void transfer(const side_t *snd, const side_t *rcv, duet_cache_dtype_t kv
         for (uint32_t layer = 0; layer < l->n_layers; layer++)
             CHECK(duet_xfer_send_put(e.x, tid, k, layer) == DUET_OK, "put");
     }
-    CHECK(duet_xfer_send_finish(e.x, tid, 321) == DUET_OK, "finish");
+    CHECK(duet_xfer_send_finish(e.x, tid, 321, 0) == DUET_OK, "finish");
     REQUIRE(xh_wait_event(e.x, DUET_XFER_EV_SEND, &out->send_ev, 10000) == 0, "no SEND event");
     recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, deadline_ms + 10000);
     REQUIRE(res && n == sizeof *res, "no result from the receiver");

@@ -464,6 +464,15 @@ def sc_hicache(a, rep):
                 print("     driver: " + err[-2000:], flush=True)
             rep.check(not bad, f"hicache {policy}: {len(reqs)} multi-turn requests equal to duet-generate "
                                f"({len(bad)} differ)")
+            # decode's RequestFinished carries what prefill served from its cache (the data plane's
+            # TransferDone brought it), so the count never depends on which message arrives first
+            cached = {r["rid"]: res.get(r["rid"], {}).get("cached_tokens", 0) for r in reqs}
+            later = [rid for rid in cached if not rid.endswith("-0")]
+            rep.check(cached[reqs[0]["rid"]] == 0 and any(cached[rid] > 0 for rid in later) and
+                      all(cached[r["rid"]] < len(r["tokens"]) for r in reqs),
+                      f"hicache {policy}: decode reports the cached prompt tokens "
+                      f"({sum(1 for rid in later if cached[rid] > 0)} of {len(later)} later turns, "
+                      f"first turn {cached[reqs[0]['rid']]})")
             ok, st = c.wait_clean(c.decode[0])
             rep.check(ok, f"hicache {policy}: decode holds nothing afterwards")
         finally:
