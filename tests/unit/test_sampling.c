@@ -153,8 +153,71 @@ static void test_batch_same_as_rows(void **state)
     free(lg);
 }
 
+/* Greedy picks on rows built to break a two-pass argmax: NaN anywhere (first, last, between
+ * equal maxima), -0/+0 ties, +inf and -inf, rows of only -inf or only NaN, the maximum in the
+ * tail past the last group of eight, equal maxima far apart; every width from 1 to 40 and a
+ * vocabulary-sized row.  duet_sample and duet_sample_batch (several threads) against the
+ * one-pass reference. */
+static void test_greedy_edges(void **state)
+{
+    (void)state;
+    duet_sampling_t g;
+    duet_sampling_default(&g);
+    uint64_t x = 12345;
+    float *row = malloc(sizeof(float) * 129280);
+    assert_non_null(row);
+    for (int vocab = 1; vocab <= 40; vocab++)
+        for (int kind = 0; kind < 10; kind++)
+            for (int rep = 0; rep < 8; rep++) {
+                for (int i = 0; i < vocab; i++) {
+                    x = x * 6364136223846793005ull + 1442695040888963407ull;
+                    int r = (int)(x >> 33) % 7;
+                    float v = (float)r - 3.0f;
+                    switch (kind) {
+                    case 1: v = r == 0 ? NAN : v; break;
+                    case 2: v = r < 3 ? -0.0f : r < 5 ? 0.0f : -1.0f; break;
+                    case 3: v = r == 0 ? INFINITY : r == 1 ? NAN : v; break;
+                    case 4: v = r == 0 ? NAN : -INFINITY; break;
+                    case 5: v = NAN; break;
+                    case 6: v = -INFINITY; break;
+                    case 7: v = i == vocab - 1 ? 10.0f : v; break; /* the maximum in the tail */
+                    case 8: v = i == 0 || i == vocab - 1 ? 5.0f : r == 0 ? NAN : v; break;
+                    case 9: v = i == 0 ? NAN : i == vocab - 1 ? NAN : v; break;
+                    default: break;
+                    }
+                    row[i] = v;
+                }
+                int32_t want = ref_sample(row, vocab, &g, 0), got = duet_sample(row, vocab, &g, 0);
+                if (want != got)
+                    fail_msg("vocab %d kind %d rep %d: got %d, want %d", vocab, kind, rep, got, want);
+            }
+    /* vocabulary-sized rows in a batch spread over threads */
+    enum { ROWS = 24, V = 129280 };
+    float *big = malloc(sizeof(float) * (size_t)ROWS * V);
+    assert_non_null(big);
+    const duet_sampling_t *sp[ROWS];
+    int64_t pos[ROWS];
+    int32_t out[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            big[(size_t)r * V + i] = (float)((x >> 40) % 1000) / 100.0f;
+        }
+        if (r % 3 == 1)
+            big[(size_t)r * V + (size_t)(r * 977 % V)] = NAN;
+        sp[r] = &g;
+        pos[r] = r;
+    }
+    duet_sample_batch(big, V, ROWS, sp, pos, out, 4);
+    for (int r = 0; r < ROWS; r++)
+        assert_int_equal(out[r], ref_sample(big + (size_t)r * V, V, &g, r));
+    free(big);
+    free(row);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws), cmocka_unit_test(test_batch_same_as_rows)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws), cmocka_unit_test(test_batch_same_as_rows),
+                                       cmocka_unit_test(test_greedy_edges)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
