@@ -46,7 +46,6 @@ typedef struct {
     duet_dreq_table_t *tab;
     duet_worker_net_t net;
     duet_worker_engine_t eng; /* where the forward runs (--device) */
-    float *logits;           /* (max_batch, vocab): eng's */
     uint64_t steps, step_ns_total, step_ns_max, tokens_out, tokens_stepped;
     uint32_t top_rows;        /* the largest batch a step has run, and the steps of that size */
     uint64_t top_steps, top_ns;
@@ -468,16 +467,20 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
     *did_work = p.n > 0;
     if (!p.n)
         return DUET_OK;
-    int V = s->model->cfg.vocab_size;
     duet_fwd_item_t items[1024];
     for (uint32_t i = 0; i < p.n; i++) {
         dd_t *u = batch[i]->user;
         items[i] = (duet_fwd_item_t){.seq = &batch[i]->seq, .tokens = &u->last_token, .n_tokens = 1,
-                                     .logits_mode = DUET_LOGITS_LAST, .logits = s->logits + (size_t)i * V};
+                                     .logits_mode = DUET_LOGITS_LAST};
     }
+    const duet_sampling_t *sp[1024];
+    int32_t tok[1024];
+    for (uint32_t i = 0; i < p.n; i++)
+        sp[i] = &((dd_t *)batch[i]->user)->sp;
     duet_err_t err = {0};
     uint64_t t0 = duet_time_ns();
-    duet_status_t st = duet_worker_engine_forward(&s->eng, items, (int)p.n, NULL, NULL, &err);
+    /* the forward and the tokens (greedy rows picked on the GPU there, their logits not copied) */
+    duet_status_t st = duet_worker_engine_decode(&s->eng, items, (int)p.n, sp, tok, s->sample_threads, &err);
     uint64_t dt = duet_time_ns() - t0;
     s->steps++;
     s->step_ns_total += dt;
@@ -503,14 +506,6 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
         return DUET_OK;
     }
     s->tokens_stepped += p.n;
-    const duet_sampling_t *sp[1024];
-    int64_t pos[1024];
-    int32_t tok[1024];
-    for (uint32_t i = 0; i < p.n; i++) {
-        sp[i] = &((dd_t *)batch[i]->user)->sp;
-        pos[i] = batch[i]->seq.n_past;
-    }
-    duet_sample_batch(s->logits, V, (int)p.n, sp, pos, tok, s->sample_threads);
     for (uint32_t i = 0; i < p.n; i++)
         deliver_token(s, batch[i], tok[i]);
     return DUET_OK;
@@ -554,7 +549,6 @@ int main(int argc, char **argv)
     if (duet_worker_engine_open(&S.eng, &S.o, S.model, S.cache, S.o.max_batch < 1024 ? S.o.max_batch : 1024,
                                 &err) != DUET_OK)
         goto fail;
-    S.logits = S.eng.logits;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     S.sample_threads = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
     S.eng.receives = 1;

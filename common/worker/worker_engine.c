@@ -44,6 +44,12 @@ static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
             *err = *duet_cuda_error(c0);
         return DUET_ERR_CUDA;
     }
+    if (duet_cuda_malloc(c0, (void **)&e->dlogits, bytes) != DUET_OK ||
+        duet_cuda_malloc(c0, (void **)&e->dids, sizeof(int32_t) * e->logit_rows) != DUET_OK) {
+        if (err)
+            *err = *duet_cuda_error(c0);
+        return DUET_ERR_CUDA;
+    }
     return DUET_OK;
 }
 
@@ -98,9 +104,14 @@ static void gpu_close(duet_worker_engine_t *e)
     xfer_gpu_close(e);
     if (!t)
         return;
+    duet_cuda_t *c0 = duet_tp_cuda_context(t, 0);
     if (e->logits)
-        duet_cuda_host_free(duet_tp_cuda_context(t, 0), e->logits);
+        duet_cuda_host_free(c0, e->logits);
+    duet_cuda_free(c0, e->dlogits);
+    duet_cuda_free(c0, e->dids);
     e->logits = NULL;
+    e->dlogits = NULL;
+    e->dids = NULL;
     duet_tp_cuda_close(&t);
     e->gpu = NULL;
 }
@@ -158,6 +169,90 @@ duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_
     }
 #endif
     return duet_forward_hooked(e->model, e->cache, items, n_items, layer_done, arg, err);
+}
+
+#if DUET_HAVE_CUDA
+/* The rows of a decode step whose token is drawn (temperature > 0), after the forward: row
+ * rows[k]'s logits in e->logits row k; their tokens into tok. */
+static void sample_drawn(duet_worker_engine_t *e, const int *rows, int n_rows, duet_fwd_item_t *items,
+                         const duet_sampling_t *const *sp, int32_t *tok, int threads, const duet_sampling_t **sp2,
+                         int64_t *pos2, int32_t *out2)
+{
+    for (int k = 0; k < n_rows; k++) {
+        sp2[k] = sp[rows[k]];
+        pos2[k] = items[rows[k]].seq->n_past;
+    }
+    duet_sample_batch(e->logits, e->model->cfg.vocab_size, n_rows, sp2, pos2, out2, threads);
+    for (int k = 0; k < n_rows; k++)
+        tok[rows[k]] = out2[k];
+}
+#endif
+
+duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
+                                        const duet_sampling_t *const *sp, int32_t *tok, int threads,
+                                        duet_err_t *err)
+{
+    if (n <= 0)
+        return DUET_OK;
+    if ((uint32_t)n > e->logit_rows)
+        return duet_err_set(err, DUET_ERR_RANGE, "a decode step of %d rows, logits for %u", n, e->logit_rows);
+    size_t V = (size_t)e->model->cfg.vocab_size;
+    int *rows = malloc(sizeof(int) * (size_t)n);
+    const duet_sampling_t **sp2 = malloc(sizeof(*sp2) * (size_t)n);
+    int64_t *pos2 = malloc(sizeof(int64_t) * (size_t)n);
+    int32_t *out2 = malloc(sizeof(int32_t) * (size_t)n);
+    duet_status_t st = DUET_OK;
+    if (!rows || !sp2 || !pos2 || !out2) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        items[i].logits = e->logits + (size_t)i * V;
+#if DUET_HAVE_CUDA
+    if (e->gpu) {
+        duet_cuda_t *c0 = duet_tp_cuda_context(e->gpu, 0);
+        duet_fwd_cuda_opts_t fo = {.logits_dev = e->dlogits};
+        if ((st = duet_tp_cuda_forward(e->gpu, items, n, &fo, err)) != DUET_OK)
+            goto out;
+        /* every row's argmax, then the drawn rows' logits (one download per run of them) */
+        if (duet_cuda_bind(c0) != DUET_OK || duet_cuda_argmax(c0, e->dlogits, n, (int)V, e->dids) != DUET_OK ||
+            duet_cuda_download(c0, tok, e->dids, sizeof(int32_t) * (size_t)n) != DUET_OK)
+            goto cuda_fail;
+        int nd = 0;
+        for (int i = 0; i < n; i++)
+            if (sp[i]->temperature > 0.0f)
+                rows[nd++] = i;
+        for (int k = 0; k < nd;) {
+            int j = k;
+            while (j + 1 < nd && rows[j + 1] == rows[j] + 1)
+                j++;
+            if (duet_cuda_download(c0, e->logits + (size_t)k * V, e->dlogits + (size_t)rows[k] * V,
+                                   sizeof(float) * V * (size_t)(j - k + 1)) != DUET_OK)
+                goto cuda_fail;
+            k = j + 1;
+        }
+        sample_drawn(e, rows, nd, items, sp, tok, threads, sp2, pos2, out2);
+        goto out;
+    cuda_fail:
+        if (err)
+            *err = *duet_cuda_error(c0);
+        st = DUET_ERR_CUDA;
+        goto out;
+    }
+#endif
+    if ((st = duet_forward_hooked(e->model, e->cache, items, n, NULL, NULL, err)) != DUET_OK)
+        goto out;
+    for (int i = 0; i < n; i++) {
+        sp2[i] = sp[i];
+        pos2[i] = items[i].seq->n_past;
+    }
+    duet_sample_batch(e->logits, (int)V, n, sp2, pos2, tok, threads);
+out:
+    free(rows);
+    free(sp2);
+    free(pos2);
+    free(out2);
+    return st;
 }
 
 #if DUET_HAVE_CUDA

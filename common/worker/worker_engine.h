@@ -13,8 +13,11 @@
  * verified (duet_worker_engine_to_device).  Both are batched page-copy
  * kernels, one launch per pool, and return once the copy is complete.
  *
- * Sampling stays on the host (the logits buffer is pinned on the GPU), so a
- * token is the same function of (logits, seed, position) on both backends. */
+ * Sampling: a token is the same function of (logits, seed, position) on both
+ * backends.  Sampled rows are drawn on the host (the logits buffer is pinned on
+ * the GPU); in a decode step on the GPU the greedy rows take the device's
+ * argmax, which picks what duet_sample() picks at temperature 0 bit for bit, so
+ * only their ids cross to the host (duet_worker_engine_decode). */
 #ifndef DUET_WORKER_ENGINE_H
 #define DUET_WORKER_ENGINE_H
 
@@ -24,6 +27,7 @@
 #include "forward.h"
 #include "kv_cache.h"
 #include "model.h"
+#include "sampling.h"
 #include "worker_opts.h"
 #include "xfer.h"
 
@@ -39,6 +43,8 @@ typedef struct {
     void *gpu;          /* CUDA state (engine/tp_cuda.h: contexts, device weights, device pools); NULL on the CPU */
     float *logits;      /* (logit_rows, vocab) host rows the forward writes; pinned on the GPU */
     uint32_t logit_rows;
+    float *dlogits;     /* GPU: (logit_rows, vocab) on the first GPU, a decode step's logits */
+    int32_t *dids;      /* GPU: logit_rows greedy ids */
     /* staging counters: bytes moved and wall time of the copies (launch to completion) */
     uint64_t d2h_bytes, d2h_ns, d2h_calls;
     uint64_t h2d_bytes, h2d_ns, h2d_calls;
@@ -59,6 +65,15 @@ static inline int duet_worker_engine_on_gpu(const duet_worker_engine_t *e) { ret
 duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_t *items, int n_items,
                                          duet_layer_done_fn layer_done, void *arg, duet_err_t *err);
 
+/* A decode step and its tokens: the forward of `n` items (one token each, logits LAST; their
+ * logits pointers are set here to rows of e->logits), then tok[i] = duet_sample(row i, sp[i],
+ * position items[i].seq->n_past after the step), sampled rows on up to `threads` threads.  On
+ * the GPU the logits stay on the device: greedy rows (temperature not > 0) take the device
+ * argmax and only their ids come back; sampled rows' logits are downloaded and drawn on the
+ * host.  RANGE for more rows than the logits buffer holds. */
+duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
+                                        const duet_sampling_t *const *sp, int32_t *tok, int threads,
+                                        duet_err_t *err);
 /* GPU: copy layer `layer`'s units of the sequences (all their pages in every paged pool the
  * layer has, and their slot) from the device pools into the host pools.  CPU: nothing. */
 duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
