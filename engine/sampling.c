@@ -42,25 +42,53 @@ static int cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* What a sampled row needs besides the logits: the candidates, the radix sort's second array
+ * and its counts.  One per thread of duet_sample_batch, reused row after row (fresh 1 MB
+ * allocations per row are pages the kernel maps and zeroes each time: a fifth of a row's
+ * time). */
+typedef struct {
+    cand_t *c, *tmp;
+    uint32_t *cnt;
+    int cap;
+} sample_ws_t;
+
+static int ws_reserve(sample_ws_t *w, int vocab)
+{
+    if (w->cap >= vocab)
+        return 0;
+    free(w->c);
+    free(w->tmp);
+    free(w->cnt);
+    w->c = malloc(sizeof(cand_t) * (size_t)vocab);
+    w->tmp = malloc(sizeof(cand_t) * (size_t)vocab);
+    w->cnt = malloc(sizeof(uint32_t) * 3 * 2048);
+    w->cap = w->c && w->tmp && w->cnt ? vocab : 0;
+    return w->cap ? 0 : -1;
+}
+
+static void ws_free(sample_ws_t *w)
+{
+    free(w->c);
+    free(w->tmp);
+    free(w->cnt);
+    memset(w, 0, sizeof *w);
+}
+
 /* Sort candidates by p descending, then id ascending: the order cand_cmp defines, in linear
  * time.  Every p is a positive finite float (an expf result >= 1e-9), so its bits order like
  * its value; an LSD radix sort on the complemented bits (3 passes of 11 bits) is stable, and
  * the candidates come in ascending id, so ties keep ascending id.  A full vocabulary (129k
  * candidates with a flat distribution) sorts in about a millisecond where qsort took ten or
- * more, on the decode worker's thread, for every sampled row.  Returns -1 without memory. */
-static int sort_candidates(cand_t *c, int n)
+ * more, on the decode worker's thread, for every sampled row.  w holds room for n. */
+static void sort_candidates(cand_t *c, int n, sample_ws_t *w)
 {
     if (n < 64) {
         qsort(c, (size_t)n, sizeof(cand_t), cand_cmp);
-        return 0;
+        return;
     }
-    cand_t *tmp = malloc(sizeof(cand_t) * (size_t)n);
-    uint32_t *cnt = calloc(3 * 2048, sizeof(uint32_t));
-    if (!tmp || !cnt) {
-        free(tmp);
-        free(cnt);
-        return -1;
-    }
+    cand_t *tmp = w->tmp;
+    uint32_t *cnt = w->cnt;
+    memset(cnt, 0, sizeof(uint32_t) * 3 * 2048);
     for (int i = 0; i < n; i++) {
         uint32_t bits;
         memcpy(&bits, &c[i].p, sizeof bits);
@@ -89,9 +117,6 @@ static int sort_candidates(cand_t *c, int n)
     }
     if (src != c) /* three passes: the result is in tmp */
         memcpy(c, src, sizeof(cand_t) * (size_t)n);
-    free(tmp);
-    free(cnt);
-    return 0;
 }
 
 /* The largest logit's id, the lowest on ties (-0 and +0 tie), NaN never chosen; -1 when every
@@ -119,7 +144,9 @@ static int32_t argmax_first(const float *logits, int vocab)
     return -1; /* every logit NaN */
 }
 
-int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position)
+/* duet_sample with w's buffers (reserved here for the vocabulary; without memory, the greedy
+ * pick, as before). */
+static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *s, int64_t position, sample_ws_t *w)
 {
     /* NaN logits never win; +inf wins outright (greedy, and sampling falls back to it) */
     int32_t best = argmax_first(logits, vocab);
@@ -128,21 +155,18 @@ int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, in
     if (!(s->temperature > 0.0f) || isinf(logits[best]))
         return best;
     float inv_t = 1.0f / s->temperature, mx = logits[best] * inv_t;
-    cand_t *c = malloc(sizeof(cand_t) * (size_t)vocab);
-    if (!c)
+    if (ws_reserve(w, vocab) != 0)
         return best;
+    cand_t *c = w->c;
     int n = 0;
     for (int i = 0; i < vocab; i++) {
         float e = expf(logits[i] * inv_t - mx);
         if (e >= 1e-9f)
             c[n++] = (cand_t){e, i};
     }
-    if (n == 0) { /* only when the scaled maximum overflowed */
-        free(c);
+    if (n == 0) /* only when the scaled maximum overflowed */
         return best;
-    }
-    if (sort_candidates(c, n) != 0)
-        qsort(c, (size_t)n, sizeof(cand_t), cand_cmp);
+    sort_candidates(c, n, w);
     if (s->top_k > 0 && n > s->top_k)
         n = s->top_k;
     double sum = 0.0;
@@ -180,8 +204,15 @@ int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, in
             break;
         }
     }
-    free(c);
     return pick;
+}
+
+int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position)
+{
+    sample_ws_t w = {0};
+    int32_t t = sample_ws(logits, vocab, s, position, &w);
+    ws_free(&w);
+    return t;
 }
 
 typedef struct {
@@ -196,12 +227,14 @@ typedef struct {
 static void *sample_rows(void *arg)
 {
     sample_batch_t *b = arg;
+    sample_ws_t w = {0}; /* this thread's, for all its rows */
     for (;;) {
         int i = atomic_fetch_add(&b->next, 1);
         if (i >= b->n)
             break;
-        b->out[i] = duet_sample(b->logits + (size_t)i * (size_t)b->vocab, b->vocab, b->sp[i], b->positions[i]);
+        b->out[i] = sample_ws(b->logits + (size_t)i * (size_t)b->vocab, b->vocab, b->sp[i], b->positions[i], &w);
     }
+    ws_free(&w);
     return NULL;
 }
 
