@@ -160,7 +160,12 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
     cand_t *c = w->c;
     int n = 0;
     for (int i = 0; i < vocab; i++) {
-        float e = expf(logits[i] * inv_t - mx);
+        /* below -20.8 expf is under 9.3e-10 even with its rounding, so the candidate would be
+         * dropped: skip the call (most of a peaked distribution's vocabulary) */
+        float x = logits[i] * inv_t - mx;
+        if (x < -20.8f)
+            continue;
+        float e = expf(x);
         if (e >= 1e-9f)
             c[n++] = (cand_t){e, i};
     }

@@ -2,7 +2,8 @@
  *
  * Times duet_sample_batch over a batch of logits rows (seeded uniform logits, so every
  * sampled row has a flat distribution: nearly the whole vocabulary is a candidate, the
- * slowest case) for greedy rows and for sampled rows (temperature 0.8, top-p 0.95), on 1 and
+ * slowest case) for greedy rows and for sampled rows (temperature 0.8, top-p 0.95), then for
+ * sampled rows of the same logits six times wider (a peaked distribution), on 1 and
  * on the requested threads, and prints each best-of time beside the time this machine takes
  * to read the same bytes once with every thread (the scan's ceiling).
  *
@@ -116,10 +117,13 @@ int main(int argc, char **argv)
     printf("sample: %d rows x %d logits (%.1f MB); one read of them: %.3f ms on 1 thread (%.1f GB/s), %.3f ms on %d "
            "(%.1f GB/s)\n",
            rows, vocab, n * 4 / 1e6, rd1 * 1e3, n * 4 / rd1 / 1e9, rdt * 1e3, threads, n * 4 / rdt / 1e9);
-    for (int kind = 0; kind < 2; kind++) {
+    for (int kind = 0; kind < 3; kind++) {
+        if (kind == 2) /* a peaked distribution: the same logits six times wider */
+            for (size_t i = 0; i < n; i++)
+                logits[i] *= 6.0f;
         for (int i = 0; i < rows; i++) {
             duet_sampling_default(&sp[i]);
-            if (kind == 1) {
+            if (kind >= 1) {
                 sp[i].temperature = 0.8f;
                 sp[i].top_p = 0.95f;
                 sp[i].seed = 1000 + (uint64_t)i;
@@ -139,7 +143,10 @@ int main(int argc, char **argv)
             double ceil = k ? rdt : rd1;
             printf("sample %s rows, %d thread%s: %.3f ms a batch (%.3f ms a row); the read alone %.3f ms = %.0f%% of "
                    "this time (first token %d)\n",
-                   kind ? "sampled (temperature 0.8, top-p 0.95)" : "greedy", tl[k], tl[k] > 1 ? "s" : "",
+                   kind == 2   ? "sampled, peaked (logits 6x wider)"
+                   : kind == 1 ? "sampled (temperature 0.8, top-p 0.95)"
+                               : "greedy",
+                   tl[k], tl[k] > 1 ? "s" : "",
                    best * 1e3, best * 1e3 / rows, ceil * 1e3, 100.0 * ceil / best, out[0]);
         }
     }
