@@ -44,12 +44,6 @@ static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
             *err = *duet_cuda_error(c0);
         return DUET_ERR_CUDA;
     }
-    if (duet_cuda_malloc(c0, (void **)&e->dlogits, bytes) != DUET_OK ||
-        duet_cuda_malloc(c0, (void **)&e->dids, sizeof(int32_t) * e->logit_rows) != DUET_OK) {
-        if (err)
-            *err = *duet_cuda_error(c0);
-        return DUET_ERR_CUDA;
-    }
     return DUET_OK;
 }
 
@@ -211,6 +205,18 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
 #if DUET_HAVE_CUDA
     if (e->gpu) {
         duet_cuda_t *c0 = duet_tp_cuda_context(e->gpu, 0);
+        if (!e->dids) { /* the first decode step (a prefill engine never takes one) */
+            float *dl = NULL;
+            int32_t *di = NULL;
+            if (duet_cuda_bind(c0) != DUET_OK ||
+                duet_cuda_malloc(c0, (void **)&dl, sizeof(float) * V * e->logit_rows) != DUET_OK ||
+                duet_cuda_malloc(c0, (void **)&di, sizeof(int32_t) * e->logit_rows) != DUET_OK) {
+                duet_cuda_free(c0, dl);
+                goto cuda_fail;
+            }
+            e->dlogits = dl;
+            e->dids = di;
+        }
         duet_fwd_cuda_opts_t fo = {.logits_dev = e->dlogits};
         if ((st = duet_tp_cuda_forward(e->gpu, items, n, &fo, err)) != DUET_OK)
             goto out;
