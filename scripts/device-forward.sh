@@ -116,6 +116,22 @@ if [ "$ops_bench" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
   done
 fi
 
+# slice_bench OUT LABEL PATTERN TIMEOUT [VAR=VALUE...] -- ARGS: one duet-check-forward run on
+# the slice, its output into the log and the lines matching PATTERN into the summary
+slice_bench() {
+  local out="$1" label="$2" pat="$3" limit="$4"
+  shift 4
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  timeout "$limit" env "${envs[@]}" "$BIN/duet-check-forward" --model "$FIX/slice" --bench "$@" \
+    >"$RES/$out" 2>>"$LOG"
+  local rc=$?
+  cat "$RES/$out" >>"$LOG"
+  { echo "[$label] exit $rc"; grep "$pat" "$RES/$out"; } | tee -a "$SUM"
+  [ "$rc" = 0 ] || fail=1
+}
+
 # name, model, kv, index-k, tolerance
 run_check() {
   local name="$1" model="$2" kv="$3" ik="$4" tol="$5"
@@ -147,27 +163,14 @@ if [ -n "$slice_pid" ]; then
   wait "$slice_pid"
   cat "$RES/mkmodel-slice.log" >>"$LOG"
   tail -1 "$RES/mkmodel-slice.log" | tee -a "$SUM"
-  timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches "$batches" \
-    >"$RES/bench-slice.txt" 2>>"$LOG"
-  rc=$?
-  cat "$RES/bench-slice.txt" >>"$LOG"
-  { echo "[slice bench] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice.txt"; } | tee -a "$SUM"
-  [ "$rc" = 0 ] || fail=1
+  slice_bench bench-slice.txt "slice bench" '^ceilings\|^bench' 240 -- --ctx 4096 --batches "$batches"
   if [ "$long_ctx" -gt 0 ]; then
-    timeout 300 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx "$long_ctx" --batches 1,32 \
-      >"$RES/bench-slice-long.txt" 2>>"$LOG"
-    rc=$?
-    cat "$RES/bench-slice-long.txt" >>"$LOG"
-    { echo "[slice bench, context $long_ctx] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice-long.txt"; } | tee -a "$SUM"
-    [ "$rc" = 0 ] || fail=1
+    slice_bench bench-slice-long.txt "slice bench, context $long_ctx" '^ceilings\|^bench' 300 -- \
+      --ctx "$long_ctx" --batches 1,32
   fi
   if [ "$phases" = 1 ]; then
-    timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 --phases \
-      >"$RES/bench-slice-phases.txt" 2>>"$LOG"
-    rc=$?
-    cat "$RES/bench-slice-phases.txt" >>"$LOG"
-    { echo "[slice bench by phase, with an event at each phase] exit $rc"; grep '^bench\|^phases' "$RES/bench-slice-phases.txt"; } | tee -a "$SUM"
-    [ "$rc" = 0 ] || fail=1
+    slice_bench bench-slice-phases.txt "slice bench by phase, with an event at each phase" '^bench\|^phases' 240 -- \
+      --ctx 4096 --batches 1,32 --phases
   fi
   if [ "$kernels" = 1 ]; then
     ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
@@ -188,12 +191,8 @@ if [ -n "$slice_pid" ]; then
   fi
   if [ "$moe_host" = 1 ]; then
     # the older MoE path (routing on the host, one launch set per expert) in the same run
-    DUET_MOE_HOST=1 timeout 240 "$BIN/duet-check-forward" --model "$FIX/slice" --bench --ctx 4096 --batches 1,32 \
-      >"$RES/bench-slice-moe-host.txt" 2>>"$LOG"
-    rc=$?
-    cat "$RES/bench-slice-moe-host.txt" >>"$LOG"
-    { echo "[slice bench, DUET_MOE_HOST=1] exit $rc"; grep '^ceilings\|^bench' "$RES/bench-slice-moe-host.txt"; } | tee -a "$SUM"
-    [ "$rc" = 0 ] || fail=1
+    slice_bench bench-slice-moe-host.txt "slice bench, DUET_MOE_HOST=1" '^ceilings\|^bench' 240 DUET_MOE_HOST=1 -- \
+      --ctx 4096 --batches 1,32
   fi
 fi
 
