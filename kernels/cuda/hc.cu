@@ -223,75 +223,18 @@ __device__ __forceinline__ void hc_collapse(const float *xi, const float *pre, i
     }
 }
 
-__global__ void __launch_bounds__(HC_THREADS) hc_pre_finish_kernel(const float *x, int hc, int dim, int S,
-                                                                   const float *part, const float *base,
-                                                                   const float *scale, int sinkhorn_iters,
-                                                                   float hc_eps, float norm_eps, float *post,
-                                                                   float *comb, float *collapsed)
-{
-    __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
-    __shared__ float cb_s[HC_MAX * HC_MAX];
-    __shared__ float pre[HC_MAX];
-    int i = blockIdx.x, flat_dim = hc * dim, mix = (2 + hc) * hc;
-    hc_gather(part, S, mix, flat_dim, norm_eps, vals);
-    const float *mixes = vals + 1;
-    if (threadIdx.x < hc) {
-        int k = threadIdx.x;
-        pre[k] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(mixes[k], scale[0]), base[k])), hc_eps);
-        post[(size_t)i * hc + k] = __fmul_rn(2.0f, sigm(__fadd_rn(__fmul_rn(mixes[hc + k], scale[1]), base[hc + k])));
-    }
-    if (threadIdx.x < 32) {
-        if (hc * hc <= 32)
-        {
-            if (hc == 4)
-                sinkhorn_warp<4>(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, comb + (size_t)i * hc * hc);
-            else
-                sinkhorn_warp<0>(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, comb + (size_t)i * hc * hc);
-        }
-        else if (threadIdx.x == 0)
-            sinkhorn_serial(mixes, hc, base, scale[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
-    }
-    __syncthreads();
-    hc_collapse(x + (size_t)i * flat_dim, pre, hc, dim, collapsed + (size_t)i * dim);
-}
-
-__global__ void __launch_bounds__(HC_THREADS) hc_head_finish_kernel(const float *x, int hc, int dim, int S,
-                                                                    const float *part, const float *base,
-                                                                    float scale, float hc_eps, float norm_eps,
-                                                                    float *y)
-{
-    __shared__ float vals[1 + HC_MAX];
-    __shared__ float pre[HC_MAX];
-    int i = blockIdx.x, flat_dim = hc * dim;
-    hc_gather(part, S, hc, flat_dim, norm_eps, vals);
-    if (threadIdx.x < hc)
-        pre[threadIdx.x] = __fadd_rn(sigm(__fadd_rn(__fmul_rn(vals[1 + threadIdx.x], scale), base[threadIdx.x])), hc_eps);
-    __syncthreads();
-    hc_collapse(x + (size_t)i * flat_dim, pre, hc, dim, y + (size_t)i * dim);
-}
-
-/* hc_pre / hc_head's second kernel fused with the RMSNorm of its output: y = rmsnorm(collapsed,
- * norm_w), the collapsed row never stored.  A block of duet_cuda_rmsnorm's threads for dim, each
- * thread the columns that kernel gives it (at most HC_NORM_COLS), so the sum of squares has its
- * order and y its bits; the collapse is hc_collapse's per column.  HEAD: hc_head's pre weights
- * (no post, no Sinkhorn); else hc_pre's, with the Sinkhorn on warp 0 while the others start
- * the collapse. */
-#define HC_NORM_COLS 8
+/* The second kernel's start, for row blockIdx.x: the slices summed into the mixes (vals), the
+ * pre weights into pre (visible to the whole block on return), and for hc_pre (!HEAD) post,
+ * then comb by the Sinkhorn on warp 0 (the other warps go on to the collapse meanwhile).
+ * HCT > 0: hc known at compile time. */
 template <bool HEAD, int HCT>
-__global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, int hc_rt, int dim, int S,
-                                                              const float *part, const float *base,
-                                                              const float *scale_d, float scale_h,
-                                                              int sinkhorn_iters, float hc_eps, float norm_eps,
-                                                              float *post, float *comb, const float *norm_w,
-                                                              float eps, float *y)
+__device__ __forceinline__ void hc_finish_mix(int hc, int dim, int S, const float *part, const float *base,
+                                              const float *scale_d, float scale_h, int sinkhorn_iters,
+                                              float hc_eps, float norm_eps, float *post, float *comb, float *vals,
+                                              float *cb_s, float *pre)
 {
-    __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
-    __shared__ float cb_s[HC_MAX * HC_MAX];
-    __shared__ float pre[HC_MAX];
-    __shared__ float red[33];
-    const int hc = HCT > 0 ? HCT : hc_rt;
-    int i = blockIdx.x, flat_dim = hc * dim, mix = HEAD ? hc : (2 + hc) * hc;
-    hc_gather(part, S, mix, flat_dim, norm_eps, vals);
+    int i = blockIdx.x, mix = HEAD ? hc : (2 + hc) * hc;
+    hc_gather(part, S, mix, hc * dim, norm_eps, vals);
     const float *mixes = vals + 1;
     if (threadIdx.x < hc) {
         int k = threadIdx.x;
@@ -310,7 +253,46 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
         else if (threadIdx.x == 0)
             sinkhorn_serial(mixes, hc, base, scale_d[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
     }
-    const float *xi = x + (size_t)i * flat_dim;
+}
+
+/* hc_pre (!HEAD) / hc_head's second kernel: the mixes, then collapsed = Σ_k pre_k x_k. */
+template <bool HEAD, int HCT>
+__global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(const float *x, int hc_rt, int dim, int S,
+                                                               const float *part, const float *base,
+                                                               const float *scale_d, float scale_h,
+                                                               int sinkhorn_iters, float hc_eps, float norm_eps,
+                                                               float *post, float *comb, float *collapsed)
+{
+    __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
+    __shared__ float cb_s[HC_MAX * HC_MAX];
+    __shared__ float pre[HC_MAX];
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb,
+                             vals, cb_s, pre);
+    hc_collapse(x + (size_t)blockIdx.x * hc * dim, pre, hc, dim, collapsed + (size_t)blockIdx.x * dim);
+}
+
+/* hc_pre / hc_head's second kernel fused with the RMSNorm of its output: y = rmsnorm(collapsed,
+ * norm_w), the collapsed row never stored.  A block of duet_cuda_rmsnorm's threads for dim, each
+ * thread the columns that kernel gives it (at most HC_NORM_COLS), so the sum of squares has its
+ * order and y its bits; the collapse is hc_collapse's per column. */
+#define HC_NORM_COLS 8
+template <bool HEAD, int HCT>
+__global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, int hc_rt, int dim, int S,
+                                                              const float *part, const float *base,
+                                                              const float *scale_d, float scale_h,
+                                                              int sinkhorn_iters, float hc_eps, float norm_eps,
+                                                              float *post, float *comb, const float *norm_w,
+                                                              float eps, float *y)
+{
+    __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
+    __shared__ float cb_s[HC_MAX * HC_MAX];
+    __shared__ float pre[HC_MAX];
+    __shared__ float red[33];
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb,
+                             vals, cb_s, pre);
+    const float *xi = x + (size_t)blockIdx.x * hc * dim;
     float v[HC_NORM_COLS], ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < HC_NORM_COLS; j++) {
@@ -330,7 +312,7 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
     }
     ss = duet_block_sum(ss, red);
     float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)dim), eps)));
-    float *yi = y + (size_t)i * dim;
+    float *yi = y + (size_t)blockIdx.x * dim;
 #pragma unroll
     for (int j = 0; j < HC_NORM_COLS; j++) {
         int c = threadIdx.x + j * blockDim.x;
@@ -399,20 +381,50 @@ static duet_status_t hc_check(duet_cuda_t *c, const char *op, int hc, int dim, c
     return DUET_OK;
 }
 
-/* The first kernel of hc_pre / hc_head (and their fused forms) for n > 0 rows: the slice
- * partials of the `mix` mix rows into the context's scratch (*part, *S slices a row). */
-static duet_status_t hc_partials(duet_cuda_t *c, const char *op, const float *x, int n, int hc, int dim,
-                                 const float *fn, int mix, int *S, float **part)
+/* hc_pre (!head) / hc_head, and their fused forms with the norm (norm: y = rmsnorm(collapsed,
+ * norm_w, eps), else y = collapsed): the slice partials, then the second kernel, with hc known
+ * at compile time where it is 4. */
+static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool norm, const float *x, int n, int hc,
+                               int dim, const float *fn, const float *base, const float *scale_d, float scale_h,
+                               int sinkhorn_iters, float hc_eps, float norm_eps, float *post, float *comb,
+                               const float *norm_w, float eps, float *y)
 {
+    DUET_TRY(hc_check(c, op, hc, dim, x));
+    int threads = norm ? duet_cuda_rmsnorm_threads(dim) : HC_THREADS;
+    if (norm && dim > HC_NORM_COLS * threads)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: dim %d over %d", op, dim, HC_NORM_COLS * threads);
+    if (n <= 0)
+        return DUET_OK;
     if (n > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", op, n);
-    int flat_dim = hc * dim, slice;
-    hc_split(c, n, flat_dim, S, &slice);
+    int flat_dim = hc * dim, mix = head ? hc : (2 + hc) * hc, S, slice;
+    hc_split(c, n, flat_dim, &S, &slice);
     void *scr;
-    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * *S * (1 + mix), &scr));
-    *part = (float *)scr;
-    hc_partial_kernel<<<dim3(*S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
-                                                                                    *part);
+    DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
+    const float *part = (const float *)scr;
+    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
+                                                                                   (float *)scr);
+    DUET_CUDA_CHECK_LAUNCH(c);
+#define HC_FINISH(HEAD, HCT)                                                                                        \
+    do {                                                                                                           \
+        if (norm)                                                                                                  \
+            hc_finish_norm_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, part, base, scale_d,     \
+                                                                           scale_h, sinkhorn_iters, hc_eps,        \
+                                                                           norm_eps, post, comb, norm_w, eps, y);  \
+        else                                                                                                       \
+            hc_finish_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, part, base, scale_d, scale_h, \
+                                                                      sinkhorn_iters, hc_eps, norm_eps, post,     \
+                                                                      comb, y);                                   \
+    } while (0)
+    if (head && hc == 4)
+        HC_FINISH(true, 4);
+    else if (head)
+        HC_FINISH(true, 0);
+    else if (hc == 4)
+        HC_FINISH(false, 4);
+    else
+        HC_FINISH(false, 0);
+#undef HC_FINISH
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -421,16 +433,8 @@ extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n,
                                           const float *base, const float *scale, int sinkhorn_iters, float hc_eps,
                                           float norm_eps, float *post, float *comb, float *collapsed)
 {
-    DUET_TRY(hc_check(c, "hc_pre", hc, dim, x));
-    if (n <= 0)
-        return DUET_OK;
-    int S = 0;
-    float *scr = NULL;
-    DUET_TRY(hc_partials(c, "hc_pre", x, n, hc, dim, fn, (2 + hc) * hc, &S, &scr));
-    hc_pre_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, scr, base, scale,
-                                                          sinkhorn_iters, hc_eps, norm_eps, post, comb, collapsed);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    return hc_launch(c, "hc_pre", false, false, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
+                     norm_eps, post, comb, NULL, 0.0f, collapsed);
 }
 
 extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
@@ -449,41 +453,6 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
     return DUET_OK;
 }
 
-/* The fused hc_pre / hc_head + rmsnorm launches (hc_finish_norm_kernel); UNSUPPORTED where the
- * row is wider than its threads can hold (the caller then takes the two operations). */
-static duet_status_t hc_norm_launch(duet_cuda_t *c, bool head, const float *x, int n, int hc, int dim,
-                                    const float *fn, const float *base, const float *scale_d, float scale_h,
-                                    int sinkhorn_iters, float hc_eps, float norm_eps, float *post, float *comb,
-                                    const float *norm_w, float eps, float *y)
-{
-    DUET_TRY(hc_check(c, head ? "hc_head_norm" : "hc_pre_norm", hc, dim, x));
-    int threads = duet_cuda_rmsnorm_threads(dim);
-    if (dim > HC_NORM_COLS * threads)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: dim %d over %d", head ? "hc_head_norm" : "hc_pre_norm",
-                               dim, HC_NORM_COLS * threads);
-    if (n <= 0)
-        return DUET_OK;
-    int S = 0;
-    float *scr = NULL;
-    DUET_TRY(hc_partials(c, head ? "hc_head_norm" : "hc_pre_norm", x, n, hc, dim, fn, head ? hc : (2 + hc) * hc, &S,
-                         &scr));
-#define HC_NORM(HEAD, HCT)                                                                                          \
-    hc_finish_norm_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, scr, base, scale_d,                 \
-                                                                   scale_h, sinkhorn_iters, hc_eps, norm_eps, post,  \
-                                                                   comb, norm_w, eps, y)
-    if (head && hc == 4)
-        HC_NORM(true, 4);
-    else if (head)
-        HC_NORM(true, 0);
-    else if (hc == 4)
-        HC_NORM(false, 4);
-    else
-        HC_NORM(false, 0);
-#undef HC_NORM
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
-}
-
 extern "C" int duet_cuda_hc_norm_ok(int hc, int dim)
 {
     return hc >= 1 && hc <= HC_MAX && dim > 0 && (hc * dim) % 4 == 0 && dim <= HC_NORM_COLS * duet_cuda_rmsnorm_threads(dim);
@@ -494,29 +463,21 @@ extern "C" duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, i
                                                int sinkhorn_iters, float hc_eps, float norm_eps, float *post,
                                                float *comb, const float *norm_w, float eps, float *y)
 {
-    return hc_norm_launch(c, false, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps, norm_eps, post,
-                          comb, norm_w, eps, y);
+    return hc_launch(c, "hc_pre_norm", false, true, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
+                     norm_eps, post, comb, norm_w, eps, y);
 }
 
 extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim,
                                                 const float *fn, const float *base, float scale, float hc_eps,
                                                 float norm_eps, const float *norm_w, float eps, float *y)
 {
-    return hc_norm_launch(c, true, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL, norm_w, eps,
-                          y);
+    return hc_launch(c, "hc_head_norm", true, true, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL,
+                     NULL, norm_w, eps, y);
 }
 
 extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                            const float *base, float scale, float hc_eps, float norm_eps, float *y)
 {
-    DUET_TRY(hc_check(c, "hc_head", hc, dim, x));
-    if (n <= 0)
-        return DUET_OK;
-    int S = 0;
-    float *scr = NULL;
-    DUET_TRY(hc_partials(c, "hc_head", x, n, hc, dim, fn, hc, &S, &scr));
-    hc_head_finish_kernel<<<n, HC_THREADS, 0, c->stream>>>(x, hc, dim, S, scr, base, scale, hc_eps,
-                                                           norm_eps, y);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    return hc_launch(c, "hc_head", true, false, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL,
+                     NULL, 0.0f, y);
 }
