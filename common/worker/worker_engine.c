@@ -165,10 +165,9 @@ duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_
     return duet_forward_hooked(e->model, e->cache, items, n_items, layer_done, arg, err);
 }
 
-#if DUET_HAVE_CUDA
-/* The rows of a decode step whose token is drawn (temperature > 0), after the forward: row
- * rows[k]'s logits in e->logits row k; their tokens into tok. */
-static void sample_drawn(duet_worker_engine_t *e, const int *rows, int n_rows, duet_fwd_item_t *items,
+/* Tokens for rows rows[0..n_rows) of a decode step, after its forward: row rows[k]'s logits
+ * in e->logits row k. */
+static void sample_rows(duet_worker_engine_t *e, const int *rows, int n_rows, duet_fwd_item_t *items,
                          const duet_sampling_t *const *sp, int32_t *tok, int threads, const duet_sampling_t **sp2,
                          int64_t *pos2, int32_t *out2)
 {
@@ -180,7 +179,6 @@ static void sample_drawn(duet_worker_engine_t *e, const int *rows, int n_rows, d
     for (int k = 0; k < n_rows; k++)
         tok[rows[k]] = out2[k];
 }
-#endif
 
 duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
                                         const duet_sampling_t *const *sp, int32_t *tok, int threads,
@@ -237,7 +235,7 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
                 goto cuda_fail;
             k = j + 1;
         }
-        sample_drawn(e, rows, nd, items, sp, tok, threads, sp2, pos2, out2);
+        sample_rows(e, rows, nd, items, sp, tok, threads, sp2, pos2, out2);
         goto out;
     cuda_fail:
         if (err)
@@ -248,11 +246,9 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
 #endif
     if ((st = duet_forward_hooked(e->model, e->cache, items, n, NULL, NULL, err)) != DUET_OK)
         goto out;
-    for (int i = 0; i < n; i++) {
-        sp2[i] = sp[i];
-        pos2[i] = items[i].seq->n_past;
-    }
-    duet_sample_batch(e->logits, (int)V, n, sp2, pos2, tok, threads);
+    for (int i = 0; i < n; i++) /* every row, its logits where the forward wrote them */
+        rows[i] = i;
+    sample_rows(e, rows, n, items, sp, tok, threads, sp2, pos2, out2);
 out:
     free(rows);
     free(sp2);
