@@ -32,7 +32,12 @@
 # forward call's GPU time split by phase: duet-check-forward --phases), --kernels (one decode step
 # at 4k, batches 1 and 32, under Nsight Compute: every kernel's duration, their sum against the
 # step's time, scripts/kernel-times.py), --moe-host (time the slice a second time with
-# DUET_MOE_HOST=1: the per-expert MoE path with routing on the host).  Exit status 0 when every check passed.
+# DUET_MOE_HOST=1: the per-expert MoE path with routing on the host), --stalls SPEC[,SPEC...] (each
+# SPEC REGEX:SKIP:COUNT: the launches SKIP .. SKIP+COUNT-1 of the kernels whose function name matches
+# REGEX, counted over one decode step at batch 1 then one at batch 32 (4k context), under Nsight
+# Compute with the throughput, occupancy, warp-state, scheduler and instruction sections; the details
+# go to the summary, the per-SASS-instruction stall samples to stalls-N-sass.csv).
+# Exit status 0 when every check passed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,7 +48,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 long_ctx=32768
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 long_ctx=32768 stalls=""
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,12 +64,13 @@ while [ $# -gt 0 ]; do
     --moe-host) moe_host=1 ;;
     --phases) phases=1 ;;
     --kernels) kernels=1 ;;
+    --stalls) stalls="$2"; shift ;;
     --ops-bench) ops_bench=1 ;;
     --batches) batches="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -188,6 +194,27 @@ if [ -n "$slice_pid" ]; then
         | tee -a "$SUM"
       [ "$rc" = 0 ] || fail=1
     fi
+  fi
+  if [ -n "$stalls" ]; then
+    ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+    i=0
+    IFS=, read -ra specs <<<"$stalls"
+    for spec in "${specs[@]}"; do
+      IFS=: read -r re skip count <<<"$spec"
+      rep="$RES/stalls-$i"
+      timeout 300 "$ncu" --profile-from-start off -k "regex:$re" --launch-skip "${skip:-0}" --launch-count "${count:-1}" \
+        --cache-control none --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section InstructionStats --section SourceCounters -f -o "$rep" \
+        "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx 4096 --batches 1,32 \
+        >>"$LOG" 2>&1
+      rc=$?
+      { echo "[stalls $spec] exit $rc"
+        "$ncu" -i "$rep.ncu-rep" --page details --print-units base 2>&1; } | tee -a "$SUM"
+      "$ncu" -i "$rep.ncu-rep" --page source --print-source sass --csv >"$rep-sass.csv" 2>>"$LOG"
+      [ "$rc" = 0 ] || fail=1
+      i=$((i + 1))
+    done
   fi
   if [ "$moe_host" = 1 ]; then
     # the older MoE path (routing on the host, one launch set per expert) in the same run
