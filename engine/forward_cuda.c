@@ -51,6 +51,7 @@ struct duet_model_cuda {
     uint8_t *moe_host, *moe_dev;
     size_t moe_bytes;
     int moe_host_route; /* DUET_MOE_HOST=1: routing on the host and one launch set per expert (the older path) */
+    int no_tile;        /* DUET_CUDA_TILE=0: fp4 experts kept in the checkpoint's layout (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -166,6 +167,15 @@ static duet_status_t upload_moe_tables(duet_model_cuda_t *mc, int l, duet_err_t 
             ok &= same_shape(&d->experts[3 * e + k], &x0[k]);
     if (!ok)
         return DUET_OK; /* the per-expert path */
+    /* fp4 experts in the tiled layout the grouped kernel streams at full speed (the pointers stay;
+     * the per-expert path of DUET_MOE_HOST reads them through the same kernels) */
+    for (int k = 0; k < 3 && !mc->no_tile; k++)
+        if (duet_cuda_weight_tile_ok(&x0[k]))
+            for (int e = mc->e0; e < mc->e1; e++) {
+                duet_status_t st = duet_cuda_weight_tile(mc->c, &d->experts[3 * e + k]);
+                if (st != DUET_OK)
+                    return cuda_fail(mc->c, st, err);
+            }
     const void **tab = duet_calloc((size_t)6 * E, sizeof(void *));
     if (!tab)
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
@@ -326,6 +336,8 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
     {
         const char *ev = getenv("DUET_MOE_HOST");
         mc->moe_host_route = ev && atoi(ev) != 0;
+        ev = getenv("DUET_CUDA_TILE");
+        mc->no_tile = ev && atoi(ev) == 0;
     }
     duet_cuda_set_invariant(c, 1);
     duet_status_t st = DUET_OK;

@@ -22,7 +22,9 @@
  *   BF16         data: bf16[rows][cols]
  *   F32          data: f32[rows][cols]
  *   F8_E4M3      data: e4m3[rows][cols], scale: [ceil(rows/128)][ceil(cols/128)] (ue8m0 or f32)
- *   F4_E2M1X2    data: byte[rows][cols/2] (low nibble = even column), scale: [rows][cols/32] (ue8m0) */
+ *   F4_E2M1X2    data: byte[rows][cols/2] (low nibble = even column), scale: [rows][cols/32] (ue8m0)
+ * A device copy may be `tiled` (duet_cuda_weight_tile, kernels/cuda/matmul.cuh): the same bytes
+ * regrouped for the tensor-core kernel's reads, which only it takes. */
 typedef struct {
     duet_dtype_t dtype;
     int rows, cols;
@@ -30,6 +32,7 @@ typedef struct {
     const void *scale;
     duet_dtype_t scale_dtype; /* F8_E8M0 or F32 */
     int scale_cols;           /* columns of the scale grid */
+    int tiled;                /* 0: the layouts above; 1: DUET_CUDA_TILE_F4 (device copies only) */
 } duet_weight_t;
 
 /* Interleaved RoPE frequencies: one inverse frequency per pair. */

@@ -681,6 +681,58 @@ out:
     weight_free(ck, &W);
 }
 
+/* An fp4 weight in the tiled layout (duet_cuda_weight_tile) against the same weight untiled:
+ * duet_cuda_matmul (the engine's entry, batch-invariant) must give the same bytes for n
+ * tokens over rows [rb, re); the entry points that do not read the layout refuse it. */
+static void case_matmul_tiled(ck_t *ck, int rows, int cols, int rb, int re, int n)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "matmul_tiled/%d/%d/%d/%d/%d", rows, cols, rb, re, n);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("matmul", "fp4 %dx%d r%d:%d n=%d tiled", rows, cols, rb, re, n);
+    const char *only = getenv("DUET_CHECK_CASE");
+    if (only && *only && !strstr(row.shape, only))
+        return;
+    weight_t W, T;
+    weight_make(ck, &r, &W, DUET_DT_F4_E2M1X2, rows, cols, DUET_DT_F8_E8M0);
+    T = W; /* a second device copy of the same bytes, tiled */
+    T.d_data = dupload(ck, W.h_data, W.data_bytes);
+    T.d_scale = dupload(ck, W.h_scale, W.scale_bytes);
+    T.dw.data = T.d_data;
+    T.dw.scale = T.d_scale;
+    int m = re - rb;
+    float *x = rand_f32(&r, (size_t)n * cols, 1.0f);
+    float *dx = dupload(ck, x, sizeof(float) * (size_t)n * cols);
+    float *dy = dmalloc(ck, sizeof(float) * (size_t)n * m), *dt = dmalloc(ck, sizeof(float) * (size_t)n * m);
+    float *y = xmalloc(sizeof(float) * (size_t)n * m), *yt = xmalloc(sizeof(float) * (size_t)n * m);
+    dpoison(ck, dt, sizeof(float) * (size_t)n * m);
+    CK(duet_cuda_weight_tile(ck->c, &T.dw));
+    int refused = duet_cuda_weight_tile(ck->c, &T.dw) == DUET_ERR_UNSUPPORTED && /* not twice */
+                  duet_cuda_matmul_gemv(ck->c, &T.dw, rb, re, dx, n, dt) == DUET_ERR_UNSUPPORTED &&
+                  duet_cuda_matmul_lt(ck->c, &T.dw, rb, re, dx, n, dt) == DUET_ERR_UNSUPPORTED &&
+                  duet_cuda_matmul_gemv_tc(ck->c, &T.dw, rb + 16, re, dx, n, dt) == DUET_ERR_UNSUPPORTED;
+    CK(duet_cuda_matmul_invariant(ck->c, &W.dw, rb, re, dx, n, dy));
+    CK(duet_cuda_matmul(ck->c, &T.dw, rb, re, dx, n, dt));
+    ddownload(ck, y, dy, sizeof(float) * (size_t)n * m);
+    ddownload(ck, yt, dt, sizeof(float) * (size_t)n * m);
+    row_bytes(&row, yt, y, sizeof(float) * (size_t)n * m);
+    if (!refused) {
+        row.pass = 0;
+        snprintf(row.note, sizeof row.note, "an entry point without the tiled layout took the weight");
+    }
+    print_row(ck, &row);
+    duet_cuda_free(ck->c, T.d_data);
+    duet_cuda_free(ck->c, T.d_scale);
+    weight_free(ck, &W);
+    duet_cuda_free(ck->c, dx);
+    duet_cuda_free(ck->c, dy);
+    duet_cuda_free(ck->c, dt);
+    free(x);
+    free(y);
+    free(yt);
+}
+
 static void group_matmul(ck_t *ck)
 {
     const duet_dtype_t E8 = DUET_DT_F8_E8M0, F32 = DUET_DT_F32;
@@ -728,6 +780,11 @@ static void group_matmul(ck_t *ck)
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 1, 1, tg);   /* expert */
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 32, 32, tg);
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 32, 32, tg);
+    /* fp4 in the tiled layout: bit for bit the checkpoint layout's results */
+    static const int tiled_n[] = {1, 2, 8, 20, 32, 40};
+    for (size_t i = 0; i < sizeof tiled_n / sizeof tiled_n[0]; i++)
+        case_matmul_tiled(ck, 2048, 4096, 0, 2048, tiled_n[i]);
+    case_matmul_tiled(ck, 4096, 2048, 96, 4000, 3); /* a row range on tiles, ending inside one */
 }
 
 /* Several weights times one x in one launch (duet_cuda_matmul_multi): each part against the
@@ -1487,7 +1544,10 @@ static void gx_free_buffers(ck_t *ck, gx_arg_t *a)
         duet_cuda_free(ck->c, p[i]);
 }
 
-static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int I, int rows, int check_alone)
+/* tile: the experts' fp4 matrices in the tiled layout (duet_cuda_weight_tile) where they take it,
+ * as the engine keeps them */
+static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int I, int rows, int check_alone,
+                             int tile)
 {
     rng_t r;
     char tag[96];
@@ -1506,6 +1566,11 @@ static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int
         weight_make(ck, &r, &a.W[3 * e + 1], dt, D, I, DUET_DT_F8_E8M0); /* w2 */
         weight_make(ck, &r, &a.W[3 * e + 2], dt, I, D, DUET_DT_F8_E8M0); /* w3 */
     }
+    for (int k = 0; k < 3 && tile; k++)
+        if (duet_cuda_weight_tile_ok(&a.W[k].dw))
+            for (int e = 0; e < E; e++)
+                CK(duet_cuda_weight_tile(ck->c, &a.W[3 * e + k].dw));
+    const char *tl = tile ? " tiled" : "";
     for (int k = 0; k < 3; k++)
         a.proto[k] = a.W[k].dw;
     const void **tab = xmalloc(sizeof(void *) * 6 * (size_t)E);
@@ -1541,8 +1606,8 @@ static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int
     gx_buffers(ck, &a, rows);
     CK(duet_cuda_upload(ck->c, a.dsel, sel, 4 * (size_t)rows * K));
     CK(duet_cuda_upload(ck->c, a.dwt, wt, 4 * (size_t)rows * K));
-    row_t row = row_new("moe_experts", "%s E%d k%d %dx%d r%d cpu", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
-                        rows);
+    row_t row = row_new("moe_experts", "%s E%d k%d %dx%d r%d cpu%s", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
+                        rows, tl);
     duet_status_t st = gx_call(ck, &a);
     if (st != DUET_OK) {
         row.pass = 0;
@@ -1597,8 +1662,8 @@ static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int
     }
     /* the per-expert device path (routing lists from the host): bit for bit */
     {
-        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d 1by1", dt_short(dt, DUET_DT_F8_E8M0), E, K, D,
-                      I, rows);
+        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d 1by1%s", dt_short(dt, DUET_DT_F8_E8M0), E, K, D,
+                      I, rows, tl);
         int32_t *rl = xmalloc(4 * (size_t)rows * K);
         float *wl = xmalloc(4 * (size_t)rows * K), *ref = xmalloc(4 * (size_t)rows * D);
         int *cnt = calloc((size_t)E + 1, sizeof(int));
@@ -1639,8 +1704,8 @@ static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int
     }
     /* rows alone: the same bits as inside the batch */
     if (check_alone) {
-        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d solo", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
-                      rows);
+        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d solo%s", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
+                      rows, tl);
         gx_arg_t b = a;
         gx_buffers(ck, &b, 1);
         float *one = xmalloc(4 * (size_t)D);
@@ -1685,13 +1750,16 @@ static void group_moe(ck_t *ck)
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SIGMOID, 0, 0);
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SOFTMAX, 0, 0);
     case_moe_route(ck, 20, 8, 2, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1);   /* V4-Flash widths, decode */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1);   /* batch 1: the launch split along the columns */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1);   /* all 256 experts, batch 32 */
-    case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1);
-    case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1);      /* 32-token tiles */
-    case_moe_experts(ck, DUET_DT_BF16, 8, 2, 128, 64, 20, 1);          /* the tiny fixture: w2 on the fp32 units */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 8, 2, 128, 64, 20, 1);
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1, 0);   /* V4-Flash widths, decode */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1, 1);   /* the same, tiled (the engine's) */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1, 1);   /* batch 1: the launch split along the columns */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 0);   /* all 256 experts, batch 32 */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 1);
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 1);  /* 32-token tiles, tiled */
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1, 0);
+    case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 0);      /* 32-token tiles */
+    case_moe_experts(ck, DUET_DT_BF16, 8, 2, 128, 64, 20, 1, 0);          /* the tiny fixture: w2 on the fp32 units */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 8, 2, 128, 64, 20, 1, 1);     /* w1, w3 tiled, w2 (64 columns) not */
 }
 
 /* ---- attention ---- */

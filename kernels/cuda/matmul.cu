@@ -35,6 +35,7 @@ struct gemv_args {
     const float *x;
     int n;
     float *y;
+    int tiled; /* fp4 in the tiled layout (duet_cuda_weight_tile): the tensor-core kernels only */
 };
 
 template <int WT> struct wt_traits;
@@ -470,13 +471,23 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         rrow[r4] = min(r0 + 16 * (r4 >> 1) + g + 8 * (r4 & 1), a.row_end - 1);
         rp[r4] = a.w + (size_t)rrow[r4] * a.row_bytes + 16 * tq;
     }
-    /* fp4: lane copies 16-byte pieces (lane & 3) of rows (lane >> 2) + 8j, and row r0 + lane's scales */
+    /* fp4: lane copies 16-byte pieces (lane & 3) of rows (lane >> 2) + 8j, and row r0 + lane's
+     * scales; tiled, the warp's 32 rows are one tile a unit (whole: the rows are a multiple of
+     * 32 and r0 is on a tile), 2 KB and 128 bytes of scales on from the last */
     const uint8_t *srow = NULL, *frow[4];
     if constexpr (WT == WT_F4) {
-        srow = (const uint8_t *)a.scale + (size_t)min(r0 + lane, a.row_end - 1) * a.scale_cols;
+        if (a.tiled) {
+            size_t t0b = (size_t)(r0 / 32) * (a.cols / 128);
+            srow = (const uint8_t *)a.scale + t0b * 128 + 4 * lane;
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            frow[j] = a.w + (size_t)min(r0 + (lane >> 2) + 8 * j, a.row_end - 1) * a.row_bytes + 16 * (lane & 3);
+            for (int j = 0; j < 4; j++)
+                frow[j] = a.w + t0b * 2048 + 16 * (32 * j + lane);
+        } else {
+            srow = (const uint8_t *)a.scale + (size_t)min(r0 + lane, a.row_end - 1) * a.scale_cols;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                frow[j] = a.w + (size_t)min(r0 + (lane >> 2) + 8 * j, a.row_end - 1) * a.row_bytes + 16 * (lane & 3);
+        }
     }
 
     int units = a.cols / 128;
@@ -493,8 +504,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         if constexpr (WT == WT_F4) {
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), frow[j] + (size_t)u * 64);
-            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + 4 * u);
+                cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3),
+                           frow[j] + (size_t)u * (a.tiled ? 2048 : 64));
+            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + (size_t)u * (a.tiled ? 128 : 4));
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
@@ -853,6 +865,8 @@ static int tc_eligible(const gemv_args &a, int wt)
 {
     if (wt == WT_F32 || a.cols % 128 || a.row_begin % 16)
         return 0;
+    if (a.tiled && (wt != WT_F4 || a.row_begin % 32))
+        return 0;
     if (wt == WT_F4 && (a.scale_f32 || a.scale_cols % 4 || (uintptr_t)a.scale % 4))
         return 0; /* fp4: ue8m0 group scales (powers of two), a word of four a row and unit */
     return ((uintptr_t)a.w % 16) == 0 && ((uintptr_t)a.x % 16) == 0 && a.row_bytes % 16 == 0;
@@ -1127,12 +1141,15 @@ static void gemv_args_of(const duet_weight_t *w, int row_begin, int row_end, con
     a->x = x;
     a->n = n;
     a->y = y;
+    a->tiled = w->tiled;
 }
 
 extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                                const float *x, int n, float *y)
 {
     DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    if (w->tiled)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_gemv: a tiled weight (the tensor-core kernels only)");
     if (n == 0 || row_end == row_begin)
         return DUET_OK;
     gemv_args a;
@@ -1176,6 +1193,65 @@ extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_wei
     else
         DUET_TRY(gemv_tc_launch<WT_F4>(c, a));
     DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+/* ---- the fp4 tiled layout (duet_cuda_weight_tile) ---- */
+
+static unsigned grid_for(size_t n, unsigned threads);
+
+/* A thread a 16-byte piece of the tiled data: tile t = (rt, u), piece cc = 4 r + p of its 128. */
+__global__ void f4_tile_kernel(const uint8_t *src, uint8_t *dst, size_t row_bytes, int units, size_t pieces)
+{
+    for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < pieces; q += (size_t)gridDim.x * blockDim.x) {
+        size_t t = q / 128;
+        int cc = (int)(q % 128), r = cc >> 2, pc = cc & 3;
+        size_t rt = t / units, u = t % units;
+        *reinterpret_cast<uint4 *>(dst + 16 * q) =
+            *reinterpret_cast<const uint4 *>(src + (rt * 32 + r) * row_bytes + u * 64 + 16 * pc);
+    }
+}
+
+/* A thread a row's four scale bytes of a unit: word q of the tiled scales is tile q / 32, row q % 32. */
+__global__ void f4_tile_scale_kernel(const uint8_t *src, uint8_t *dst, int scale_cols, int units, size_t words)
+{
+    for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < words; q += (size_t)gridDim.x * blockDim.x) {
+        size_t t = q / 32, rt = t / units, u = t % units;
+        int r = (int)(q % 32);
+        *reinterpret_cast<uint32_t *>(dst + 4 * q) =
+            *reinterpret_cast<const uint32_t *>(src + (rt * 32 + r) * scale_cols + 4 * u);
+    }
+}
+
+extern "C" int duet_cuda_weight_tile_ok(const duet_weight_t *w)
+{
+    return w->dtype == DUET_DT_F4_E2M1X2 && !w->tiled && w->data && w->scale && w->scale_dtype == DUET_DT_F8_E8M0 &&
+           w->rows > 0 && w->rows % 32 == 0 && w->cols > 0 && w->cols % 128 == 0 && w->scale_cols == w->cols / 32 &&
+           (uintptr_t)w->data % 16 == 0 && (uintptr_t)w->scale % 4 == 0;
+}
+
+extern "C" duet_status_t duet_cuda_weight_tile(duet_cuda_t *c, duet_weight_t *w)
+{
+    if (!duet_cuda_weight_tile_ok(w))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "weight_tile: %s weight %dx%d%s (needs fp4 with ue8m0 scales, rows a multiple of 32, "
+                               "columns of 128, not tiled yet)",
+                               duet_dtype_name(w->dtype), w->rows, w->cols, w->tiled ? ", tiled" : "");
+    size_t data_bytes = (size_t)w->rows * w->cols / 2, scale_bytes = (size_t)w->rows * w->scale_cols;
+    size_t off = duet_round_up(data_bytes, 256);
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, off + scale_bytes, &scr));
+    uint8_t *s = (uint8_t *)scr;
+    int units = w->cols / 128;
+    DUET_CUDA_CHECK(c, cudaMemcpyAsync(s, w->data, data_bytes, cudaMemcpyDeviceToDevice, c->stream));
+    DUET_CUDA_CHECK(c, cudaMemcpyAsync(s + off, w->scale, scale_bytes, cudaMemcpyDeviceToDevice, c->stream));
+    f4_tile_kernel<<<grid_for(data_bytes / 16, 256), 256, 0, c->stream>>>(s, (uint8_t *)w->data, (size_t)w->cols / 2,
+                                                                           units, data_bytes / 16);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    f4_tile_scale_kernel<<<grid_for(scale_bytes / 4, 256), 256, 0, c->stream>>>(s + off, (uint8_t *)w->scale,
+                                                                                 w->scale_cols, units, scale_bytes / 4);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    w->tiled = 1;
     return DUET_OK;
 }
 
@@ -1279,6 +1355,8 @@ static int grouped_kind(const duet_weight_t *w, const float *x)
     a.w = NULL; /* experts' own pointers: device allocations, 256-byte aligned */
     if (tc_eligible(a, wt))
         return 1;
+    if (w->tiled)
+        return -1;
     if (a.row_bytes % 16 == 0 && ((uintptr_t)x % 16) == 0 && a.cols % 4 == 0)
         return 0;
     return -1;
@@ -1532,6 +1610,8 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
                                              const float *x, int n, float *y)
 {
     DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    if (w->tiled)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_lt: a tiled weight (the tensor-core kernels only)");
     if (n == 0 || row_end == row_begin)
         return DUET_OK;
     int m = row_end - row_begin, k = w->cols, wt = weight_kind(w);
@@ -1585,7 +1665,7 @@ extern "C" int duet_cuda_matmul_multi_ok(const duet_cuda_mm_part_t *parts, int n
         return 0;
     for (int i = 0; i < n_parts; i++) {
         const duet_weight_t *w = parts[i].w;
-        if (w->dtype != parts[0].w->dtype || w->cols != parts[0].w->cols ||
+        if (w->tiled || w->dtype != parts[0].w->dtype || w->cols != parts[0].w->cols ||
             (w->scale_dtype != parts[0].w->scale_dtype && w->scale) || parts[i].row_end <= parts[i].row_begin ||
             parts[i].row_end > w->rows || !duet_cuda_matmul_invariant_tc(w, parts[i].row_begin, x))
             return 0;
@@ -1633,7 +1713,7 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
 extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                           const float *x, int n, float *y)
 {
-    if (c->invariant)
+    if (c->invariant || w->tiled)
         return duet_cuda_matmul_invariant(c, w, row_begin, row_end, x, n, y);
     if (n > DUET_CUDA_GEMV_MAX_N || w->dtype == DUET_DT_F32) {
         duet_status_t st = duet_cuda_matmul_lt(c, w, row_begin, row_end, x, n, y);
