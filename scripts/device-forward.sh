@@ -22,7 +22,7 @@
 #   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1,
 #     32 and 128 with a 4k context, and prefill and decode at batch 1 and 32
 #     with a 32k context, each against its roofline;
-#   - with --ops-bench, duet-check-ops --bench for the matmul and MoE groups.
+#   - with --ops-bench, duet-check-ops --bench for the matmul, MoE and weight-read groups.
 # Prints one table at the end; full logs go to $OUT (elsewhere
 # build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
 #
@@ -114,8 +114,8 @@ if [ "$ops" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
   [ "$rc" = 0 ] || fail=1
 fi
 if [ "$ops_bench" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
-  say "== operation timings (matmul, moe)"
-  for op in matmul moe; do
+  say "== operation timings (matmul, moe, reads)"
+  for op in matmul moe reads; do
     timeout 200 "$BIN/duet-check-ops" --bench --op "$op" >"$RES/bench-ops-$op.txt" 2>>"$LOG"
     echo "[ops bench $op] exit $?" | tee -a "$SUM"
     cat "$RES/bench-ops-$op.txt" >>"$SUM"

@@ -2340,6 +2340,61 @@ static void group_copy_list(ck_t *ck)
     case_copy_list(ck, "empty", 0, 0, 0, 0, 0);
 }
 
+/* ---- weight reads: the access pattern of the tensor-core matmul (duet_cuda_measure_runs) ----
+ * Checked: every 32-bit word of an 8 MiB buffer read once (the wrapping sum against the host's);
+ * --bench times the same reads over 1 GiB (beyond L2), runs of 64 bytes 2 KB apart (an fp4
+ * weight as stored) up to 2 KB runs (its tiled layout). */
+
+typedef struct {
+    const void *buf;
+    size_t bytes;
+    int run;
+    uint32_t sum;
+} rd_arg_t;
+
+static duet_status_t rd_call(ck_t *ck, void *p)
+{
+    rd_arg_t *a = p;
+    return duet_cuda_measure_runs(ck->c, a->buf, a->bytes, a->run, 0, NULL, &a->sum);
+}
+
+static void group_reads(ck_t *ck)
+{
+    rng_t r;
+    rng_init(&r, ck->seed, "reads");
+    size_t small = (size_t)8 << 20, big = (size_t)1 << 30;
+    uint8_t *h = rand_bytes(&r, small);
+    uint32_t want = 0;
+    for (size_t i = 0; i < small; i += 4) {
+        uint32_t w;
+        memcpy(&w, h + i, 4);
+        want += w;
+    }
+    void *d = dupload(ck, h, small), *db = NULL;
+    if (ck->bench) {
+        db = dmalloc(ck, big);
+        CK(duet_cuda_fill_random(ck->c, db, big, DUET_DT_U8, 7));
+    }
+    static const int runs[] = {16, 64, 128, 256, 2048};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        row_t row = row_new("reads", "runs of %d B, 2 KB a warp a step%s", runs[i], ck->bench ? " (1 GiB timed)" : "");
+        rd_arg_t a = {d, small, runs[i], 0};
+        CK(rd_call(ck, &a));
+        row.exact = 1;
+        row.err = a.sum != want;
+        row.pass = a.sum == want;
+        if (!row.pass)
+            snprintf(row.note, sizeof row.note, "sum of the words read 0x%08x, host 0x%08x", a.sum, want);
+        a.buf = db;
+        a.bytes = big;
+        bench_row(ck, &row, rd_call, &a, (double)big, 0.0, BOUND_MEM);
+        print_row(ck, &row);
+    }
+    duet_cuda_free(ck->c, d);
+    duet_cuda_free(ck->c, db);
+    free(h);
+}
+
 /* ---- tensor parallelism's MoE steps: moe_tiles_own, moe_pick (forward_cuda.h) ---- */
 
 static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
@@ -2470,7 +2525,7 @@ static const group_t GROUPS[] = {
     {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
     {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
     {"argmax", group_argmax},   {"pages", group_pages},     {"moe", group_moe},
-    {"copy_list", group_copy_list}, {"moe_tp", group_moe_tp},
+    {"copy_list", group_copy_list}, {"moe_tp", group_moe_tp}, {"reads", group_reads},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 

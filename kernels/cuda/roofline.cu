@@ -238,3 +238,66 @@ extern "C" duet_status_t duet_cuda_flush_l2(duet_cuda_t *c)
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
+
+/* A warp's step u: chunk k = 32 j + lane of its 2 KB is row k*16 / run of the warp's rows, bytes
+ * (k*16) % run of that row's run u. */
+__global__ void __launch_bounds__(128) runs_kernel(const uint8_t *buf, int run, uint32_t *sum)
+{
+    constexpr int UNITS = 32;
+    __shared__ __align__(16) uint8_t sm[2][4][2048];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    size_t row_bytes = (size_t)UNITS * run, w0 = ((size_t)blockIdx.x * 4 + warp) * 2048 / run; /* the warp's first row */
+    auto load = [&](int u, int slot) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int k = 32 * j + lane;
+            const uint8_t *src = buf + (w0 + (size_t)(k * 16 / run)) * row_bytes + (size_t)u * run + (k * 16) % run;
+            unsigned s = (unsigned)__cvta_generic_to_shared(&sm[slot][warp][16 * k]);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+        }
+    };
+    load(0, 0);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    uint32_t acc = 0;
+    for (int u = 0; u < UNITS; u++) {
+        if (u + 1 < UNITS)
+            load(u + 1, (u + 1) & 1);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint4 v = *reinterpret_cast<const uint4 *>(&sm[u & 1][warp][16 * (32 * j + lane)]);
+            acc += v.x + v.y + v.z + v.w;
+        }
+        __syncwarp(); /* the slot is read before the next step's copy overwrites it */
+    }
+    acc = __reduce_add_sync(0xffffffffu, acc);
+    if (lane == 0)
+        atomicAdd(sum, acc);
+}
+
+extern "C" duet_status_t duet_cuda_measure_runs(duet_cuda_t *c, const void *buf, size_t bytes, int run, int reps,
+                                                double *gbps, uint32_t *sum)
+{
+    if (run < 16 || run > 2048 || (run & (run - 1)) || bytes % ((size_t)256 << 10) || !buf)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "measure_runs: run %d, %zu bytes (runs of 16 to 2048 bytes, a "
+                               "power of two; a multiple of 256 KiB)", run, bytes);
+    unsigned blocks = (unsigned)(bytes / (4 * 32 * 2048));
+    uint32_t *dsum = NULL;
+    DUET_TRY(duet_cuda_malloc(c, (void **)&dsum, sizeof(uint32_t)));
+    auto once = [&]() -> duet_status_t {
+        DUET_CUDA_CHECK(c, cudaMemsetAsync(dsum, 0, sizeof(uint32_t), c->stream));
+        runs_kernel<<<blocks, 128, 0, c->stream>>>((const uint8_t *)buf, run, dsum);
+        DUET_CUDA_CHECK_LAUNCH(c);
+        return DUET_OK;
+    };
+    double ms = 0.0;
+    duet_status_t st = reps > 0 ? time_median(c, reps, once, &ms) : once();
+    if (st == DUET_OK)
+        st = duet_cuda_download(c, sum, dsum, sizeof(uint32_t));
+    duet_cuda_free(c, dsum);
+    if (st == DUET_OK && gbps)
+        *gbps = reps > 0 ? (double)bytes / (ms * 1e-3) / 1e9 : 0.0;
+    return st;
+}

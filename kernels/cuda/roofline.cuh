@@ -20,6 +20,16 @@ duet_status_t duet_cuda_measure_gemm_bf16(duet_cuda_t *c, int m, int n, int k, i
  * DUET_ERR_UNSUPPORTED where cuBLASLt has no such algorithm. */
 duet_status_t duet_cuda_measure_gemm_fp8(duet_cuda_t *c, int m, int n, int k, int reps, double *tflops);
 
+/* Reads `bytes` of device memory at buf the way the tensor-core matmul streams a weight: blocks
+ * of four warps, each warp 2 KB a step through cp.async into shared memory (two stages), the 2 KB
+ * being runs of `run` bytes (16 .. 2048, a power of two) from 2048/run consecutive rows of 32
+ * steps' runs each: run 64 is an fp4 weight's rows as stored, 2048 its tiled layout
+ * (duet_cuda_weight_tile).  bytes must be a multiple of 256 KiB.  *sum: the wrapping sum of the
+ * 32-bit words read, every word once (to check the reads against the host).  One untimed run
+ * when reps is 0; else GB/s of bytes read, the median of reps. */
+duet_status_t duet_cuda_measure_runs(duet_cuda_t *c, const void *buf, size_t bytes, int run, int reps, double *gbps,
+                                     uint32_t *sum);
+
 /* Plain fp32 fused multiply-add rate (independent chains on every SM); TFLOP/s counting 2 per FMA. */
 duet_status_t duet_cuda_measure_fma(duet_cuda_t *c, int reps, double *tflops);
 /* Read a buffer of twice the L2 size, so the next operation starts with a cold L2
