@@ -42,13 +42,28 @@ static int cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-/* What a sampled row needs besides the logits: the candidates, the radix sort's second array
- * and its counts.  One per thread of duet_sample_batch, reused row after row (fresh 1 MB
+/* Exact sums: a candidate's p (a float in [1e-9, 1]) is an integer multiple of 2^-53, so p *
+ * 2^53 is an integer below 2^54 and any sum of a vocabulary of them fits 128 bits.  Sums in this
+ * form do not depend on the order of their terms. */
+__extension__ typedef unsigned __int128 u128;
+
+/* The candidates are bucketed by their key 0x3f800000 - bits(p) (in [0, 0x0ef68fa1], smaller for
+ * larger p) on its top bits: 2048 buckets of 2^17 keys, 1/64 of a binade each, in the order of
+ * the sort.  A row's filters and draw then sort only the buckets where a cut falls. */
+#define SB_SHIFT 17
+#define SB_N 2048
+
+/* What a sampled row needs besides the logits: the candidates (in id order, then scattered by
+ * bucket), the radix sort's second array and counts, and the buckets' counts, starts, exact
+ * sums and sorted flags.  One per thread of duet_sample_batch, reused row after row (fresh 1 MB
  * allocations per row are pages the kernel maps and zeroes each time: a fifth of a row's
  * time). */
 typedef struct {
-    cand_t *c, *tmp;
+    cand_t *c, *tmp, *g;
     uint32_t *cnt;
+    uint32_t bcnt[SB_N], bstart[SB_N];
+    u128 bsum[SB_N];
+    uint8_t bsorted[SB_N];
     int cap;
 } sample_ws_t;
 
@@ -58,11 +73,13 @@ static int ws_reserve(sample_ws_t *w, int vocab)
         return 0;
     free(w->c);
     free(w->tmp);
+    free(w->g);
     free(w->cnt);
     w->c = malloc(sizeof(cand_t) * (size_t)vocab);
     w->tmp = malloc(sizeof(cand_t) * (size_t)vocab);
+    w->g = malloc(sizeof(cand_t) * (size_t)vocab);
     w->cnt = malloc(sizeof(uint32_t) * 3 * 2048);
-    w->cap = w->c && w->tmp && w->cnt ? vocab : 0;
+    w->cap = w->c && w->tmp && w->g && w->cnt ? vocab : 0;
     return w->cap ? 0 : -1;
 }
 
@@ -70,16 +87,19 @@ static void ws_free(sample_ws_t *w)
 {
     free(w->c);
     free(w->tmp);
+    free(w->g);
     free(w->cnt);
-    memset(w, 0, sizeof *w);
+    w->c = w->tmp = w->g = NULL;
+    w->cnt = NULL;
+    w->cap = 0;
 }
 
 /* Sort candidates by p descending, then id ascending: the order cand_cmp defines, in linear
  * time.  Every p is a positive finite float (an expf result >= 1e-9), so its bits order like
  * its value; an LSD radix sort on the complemented bits (3 passes of 11 bits) is stable, and
- * the candidates come in ascending id, so ties keep ascending id.  A full vocabulary (129k
- * candidates with a flat distribution) sorts in about a millisecond where qsort took ten or
- * more, on the decode worker's thread, for every sampled row.  w holds room for n. */
+ * the candidates come in ascending id, so ties keep ascending id.  Used on the buckets a row's
+ * cuts fall in (a full vocabulary sorted this way takes about a millisecond, qsort ten or
+ * more).  w holds room for n. */
 static void sort_candidates(cand_t *c, int n, sample_ws_t *w)
 {
     if (n < 64) {
@@ -144,8 +164,95 @@ static int32_t argmax_first(const float *logits, int vocab)
     return -1; /* every logit NaN */
 }
 
+static inline uint32_t f_bits(float p)
+{
+    uint32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    return bits;
+}
+
+/* p * 2^53 for a candidate's p (normal, exponent >= 97 since p >= 1e-9): exact. */
+static inline uint64_t f53(float p)
+{
+    uint32_t bits = f_bits(p);
+    return (uint64_t)((bits & 0x7fffffu) | 0x800000u) << (((bits >> 23) & 0xffu) - 97u);
+}
+
+static inline int sb_of(float p) { return (int)((0x3f800000u - f_bits(p)) >> SB_SHIFT); }
+
+/* Bucket b's candidates in the order of the sort (sorted once, when a cut or the draw needs
+ * their order). */
+static cand_t *sb_sorted(sample_ws_t *w, int b)
+{
+    cand_t *g = w->g + w->bstart[b];
+    if (!w->bsorted[b]) {
+        sort_candidates(g, (int)w->bcnt[b], w);
+        w->bsorted[b] = 1;
+    }
+    return g;
+}
+
+/* The candidates kept so far: every bucket before kb, and the first kj (>= 1) of bucket kb in
+ * sorted order. */
+typedef struct {
+    int kb, kj;
+} sb_keep_t;
+
+/* Their exact sum. */
+static u128 sb_keep_sum(sample_ws_t *w, sb_keep_t k)
+{
+    u128 sum = 0;
+    for (int b = 0; b < k.kb; b++)
+        sum += w->bsum[b];
+    if (k.kj == (int)w->bcnt[k.kb]) {
+        sum += w->bsum[k.kb];
+    } else {
+        const cand_t *g = sb_sorted(w, k.kb);
+        for (int i = 0; i < k.kj; i++)
+            sum += f53(g[i].p);
+    }
+    return sum;
+}
+
+/* The first kept candidate (in sorted order) at which the running exact sum P, including it,
+ * passes the test: P * 2^z >= rhs (reach 1) or P * 2^z > rhs (reach 0).  Returns the
+ * position just after it as a keep, and its id in *id; the running sum there in *at. */
+static sb_keep_t sb_cross(sample_ws_t *w, sb_keep_t k, int z, u128 rhs, int reach, int32_t *id, u128 *at)
+{
+    u128 cum = 0;
+    for (int b = 0; b <= k.kb; b++) {
+        int m = b < k.kb ? (int)w->bcnt[b] : k.kj;
+        if (!m)
+            continue;
+        if (b < k.kb) { /* a whole bucket short of the target: past it without its order */
+            u128 next = (cum + w->bsum[b]) << z;
+            if (reach ? next < rhs : next <= rhs) {
+                cum += w->bsum[b];
+                continue;
+            }
+        }
+        const cand_t *g = sb_sorted(w, b);
+        for (int i = 0; i < m; i++) {
+            cum += f53(g[i].p);
+            u128 v = cum << z;
+            if (reach ? v >= rhs : v > rhs) {
+                *id = g[i].id;
+                *at = cum;
+                return i + 1 < m || b < k.kb ? (sb_keep_t){b, i + 1} : k;
+            }
+        }
+    }
+    /* not reached: both callers' targets lie below the whole sum (top_p < 1, u < 1) */
+    const cand_t *g = sb_sorted(w, k.kb);
+    *id = g[k.kj - 1].id;
+    *at = cum;
+    return k;
+}
+
 /* duet_sample with w's buffers (reserved here for the vocabulary; without memory, the greedy
- * pick, as before). */
+ * pick, as before).  The order is (p desc, id asc); sums are exact, so the draw is the same
+ * whatever order they are taken in: only the buckets where top-k, min-p, top-p or the draw
+ * cut are sorted (a flat distribution's 129k candidates: about 110 a bucket). */
 static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *s, int64_t position, sample_ws_t *w)
 {
     /* NaN logits never win; +inf wins outright (greedy, and sampling falls back to it) */
@@ -158,6 +265,8 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
     if (ws_reserve(w, vocab) != 0)
         return best;
     cand_t *c = w->c;
+    memset(w->bcnt, 0, sizeof w->bcnt);
+    memset(w->bsorted, 0, sizeof w->bsorted);
     int n = 0;
     for (int i = 0; i < vocab; i++) {
         /* below -20.8 expf is under 9.3e-10 even with its rounding, so the candidate would be
@@ -166,50 +275,108 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
         if (x < -20.8f)
             continue;
         float e = expf(x);
-        if (e >= 1e-9f)
+        if (e >= 1e-9f) { /* and e <= 1: x <= 0 */
+            w->bcnt[sb_of(e)]++;
             c[n++] = (cand_t){e, i};
+        }
     }
     if (n == 0) /* only when the scaled maximum overflowed */
         return best;
-    sort_candidates(c, n, w);
-    if (s->top_k > 0 && n > s->top_k)
-        n = s->top_k;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++)
-        sum += c[i].p;
-    if (s->min_p > 0.0f) {
-        int keep = 0;
-        while (keep < n && c[keep].p / sum >= s->min_p * (c[0].p / sum))
-            keep++;
-        n = keep > 0 ? keep : 1;
+    /* scatter by bucket, each in id order */
+    uint32_t at = 0;
+    int last = 0;
+    for (int b = 0; b < SB_N; b++) {
+        w->bstart[b] = at;
+        at += w->bcnt[b];
+        if (w->bcnt[b])
+            last = b;
     }
-    sum = 0.0;
+    uint32_t *pos = w->cnt; /* SB_N <= 3 * 2048 slots */
+    memcpy(pos, w->bstart, sizeof w->bstart);
     for (int i = 0; i < n; i++)
-        sum += c[i].p;
-    if (s->top_p > 0.0f && s->top_p < 1.0f) {
-        double acc = 0.0;
-        int keep = 0;
-        while (keep < n) {
-            acc += c[keep].p / sum;
-            keep++;
-            if (acc >= s->top_p)
+        w->g[pos[sb_of(c[i].p)]++] = c[i];
+    for (int b = 0; b <= last; b++) { /* the buckets' exact sums, each a run of g */
+        u128 sum = 0;
+        const cand_t *g = w->g + w->bstart[b];
+        for (uint32_t i = 0; i < w->bcnt[b]; i++)
+            sum += f53(g[i].p);
+        w->bsum[b] = sum;
+    }
+    sb_keep_t k = {last, (int)w->bcnt[last]};
+    int32_t id;
+    u128 cut;
+    if (s->top_k > 0 && n > s->top_k) /* the first top_k: the k-th is where the count reaches k */
+        for (int b = 0, cum = 0; b < SB_N; b++) {
+            if (cum + (int)w->bcnt[b] >= s->top_k) {
+                k = (sb_keep_t){b, s->top_k - cum};
                 break;
+            }
+            cum += (int)w->bcnt[b];
         }
-        n = keep;
-        sum = 0.0;
-        for (int i = 0; i < n; i++)
-            sum += c[i].p;
-    }
-    double u = duet_sample_uniform(s->seed, position) * sum, acc = 0.0;
-    int32_t pick = c[n - 1].id;
-    for (int i = 0; i < n; i++) {
-        acc += c[i].p;
-        if (u < acc) {
-            pick = c[i].id;
-            break;
+    if (s->min_p > 0.0f) {
+        /* p >= min_p * p_max in double: p >= tf, the smallest float not below it */
+        double thr = 0.0;
+        for (int b = 0; b < SB_N; b++) /* p_max: the first bucket's first in order */
+            if (w->bcnt[b]) {
+                thr = (double)s->min_p * (double)sb_sorted(w, b)[0].p;
+                break;
+            }
+        float tf = (float)thr;
+        if ((double)tf < thr)
+            tf = nextafterf(tf, INFINITY);
+        if (tf > 1e-9f && tf <= 1.0f) { /* tf <= min_p * 1: the largest p, expf(0), is 1 */
+            int bl = sb_of(tf);
+            /* the kept prefix of bucket bl: its candidates with p >= tf */
+            int j = 0;
+            if (bl <= k.kb && w->bcnt[bl]) {
+                const cand_t *g = sb_sorted(w, bl);
+                int lim = bl < k.kb ? (int)w->bcnt[bl] : k.kj;
+                while (j < lim && g[j].p >= tf)
+                    j++;
+            }
+            if (bl < k.kb || (bl == k.kb && j < k.kj)) {
+                if (j > 0) {
+                    k = (sb_keep_t){bl, j};
+                } else { /* nothing of bucket bl: up to the last nonempty bucket before it */
+                    int b = bl - 1;
+                    while (b >= 0 && !w->bcnt[b])
+                        b--;
+                    if (b >= 0)
+                        k = (sb_keep_t){b, (int)w->bcnt[b]};
+                    else /* none at all: the first candidate */
+                        for (b = 0; b < SB_N; b++)
+                            if (w->bcnt[b]) {
+                                (void)sb_sorted(w, b);
+                                k = (sb_keep_t){b, 1};
+                                break;
+                            }
+                }
+            }
         }
     }
-    return pick;
+    u128 sum = sb_keep_sum(w, k);
+    if (s->top_p > 0.0f && s->top_p < 1.0f) {
+        /* the shortest prefix whose exact sum P reaches top_p * S: P * 2^z >= M * S with top_p =
+         * M * 2^-z; below 2^-32 the first candidate alone reaches it (p_max = 1, S < 2^17) */
+        uint32_t tb = f_bits(s->top_p);
+        int e = (int)((tb >> 23) & 0xffu);
+        if (e < 95) {
+            for (int b = 0; b < SB_N; b++)
+                if (w->bcnt[b]) {
+                    (void)sb_sorted(w, b);
+                    k = (sb_keep_t){b, 1};
+                    break;
+                }
+            sum = sb_keep_sum(w, k);
+        } else {
+            k = sb_cross(w, k, 150 - e, (u128)((tb & 0x7fffffu) | 0x800000u) * sum, 1, &id, &cut);
+            sum = cut;
+        }
+    }
+    /* the draw: the first candidate whose running sum exceeds u * S (u = U * 2^-53) */
+    uint64_t u = (uint64_t)(duet_sample_uniform(s->seed, position) * 9007199254740992.0);
+    (void)sb_cross(w, k, 53, (u128)u * sum, 0, &id, &cut);
+    return id;
 }
 
 int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position)

@@ -22,12 +22,14 @@ double duet_sample_uniform(uint64_t seed, int64_t position);
 
 /* Pick a token from logits(vocab) for the token at `position`.  Greedy takes
  * the largest logit (lowest id on ties).  Otherwise: logits / temperature,
- * top-k, softmax, min-p (p >= min_p * p_max), top-p (smallest prefix of the
- * probability-sorted list whose mass reaches top_p), then the draw over what
- * remains in (probability desc, id asc) order.  Candidates whose probability
- * is below 1e-9 of the largest are dropped first (their total mass is below
- * vocab * 1e-9); the rule is the same everywhere so results stay
- * reproducible. */
+ * top-k, softmax, min-p (p >= min_p * p_max, compared in double), top-p
+ * (smallest prefix of the probability-sorted list whose mass reaches top_p),
+ * then the draw u * S over what remains in (probability desc, id asc) order.
+ * Candidates whose probability is below 1e-9 of the largest are dropped first
+ * (their total mass is below vocab * 1e-9).  The masses are exact sums (each
+ * probability a float, a multiple of 2^-53; summed as integers), so the result
+ * depends on no summation order: the rule is the same everywhere and results
+ * stay reproducible. */
 int32_t duet_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position);
 
 /* duet_sample for n rows (row i: logits + i * vocab, sp[i], positions[i]) into out[i], on up

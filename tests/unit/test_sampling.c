@@ -1,6 +1,6 @@
 /* duet_sample against a plain reference of the same contract (candidates sorted with qsort
- * by probability descending, then id ascending): the same token for every draw, on flat and
- * peaked distributions with ties, for every truncation option. */
+ * by probability descending, then id ascending, sums exact): the same token for every draw, on
+ * flat and peaked distributions with ties, for every truncation option. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +26,14 @@ static int ref_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* p * 2^53, exact (p >= 1e-9 is a multiple of 2^-53) */
+static unsigned __int128 ref_f53(float p)
+{
+    return (unsigned __int128)ldexp((double)p, 53);
+}
+
+/* The contract in its plainest form: every candidate sorted, exact sums as 128-bit integers of
+ * 2^-53, each filter a prefix of the order. */
 static int32_t ref_sample(const float *logits, int vocab, const duet_sampling_t *s, int64_t position)
 {
     int32_t best = -1;
@@ -47,37 +55,35 @@ static int32_t ref_sample(const float *logits, int vocab, const duet_sampling_t 
     qsort(c, (size_t)n, sizeof(ref_cand_t), ref_cmp);
     if (s->top_k > 0 && n > s->top_k)
         n = s->top_k;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++)
-        sum += c[i].p;
     if (s->min_p > 0.0f) {
+        double thr = (double)s->min_p * (double)c[0].p;
         int keep = 0;
-        while (keep < n && c[keep].p / sum >= s->min_p * (c[0].p / sum))
+        while (keep < n && (double)c[keep].p >= thr)
             keep++;
         n = keep > 0 ? keep : 1;
     }
-    sum = 0.0;
+    unsigned __int128 sum = 0;
     for (int i = 0; i < n; i++)
-        sum += c[i].p;
+        sum += ref_f53(c[i].p);
     if (s->top_p > 0.0f && s->top_p < 1.0f) {
-        double acc = 0.0;
+        /* the shortest prefix whose sum P has P >= top_p * S, exactly: P * 2^55 >= (top_p *
+         * 2^55) * S, top_p * 2^55 an integer for top_p >= 2^-32 (below that the first alone) */
+        unsigned __int128 tp = (unsigned __int128)ldexp((double)s->top_p, 55), acc = 0;
         int keep = 0;
         while (keep < n) {
-            acc += c[keep].p / sum;
+            acc += ref_f53(c[keep].p);
             keep++;
-            if (acc >= s->top_p)
+            if (s->top_p < 0x1p-32f || (acc << 55) >= tp * sum)
                 break;
         }
         n = keep;
-        sum = 0.0;
-        for (int i = 0; i < n; i++)
-            sum += c[i].p;
+        sum = acc;
     }
-    double u = duet_sample_uniform(s->seed, position) * sum, acc = 0.0;
+    unsigned __int128 u = (unsigned __int128)ldexp(duet_sample_uniform(s->seed, position), 53) * sum, acc = 0;
     int32_t pick = c[n - 1].id;
     for (int i = 0; i < n; i++) {
-        acc += c[i].p;
-        if (u < acc) {
+        acc += ref_f53(c[i].p);
+        if ((acc << 53) > u) {
             pick = c[i].id;
             break;
         }
@@ -122,6 +128,36 @@ static void test_same_draws(void **state)
         }
     }
     free(lg);
+}
+
+/* Many small rows with every filter combined, so that cuts land everywhere: inside buckets,
+ * on their edges, on ties spread over several buckets, on the first candidate. */
+static void test_filters_combined(void **state)
+{
+    (void)state;
+    float lg[3000];
+    for (int round = 0; round < 400; round++) {
+        int V = 1 + (int)(rnd() * 3000);
+        int mode = round % 4;
+        for (int i = 0; i < V; i++) {
+            double x = mode == 0 ? rnd() * 4.0                           /* spread */
+                       : mode == 1 ? (double)((int)(rnd() * 5)) * 0.01     /* a few values, many ties */
+                       : mode == 2 ? (rnd() < 0.5 ? 0.0 : -rnd() * 25.0)   /* half tied at the top */
+                                   : (rnd() - 0.5) * 60.0;                 /* some below the 1e-9 cut */
+            lg[i] = (float)x;
+        }
+        duet_sampling_t s;
+        duet_sampling_default(&s);
+        s.temperature = (float)(0.05 + rnd() * 2.0);
+        s.seed = 77u + (uint64_t)round;
+        s.top_k = rnd() < 0.5 ? (int)(rnd() * 40) : 0;
+        s.top_p = rnd() < 0.5 ? (float)(0.01 + rnd() * 0.98) : 1.0f;
+        s.min_p = rnd() < 0.4 ? (float)(rnd() * 0.9) : 0.0f;
+        if (round % 50 == 7)
+            s.top_p = 1e-12f; /* below 2^-32: the first candidate alone */
+        for (int64_t pos = 0; pos < 8; pos++)
+            assert_int_equal(duet_sample(lg, V, &s, pos), ref_sample(lg, V, &s, pos));
+    }
 }
 
 /* Rows sampled on several threads: the same tokens as one call per row, in order. */
@@ -217,7 +253,8 @@ static void test_greedy_edges(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws), cmocka_unit_test(test_batch_same_as_rows),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws), cmocka_unit_test(test_filters_combined),
+                                       cmocka_unit_test(test_batch_same_as_rows),
                                        cmocka_unit_test(test_greedy_edges)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
