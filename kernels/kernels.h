@@ -32,7 +32,7 @@ typedef struct {
     const void *scale;
     duet_dtype_t scale_dtype; /* F8_E8M0 or F32 */
     int scale_cols;           /* columns of the scale grid */
-    int tiled;                /* 0: the layouts above; 1: DUET_CUDA_TILE_F4 (device copies only) */
+    int tiled;                /* 0: the layouts above; 1: fp4 tiled (duet_cuda_weight_tile; device copies) */
 } duet_weight_t;
 
 /* Interleaved RoPE frequencies: one inverse frequency per pair. */
