@@ -60,28 +60,11 @@ __extension__ typedef unsigned __int128 u128;
  * time). */
 typedef struct {
     cand_t *c, *tmp, *g;
-    uint32_t *cnt;
-    uint32_t bcnt[SB_N], bstart[SB_N];
-    u128 bsum[SB_N];
-    uint8_t bsorted[SB_N];
+    uint32_t *cnt, *bcnt, *bstart; /* cnt: 3 * 2048; bcnt, bstart: SB_N */
+    u128 *bsum;
+    uint8_t *bsorted;
     int cap;
 } sample_ws_t;
-
-static int ws_reserve(sample_ws_t *w, int vocab)
-{
-    if (w->cap >= vocab)
-        return 0;
-    free(w->c);
-    free(w->tmp);
-    free(w->g);
-    free(w->cnt);
-    w->c = malloc(sizeof(cand_t) * (size_t)vocab);
-    w->tmp = malloc(sizeof(cand_t) * (size_t)vocab);
-    w->g = malloc(sizeof(cand_t) * (size_t)vocab);
-    w->cnt = malloc(sizeof(uint32_t) * 3 * 2048);
-    w->cap = w->c && w->tmp && w->g && w->cnt ? vocab : 0;
-    return w->cap ? 0 : -1;
-}
 
 static void ws_free(sample_ws_t *w)
 {
@@ -89,10 +72,32 @@ static void ws_free(sample_ws_t *w)
     free(w->tmp);
     free(w->g);
     free(w->cnt);
-    w->c = w->tmp = w->g = NULL;
-    w->cnt = NULL;
-    w->cap = 0;
+    free(w->bsum);
+    free(w->bsorted);
+    memset(w, 0, sizeof *w);
 }
+
+static int ws_reserve(sample_ws_t *w, int vocab)
+{
+    if (w->cap >= vocab)
+        return 0;
+    ws_free(w);
+    w->c = malloc(sizeof(cand_t) * (size_t)vocab);
+    w->tmp = malloc(sizeof(cand_t) * (size_t)vocab);
+    w->g = malloc(sizeof(cand_t) * (size_t)vocab);
+    w->cnt = malloc(sizeof(uint32_t) * (3 * 2048 + 2 * SB_N));
+    w->bsum = malloc(sizeof(u128) * SB_N);
+    w->bsorted = malloc(SB_N);
+    if (!w->c || !w->tmp || !w->g || !w->cnt || !w->bsum || !w->bsorted) {
+        ws_free(w);
+        return -1;
+    }
+    w->bcnt = w->cnt + 3 * 2048;
+    w->bstart = w->bcnt + SB_N;
+    w->cap = vocab;
+    return 0;
+}
+
 
 /* Sort candidates by p descending, then id ascending: the order cand_cmp defines, in linear
  * time.  Every p is a positive finite float (an expf result >= 1e-9), so its bits order like
@@ -265,8 +270,8 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
     if (ws_reserve(w, vocab) != 0)
         return best;
     cand_t *c = w->c;
-    memset(w->bcnt, 0, sizeof w->bcnt);
-    memset(w->bsorted, 0, sizeof w->bsorted);
+    memset(w->bcnt, 0, sizeof(uint32_t) * SB_N);
+    memset(w->bsorted, 0, SB_N);
     int n = 0;
     for (int i = 0; i < vocab; i++) {
         /* below -20.8 expf is under 9.3e-10 even with its rounding, so the candidate would be
@@ -291,8 +296,8 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
         if (w->bcnt[b])
             last = b;
     }
-    uint32_t *pos = w->cnt; /* SB_N <= 3 * 2048 slots */
-    memcpy(pos, w->bstart, sizeof w->bstart);
+    uint32_t *pos = w->cnt; /* sort_candidates' counters, free until a bucket is sorted */
+    memcpy(pos, w->bstart, sizeof(uint32_t) * SB_N);
     for (int i = 0; i < n; i++)
         w->g[pos[sb_of(c[i].p)]++] = c[i];
     for (int b = 0; b <= last; b++) { /* the buckets' exact sums, each a run of g */
