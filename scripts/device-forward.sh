@@ -36,7 +36,8 @@
 # SPEC REGEX:SKIP:COUNT: the launches SKIP .. SKIP+COUNT-1 of the kernels whose function name matches
 # REGEX, counted over one decode step at batch 1 then one at batch 32 (4k context), under Nsight
 # Compute with the throughput, occupancy, warp-state, scheduler and instruction sections; the details
-# go to the summary, the per-SASS-instruction stall samples to stalls-N-sass.csv).
+# go to the summary, the per-SASS-instruction stall samples to stalls-N-sass.csv, summed by
+# scripts/kernel-stalls.py into the summary too).
 # Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -212,6 +213,7 @@ if [ -n "$slice_pid" ]; then
       { echo "[stalls $spec] exit $rc"
         "$ncu" -i "$rep.ncu-rep" --page details --print-units base 2>&1; } | tee -a "$SUM"
       "$ncu" -i "$rep.ncu-rep" --page source --print-source sass --csv >"$rep-sass.csv" 2>>"$LOG"
+      python3 "$ROOT/scripts/kernel-stalls.py" "$rep-sass.csv" 2>&1 | tee -a "$SUM"
       [ "$rc" = 0 ] || fail=1
       i=$((i + 1))
     done
