@@ -3,12 +3,10 @@
 kernel's instructions into shares (the not-issued columns left out), the instructions with the
 most samples and their leading reasons, the worst excess wavefronts and sectors, a repeated
 table named once, and a clear error for a file with no per-instruction table."""
-import os
-import subprocess
 import sys
-import tempfile
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "kernel-stalls.py")
+from scripttest import Checks, run
+
 COLS = ["Address", "Source", "Warp Stall Sampling (All Samples)", "L1 Wavefronts Shared Excessive",
         "L1 Wavefronts Shared", "L2 Theoretical Sectors Global Excessive", "L2 Theoretical Sectors Global",
         "stall_barrier", "stall_wait", "stall_long_sb", "stall_barrier (Not Issued)"]
@@ -21,23 +19,9 @@ def table(name, rows):
     return out
 
 
-def run(args, text):
-    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-        f.write(text)
-        path = f.name
-    try:
-        return subprocess.run([sys.executable, SCRIPT, path] + args, capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(path)
-
-
 def main():
-    failed = 0
-
-    def check(cond, what):
-        nonlocal failed
-        print(("ok   " if cond else "FAIL ") + what, flush=True)
-        failed += not cond
+    c = Checks()
+    check = c.check
 
     # kernel A: 100 samples, barrier 60 (at the branch), wait 30, long_sb 10; 1,000 of them
     # not-issued barrier samples that must not count
@@ -46,7 +30,7 @@ def main():
          ["0x30", "LDGSTS.E [R1], desc[UR4][R2.64]", "35", "900", "1,000", "80", "100", "0", "25", "10", "0"]]
     b = [["0x10", "HMMA.16816.F32 R4, R8, R12, R4", "8", "0", "0", "0", "0", "0", "8", "0", "0"]]
     text = table("kern_a(int)", a) + table("kern_a(int)", a) + table("kern_b", b)
-    p = run(["--top", "2"], text)
+    p = run("kernel-stalls.py", ["--top", "2"], text)
     out = p.stdout
     check(p.returncode == 0, f"exit 0 ({p.returncode}: {p.stderr.strip()[:200]})")
     check("kern_a(int): 3 instructions, 100 warp samples" in out, "samples summed over the instructions")
@@ -60,10 +44,9 @@ def main():
           "excess wavefronts and sectors against their totals (thousands separators read)")
     check("table 2 repeats an earlier one" in out and out.count("3 instructions") == 1, "a repeated table named once")
     check("kern_b: 1 instructions, 8 warp samples" in out and "wait 100.0%" in out, "a second kernel on its own")
-    p = run([], "no table here\n")
+    p = run("kernel-stalls.py", [], "no table here\n")
     check(p.returncode != 0 and "no per-instruction table" in p.stderr, "a file without the table: an error that says so")
-    print(f"{10 - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return c.done()
 
 
 if __name__ == "__main__":

@@ -2,12 +2,10 @@
 """scripts/kernel-times.py on a made-up Nsight Compute CSV: the steps split at each embedding
 kernel, durations in any of ncu's units (thousands separators included) summed, the busy share
 against the step times given, the launch list, and a clear error for a file with no table."""
-import os
-import subprocess
 import sys
-import tempfile
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "kernel-times.py")
+from scripttest import Checks, run
+
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
         '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
 
@@ -17,30 +15,16 @@ def row(i, name, unit, value, grid="(8, 1, 1)"):
             f'"Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"\n')
 
 
-def run(args, text):
-    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-        f.write(text)
-        path = f.name
-    try:
-        return subprocess.run([sys.executable, SCRIPT, path] + args, capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(path)
-
-
 def main():
-    failed = 0
-
-    def check(cond, what):
-        nonlocal failed
-        print(("ok   " if cond else "FAIL ") + what, flush=True)
-        failed += not cond
+    c = Checks()
+    check = c.check
 
     csv = "==PROF== Connected to process 1\n" + HEAD
     # step one: 3 kernels, 2 + 1.5 + 0.5 = 4 us; step two: 2 kernels, 1,000 ns + 0.003 ms = 4 us
     csv += row(0, "embed_kernel", "us", "2") + row(1, "gemv_tc_kernel", "usecond", "1.5", "(32, 1, 16)")
     csv += row(2, "rmsnorm_kernel", "ns", "500")
     csv += row(3, "embed_kernel", "nsecond", "1,000") + row(4, "gemv_tc_kernel", "ms", "0.003")
-    p = run(["--labels", "1,32", "--step-ms", "0.008,0.005", "--launches", "1.2"], csv)
+    p = run("kernel-times.py", ["--labels", "1,32", "--step-ms", "0.008,0.005", "--launches", "1.2"], csv)
     out = p.stdout
     check(p.returncode == 0, f"exit 0 ({p.returncode}: {p.stderr.strip()[:200]})")
     check("kernels step 1: 3 kernels, 0.004 ms busy of the 0.008 ms step (50%; 1.3 us a kernel left" in out,
@@ -52,12 +36,11 @@ def main():
           not any("#2 " in ln and "rmsnorm" in ln for ln in out.splitlines()),
           "the 0.5 us launch in the totals, not in the launch list")
     check("3.0 us  75.0%" in out.split("kernels step 32")[1], "per-kernel totals with their share of the busy time")
-    p = run([], "no table here\n")
+    p = run("kernel-times.py", [], "no table here\n")
     check(p.returncode != 0 and "no CSV header" in p.stderr, "a file without the table: an error that says so")
-    p = run([], HEAD + row(0, "embed_kernel", "furlong", "3"))
+    p = run("kernel-times.py", [], HEAD + row(0, "embed_kernel", "furlong", "3"))
     check(p.returncode != 0 and "unknown unit" in p.stderr, "an unknown unit: an error that names it")
-    print(f"{8 - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return c.done()
 
 
 if __name__ == "__main__":
