@@ -113,6 +113,25 @@ static inline size_t duet_round_up(size_t a, size_t b) { return (a + b - 1) / b 
 
 /* ---- device helpers ---- */
 
+/* cp.async: global -> shared copies the thread issues and waits for in groups (sm_80+);
+ * 16 bytes bypassing L1, or 4 through it. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* Wait until at most N of the thread's committed groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 __device__ __forceinline__ float duet_warp_sum(float v)
 {
 #pragma unroll

@@ -251,19 +251,18 @@ __global__ void __launch_bounds__(128) runs_kernel(const uint8_t *buf, int run, 
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int k = 32 * j + lane;
-            const uint8_t *src = buf + (w0 + (size_t)(k * 16 / run)) * row_bytes + (size_t)u * run + (k * 16) % run;
-            unsigned s = (unsigned)__cvta_generic_to_shared(&sm[slot][warp][16 * k]);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+            cp_async16(&sm[slot][warp][16 * k],
+                       buf + (w0 + (size_t)(k * 16 / run)) * row_bytes + (size_t)u * run + (k * 16) % run);
         }
     };
     load(0, 0);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_commit();
     uint32_t acc = 0;
     for (int u = 0; u < UNITS; u++) {
         if (u + 1 < UNITS)
             load(u + 1, (u + 1) & 1);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        cp_commit();
+        cp_wait<1>();
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < 4; j++) {
