@@ -98,6 +98,12 @@ static int ws_reserve(sample_ws_t *w, int vocab)
     return 0;
 }
 
+static inline uint32_t f_bits(float p)
+{
+    uint32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    return bits;
+}
 
 /* Sort candidates by p descending, then id ascending: the order cand_cmp defines, in linear
  * time.  Every p is a positive finite float (an expf result >= 1e-9), so its bits order like
@@ -115,9 +121,7 @@ static void sort_candidates(cand_t *c, int n, sample_ws_t *w)
     uint32_t *cnt = w->cnt;
     memset(cnt, 0, sizeof(uint32_t) * 3 * 2048);
     for (int i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, &c[i].p, sizeof bits);
-        uint32_t k = ~bits;
+        uint32_t k = ~f_bits(c[i].p);
         cnt[k & 2047]++;
         cnt[2048 + ((k >> 11) & 2047)]++;
         cnt[4096 + (k >> 22)]++;
@@ -131,11 +135,8 @@ static void sort_candidates(cand_t *c, int n, sample_ws_t *w)
             sum += v;
         }
         int shift = pass * 11;
-        for (int i = 0; i < n; i++) {
-            uint32_t bits;
-            memcpy(&bits, &src[i].p, sizeof bits);
-            dst[h[((~bits) >> shift) & 2047]++] = src[i];
-        }
+        for (int i = 0; i < n; i++)
+            dst[h[(~f_bits(src[i].p) >> shift) & 2047]++] = src[i];
         cand_t *t = src;
         src = dst;
         dst = t;
@@ -169,13 +170,6 @@ static int32_t argmax_first(const float *logits, int vocab)
     return -1; /* every logit NaN */
 }
 
-static inline uint32_t f_bits(float p)
-{
-    uint32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    return bits;
-}
-
 /* p * 2^53 for a candidate's p (normal, exponent >= 97 since p >= 1e-9): exact. */
 static inline uint64_t f53(float p)
 {
@@ -202,6 +196,16 @@ static cand_t *sb_sorted(sample_ws_t *w, int b)
 typedef struct {
     int kb, kj;
 } sb_keep_t;
+
+/* The first candidate alone (the largest p: its bucket sorted). */
+static sb_keep_t sb_first(sample_ws_t *w)
+{
+    int b = 0;
+    while (!w->bcnt[b])
+        b++;
+    (void)sb_sorted(w, b);
+    return (sb_keep_t){b, 1};
+}
 
 /* Their exact sum. */
 static u128 sb_keep_sum(sample_ws_t *w, sb_keep_t k)
@@ -320,12 +324,8 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
         }
     if (s->min_p > 0.0f) {
         /* p >= min_p * p_max in double: p >= tf, the smallest float not below it */
-        double thr = 0.0;
-        for (int b = 0; b < SB_N; b++) /* p_max: the first bucket's first in order */
-            if (w->bcnt[b]) {
-                thr = (double)s->min_p * (double)sb_sorted(w, b)[0].p;
-                break;
-            }
+        sb_keep_t f = sb_first(w);
+        double thr = (double)s->min_p * (double)w->g[w->bstart[f.kb]].p;
         float tf = (float)thr;
         if ((double)tf < thr)
             tf = nextafterf(tf, INFINITY);
@@ -342,19 +342,12 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
             if (bl < k.kb || (bl == k.kb && j < k.kj)) {
                 if (j > 0) {
                     k = (sb_keep_t){bl, j};
-                } else { /* nothing of bucket bl: up to the last nonempty bucket before it */
+                } else { /* nothing of bucket bl: up to the last nonempty bucket before it (p_max's
+                          * at least, since p_max >= tf) */
                     int b = bl - 1;
                     while (b >= 0 && !w->bcnt[b])
                         b--;
-                    if (b >= 0)
-                        k = (sb_keep_t){b, (int)w->bcnt[b]};
-                    else /* none at all: the first candidate */
-                        for (b = 0; b < SB_N; b++)
-                            if (w->bcnt[b]) {
-                                (void)sb_sorted(w, b);
-                                k = (sb_keep_t){b, 1};
-                                break;
-                            }
+                    k = b >= 0 ? (sb_keep_t){b, (int)w->bcnt[b]} : f;
                 }
             }
         }
@@ -366,12 +359,7 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
         uint32_t tb = f_bits(s->top_p);
         int e = (int)((tb >> 23) & 0xffu);
         if (e < 95) {
-            for (int b = 0; b < SB_N; b++)
-                if (w->bcnt[b]) {
-                    (void)sb_sorted(w, b);
-                    k = (sb_keep_t){b, 1};
-                    break;
-                }
+            k = sb_first(w);
             sum = sb_keep_sum(w, k);
         } else {
             k = sb_cross(w, k, 150 - e, (u128)((tb & 0x7fffffu) | 0x800000u) * sum, 1, &id, &cut);
