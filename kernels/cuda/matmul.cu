@@ -289,6 +289,11 @@ template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STA
  * (a warp's 4-byte reads, eight rows by four words, hit distinct banks), then the rows' scale
  * words ([row][unit]). */
 #define TC_F4_ROW_STRIDE 80
+/* The fp4 tiled layout (duet_cuda_weight_tile): a tile is a warp's TC_ROWS rows of one unit (64
+ * bytes a row, row r at 64 r) and, apart, their scale words (4 bytes a row); tile (rt, u) at
+ * (rt * units + u) times its size. */
+#define TC_F4_TILE_BYTES (TC_ROWS * 64)
+#define TC_F4_TILE_SCALE_BYTES (TC_ROWS * 4)
 template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
     return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 4 * tc_traits<WT>::CPR * 32 * 16;
@@ -461,11 +466,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     const uint8_t *srow = NULL, *frow[4];
     if constexpr (WT == WT_F4) {
         if (a.tiled) {
-            size_t t0b = (size_t)(r0 / 32) * (a.cols / 128);
-            srow = (const uint8_t *)a.scale + t0b * 128 + 4 * lane;
+            size_t t0 = (size_t)(r0 / TC_ROWS) * (a.cols / 128);
+            srow = (const uint8_t *)a.scale + t0 * TC_F4_TILE_SCALE_BYTES + 4 * lane;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                frow[j] = a.w + t0b * 2048 + 16 * (32 * j + lane);
+            for (int j = 0; j < 4; j++) /* piece 32j + lane of the tile: row (lane >> 2) + 8j, 16 (lane & 3) on */
+                frow[j] = a.w + t0 * TC_F4_TILE_BYTES + 16 * (32 * j + lane);
         } else {
             srow = (const uint8_t *)a.scale + (size_t)min(r0 + lane, a.row_end - 1) * a.scale_cols;
 #pragma unroll
@@ -489,8 +494,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3),
-                           frow[j] + (size_t)u * (a.tiled ? 2048 : 64));
-            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + (size_t)u * (a.tiled ? 128 : 4));
+                           frow[j] + (size_t)u * (a.tiled ? TC_F4_TILE_BYTES : 64));
+            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + (size_t)u * (a.tiled ? TC_F4_TILE_SCALE_BYTES : 4));
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
@@ -849,7 +854,7 @@ static int tc_eligible(const gemv_args &a, int wt)
 {
     if (wt == WT_F32 || a.cols % 128 || a.row_begin % 16)
         return 0;
-    if (a.tiled && (wt != WT_F4 || a.row_begin % 32))
+    if (a.tiled && (wt != WT_F4 || a.row_begin % TC_ROWS))
         return 0;
     if (wt == WT_F4 && (a.scale_f32 || a.scale_cols % 4 || (uintptr_t)a.scale % 4))
         return 0; /* fp4: ue8m0 group scales (powers of two), a word of four a row and unit */
@@ -1184,33 +1189,35 @@ extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_wei
 
 static unsigned grid_for(size_t n, unsigned threads);
 
-/* A thread a 16-byte piece of the tiled data: tile t = (rt, u), piece cc = 4 r + p of its 128. */
+/* A thread a 16-byte piece of the tiled data: tile t = (rt, u), piece cc = 4 r + p of its
+ * TC_F4_TILE_BYTES / 16. */
 __global__ void f4_tile_kernel(const uint8_t *src, uint8_t *dst, size_t row_bytes, int units, size_t pieces)
 {
+    constexpr int TP = TC_F4_TILE_BYTES / 16;
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < pieces; q += (size_t)gridDim.x * blockDim.x) {
-        size_t t = q / 128;
-        int cc = (int)(q % 128), r = cc >> 2, pc = cc & 3;
-        size_t rt = t / units, u = t % units;
+        size_t t = q / TP, rt = t / units, u = t % units;
+        int cc = (int)(q % TP), r = cc >> 2, pc = cc & 3;
         *reinterpret_cast<uint4 *>(dst + 16 * q) =
-            *reinterpret_cast<const uint4 *>(src + (rt * 32 + r) * row_bytes + u * 64 + 16 * pc);
+            *reinterpret_cast<const uint4 *>(src + (rt * TC_ROWS + r) * row_bytes + u * 64 + 16 * pc);
     }
 }
 
-/* A thread a row's four scale bytes of a unit: word q of the tiled scales is tile q / 32, row q % 32. */
+/* A thread a row's four scale bytes of a unit: word q of the tiled scales is tile q / TC_ROWS, row
+ * q % TC_ROWS. */
 __global__ void f4_tile_scale_kernel(const uint8_t *src, uint8_t *dst, int scale_cols, int units, size_t words)
 {
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < words; q += (size_t)gridDim.x * blockDim.x) {
-        size_t t = q / 32, rt = t / units, u = t % units;
-        int r = (int)(q % 32);
+        size_t t = q / TC_ROWS, rt = t / units, u = t % units;
+        int r = (int)(q % TC_ROWS);
         *reinterpret_cast<uint32_t *>(dst + 4 * q) =
-            *reinterpret_cast<const uint32_t *>(src + (rt * 32 + r) * scale_cols + 4 * u);
+            *reinterpret_cast<const uint32_t *>(src + (rt * TC_ROWS + r) * scale_cols + 4 * u);
     }
 }
 
 extern "C" int duet_cuda_weight_tile_ok(const duet_weight_t *w)
 {
     return w->dtype == DUET_DT_F4_E2M1X2 && !w->tiled && w->data && w->scale && w->scale_dtype == DUET_DT_F8_E8M0 &&
-           w->rows > 0 && w->rows % 32 == 0 && w->cols > 0 && w->cols % 128 == 0 && w->scale_cols == w->cols / 32 &&
+           w->rows > 0 && w->rows % TC_ROWS == 0 && w->cols > 0 && w->cols % 128 == 0 && w->scale_cols == w->cols / 32 &&
            (uintptr_t)w->data % 16 == 0 && (uintptr_t)w->scale % 4 == 0;
 }
 
@@ -1221,7 +1228,7 @@ extern "C" duet_status_t duet_cuda_weight_tile(duet_cuda_t *c, duet_weight_t *w)
                                "weight_tile: %s weight %dx%d%s (needs fp4 with ue8m0 scales, rows a multiple of 32, "
                                "columns of 128, not tiled yet)",
                                duet_dtype_name(w->dtype), w->rows, w->cols, w->tiled ? ", tiled" : "");
-    size_t data_bytes = (size_t)w->rows * w->cols / 2, scale_bytes = (size_t)w->rows * w->scale_cols;
+    size_t data_bytes = row_bytes_of(w) * (size_t)w->rows, scale_bytes = (size_t)w->rows * w->scale_cols;
     size_t off = duet_round_up(data_bytes, 256);
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, off + scale_bytes, &scr));
