@@ -179,25 +179,23 @@ if [ -n "$slice_pid" ]; then
     slice_bench bench-slice-phases.txt "slice bench by phase, with an event at each phase" '^bench\|^phases' 240 -- \
       --ctx 4096 --batches 1,32 --phases
   fi
-  if [ "$kernels" = 1 ]; then
-    ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
-    if [ -z "$ncu" ]; then
-      echo "[slice kernels] no ncu on this machine" | tee -a "$SUM"
-    else
-      timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
-        --print-kernel-base function --cache-control none --clock-control none \
-        "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx 4096 --batches 1,32 \
-        >"$RES/kernels-slice.csv" 2>>"$LOG"
-      rc=$?
-      steps="$(grep '^bench decode' "$RES/bench-slice.txt" | awk '{for(i=1;i<=NF;i++) if($i=="ms/step,") print $(i-1)}' | head -2 | paste -sd,)"
-      { echo "[slice kernels, ncu] exit $rc (step times from the slice bench: $steps ms)"
-        python3 "$ROOT/scripts/kernel-times.py" "$RES/kernels-slice.csv" --labels 1,32 --step-ms "$steps" --top 30 --launches 0; } \
-        | tee -a "$SUM"
-      [ "$rc" = 0 ] || fail=1
-    fi
+  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  if [ -z "$ncu" ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ]; }; then
+    echo "[slice kernels, stalls] no ncu on this machine" | tee -a "$SUM"
   fi
-  if [ -n "$stalls" ]; then
-    ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  if [ "$kernels" = 1 ] && [ -n "$ncu" ]; then
+    timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
+      --print-kernel-base function --cache-control none --clock-control none \
+      "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx 4096 --batches 1,32 \
+      >"$RES/kernels-slice.csv" 2>>"$LOG"
+    rc=$?
+    steps="$(grep '^bench decode' "$RES/bench-slice.txt" | awk '{for(i=1;i<=NF;i++) if($i=="ms/step,") print $(i-1)}' | head -2 | paste -sd,)"
+    { echo "[slice kernels, ncu] exit $rc (step times from the slice bench: $steps ms)"
+      python3 "$ROOT/scripts/kernel-times.py" "$RES/kernels-slice.csv" --labels 1,32 --step-ms "$steps" --top 30 --launches 0; } \
+      | tee -a "$SUM"
+    [ "$rc" = 0 ] || fail=1
+  fi
+  if [ -n "$stalls" ] && [ -n "$ncu" ]; then
     i=0
     IFS=, read -ra specs <<<"$stalls"
     for spec in "${specs[@]}"; do
