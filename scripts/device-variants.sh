@@ -199,12 +199,13 @@ slice_rows() {
     }'
 }
 
+# the slice fixture first: the block below runs in a subshell (the pipe), which cannot wait for it
+[ -n "$slice_pid" ] && [ ${#ok[@]} -gt 0 ] && wait "$slice_pid"
 {
   echo "== variants side by side"
   for v in "${names[@]}"; do echo "  $v: $(cat "$VAR/bin/$v/what" 2>/dev/null)"; done
   [ ${#ok[@]} -gt 0 ] && table
   if [ -n "$slice_pid" ] && [ ${#ok[@]} -gt 0 ]; then
-    wait "$slice_pid"
     tail -1 "$RES/mkmodel-slice.log"
     slice_rows
   fi

@@ -1778,7 +1778,10 @@ static duet_status_t at_call(ck_t *ck, void *p)
                                a->dsinks, a->scale, a->dout);
 }
 
-static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int check_rows, int empty_row)
+/* fp32: the fp32-unit kernel at every dim (duet_cuda_set_attn_tc 0); invariant: batch-invariant
+ * mode (8 splits a row, some without keys when a row has fewer than 8). */
+static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int check_rows, int empty_row, int fp32,
+                      int invariant)
 {
     rng_t r;
     char tag[64];
@@ -1793,11 +1796,15 @@ static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int 
     }
     size_t nq = (size_t)rows * heads * dim;
     float *q = rand_f32(&r, nq, 1.0f), *keys = rand_f32(&r, total * dim, 1.0f), *sinks = rand_f32(&r, heads, 1.0f);
+    for (size_t i = 0; i < total * (size_t)dim; i++) /* keys are decoded cache entries: exact in bf16 */
+        keys[i] = duet_bf16_round(keys[i]);
     float *out = xmalloc(4 * nq), *ref = xmalloc(4 * nq);
     at_arg_t a = {dupload(ck, q, 4 * nq), dupload(ck, keys, 4 * total * dim), dupload(ck, sinks, 4 * (size_t)heads),
                   dmalloc(ck, 4 * nq), dupload(ck, off, 4 * (size_t)rows), dupload(ck, nk, 4 * (size_t)rows), rows,
                   heads, dim, max_keys, 1.0f / sqrtf((float)dim)};
     dpoison(ck, a.dout, 4 * nq);
+    duet_cuda_set_attn_tc(ck->c, !fp32);
+    duet_cuda_set_invariant(ck->c, invariant);
     CK(at_call(ck, &a));
     ddownload(ck, out, a.dout, 4 * nq);
     int nr = rows < check_rows ? rows : check_rows;
@@ -1809,12 +1816,15 @@ static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int 
         memcpy(go + ncmp, out + b * per, 4 * per);
         ncmp += per;
     }
-    row_t row = row_new("attn_rows", "rows=%d %dx%d keys<=%d%s", rows, heads, dim, max_keys,
-                        empty_row ? " +empty" : "");
+    row_t row = row_new("attn_rows", "rows=%d %dx%d keys<=%d%s %s%s", rows, heads, dim, max_keys,
+                        empty_row ? " +empty" : "", fp32 || !duet_cuda_attn_rows_tc_ok(dim) ? "fp32" : "tf32",
+                        invariant ? " invariant" : "");
     row_float(&row, go, ro, ncmp, 2e-5);
     if (nr < rows && !row.note[0])
         snprintf(row.note, sizeof row.note, "checked %d sampled rows", nr);
     bench_row(ck, &row, at_call, &a, 4.0 * (total * dim + 2 * nq), 4.0 * heads * (double)dim * total, BOUND_FP32);
+    duet_cuda_set_attn_tc(ck->c, 1);
+    duet_cuda_set_invariant(ck->c, 0);
     print_row(ck, &row);
     free(off); free(nk); free(q); free(keys); free(sinks); free(out); free(ref); free(go); free(ro);
     duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dkeys); duet_cuda_free(ck->c, a.dsinks);
@@ -1823,12 +1833,16 @@ static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int 
 
 static void group_attn(ck_t *ck)
 {
-    case_attn(ck, 32, 64, 512, 640, 8, 0);  /* decode batch 32: window 128 + top-512 */
-    case_attn(ck, 1, 64, 512, 640, 1, 0);
-    case_attn(ck, 128, 64, 512, 640, 4, 0);
-    case_attn(ck, 8, 64, 512, 4224, 2, 0);  /* C128 layer at 512k: window + 4096 entries */
-    case_attn(ck, 4, 4, 128, 40, 4, 1);     /* tiny fixture widths, a row without keys */
-    case_attn(ck, 3, 12, 36, 300, 3, 0);
+    case_attn(ck, 32, 64, 512, 640, 8, 0, 0, 0);  /* decode batch 32: window 128 + top-512 */
+    case_attn(ck, 32, 64, 512, 640, 8, 0, 1, 0);  /* the same on the fp32 units */
+    case_attn(ck, 1, 64, 512, 640, 1, 0, 0, 0);
+    case_attn(ck, 128, 64, 512, 640, 4, 0, 0, 0);
+    case_attn(ck, 8, 64, 512, 4224, 2, 0, 0, 0);  /* C128 layer at 512k: window + 4096 entries */
+    case_attn(ck, 6, 64, 512, 300, 6, 1, 0, 1);   /* invariant: 128-key splits, some without keys */
+    case_attn(ck, 5, 24, 256, 300, 5, 0, 0, 0);   /* a head tile half full */
+    case_attn(ck, 4, 4, 128, 40, 4, 1, 0, 0);     /* tiny fixture widths, a row without keys */
+    case_attn(ck, 4, 4, 128, 40, 4, 1, 1, 1);
+    case_attn(ck, 3, 12, 36, 300, 3, 0, 0, 0);
 }
 
 /* ---- hyper-connections ---- */

@@ -299,35 +299,338 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
     }
 }
 
+/* ---- the tensor-core form ----
+ *
+ * attn_part_tc_kernel: block (split s, head tile of 16 heads, row b), W warps; warp w owns the
+ * dims [w*DW, (w+1)*DW) of the head dimension (DW = DIM/W, 32 or 64).  Keys come in chunks of
+ * TC_CH (32) through shared memory, two chunks in flight (cp.async).  Per chunk:
+ *   1. each warp multiplies its dims of q (16 heads) with the chunk's keys: mma m16n8k8 tf32, q
+ *      split once into tf32 hi + lo parts held in registers (q = hi + lo to 2^-22 relative), the
+ *      keys exact in tf32 (every cache entry is exact in bf16, a subset); its partial logits go
+ *      to shared memory;
+ *   2. a half-warp per head sums the W partials in warp order, scales, masks keys past the
+ *      row's count, and updates the running max and sum (online softmax); the weights p, split
+ *      into tf32 hi + lo, go to shared memory;
+ *   3. each warp rescales its accumulators and adds p·V for its dims (V = the keys), p in two
+ *      parts.
+ * The sums run in an order fixed by the shapes only, so a row's result never depends on the
+ * batch; the fp32 accumulation matches the fp32 kernel to its rounding (checked at 2e-5).
+ *
+ * Fragment layouts (PTX m16n8k8 .tf32; g = lane/4, t = lane%4): A a0 (g, t), a1 (g+8, t),
+ * a2 (g, t+4), a3 (g+8, t+4); B b0 (k t, n g), b1 (k t+4, n g); C c0 (g, 2t), c1 (g, 2t+1),
+ * c2 (g+8, 2t), c3 (g+8, 2t+1).  In q·kᵀ a step's k slots t and t+4 are the dims 2t and
+ * 2t+1 (one 8-byte load gives both); in p·V the four n-tiles of a 32-dim group take the dims
+ * 4g+c (c the tile), so one 16-byte load of a key row feeds four tiles, and a thread's outputs
+ * are two runs of four dims. */
+#define TC_CH 32
+#define TC_PAD 8             /* row strides of DIM + 8 and TC_CH + 8 floats: conflict-free loads */
+#define TC_PS (TC_CH + 4)    /* weights' row stride: the A loads (g*36 + t) hit 32 banks */
+#define TC_SPLIT_KEYS 128    /* batch-invariant mode: a split every 128 keys of a row */
+
+__device__ __forceinline__ uint32_t tf32_rna(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int DIM, int W> struct tc_shape {
+    static constexpr int DW = DIM / W, KSTEPS = DW / 8, GROUPS = DW / 32, KS = DIM + TC_PAD, SPS = TC_CH + TC_PAD;
+    static constexpr size_t SMEM = sizeof(float) * ((size_t)2 * TC_CH * KS + (size_t)W * 16 * SPS + 2 * 16 * TC_PS + 3 * 16);
+};
+
+template <int DIM, int W>
+__global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q, int n_heads, const float *keys,
+                                                                 const int32_t *key_off, const int32_t *n_keys,
+                                                                 float scale, int n_split, int per,
+                                                                 float *o_part, float *ml_part)
+{
+    typedef tc_shape<DIM, W> S;
+    static_assert(S::DW % 32 == 0 && S::DW <= 64, "a warp's dims: one or two groups of 32");
+    static_assert(W * 32 == 16 * 16 || W * 32 == 16 * 8, "a half-warp a head in the softmax step");
+    extern __shared__ __align__(16) float sm[];
+    float *Ks = sm;                                  /* [2][TC_CH][KS] */
+    float *Sp = Ks + 2 * TC_CH * S::KS;              /* [W][16][SPS] partial logits */
+    float *Ph = Sp + W * 16 * S::SPS, *Pl = Ph + 16 * TC_PS; /* [16][TC_PS] weights, hi and lo */
+    float *m_s = Pl + 16 * TC_PS, *l_s = m_s + 16, *alpha_s = l_s + 16;
+    constexpr int NT = W * 32;
+    int s = blockIdx.x, h0 = blockIdx.y * 16, b = blockIdx.z;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    int nk = n_keys[b]; /* split s: keys [s*per, (s+1)*per), the last split to the end */
+    int j0 = min(nk, s * per), j1 = s == n_split - 1 ? nk : min(nk, j0 + per);
+    const float *kb = keys + (size_t)key_off[b] * DIM;
+    int dbase = warp * S::DW;
+
+    /* q: this warp's dims of the 16 heads, as A fragments, split into hi and lo */
+    uint32_t qh[S::KSTEPS][4], ql[S::KSTEPS][4];
+    {
+        int ha = h0 + g, hb = h0 + g + 8;
+        const float *qa = q + ((size_t)b * n_heads + ha) * DIM, *qb = q + ((size_t)b * n_heads + hb) * DIM;
+#pragma unroll
+        for (int k = 0; k < S::KSTEPS; k++) {
+            int d = dbase + 8 * k + 2 * t;
+            float2 x0 = ha < n_heads ? *(const float2 *)(qa + d) : make_float2(0.0f, 0.0f);
+            float2 x1 = hb < n_heads ? *(const float2 *)(qb + d) : make_float2(0.0f, 0.0f);
+            float v[4] = {x0.x, x1.x, x0.y, x1.y}; /* a0 (g, dim 2t), a1 (g+8, 2t), a2 (g, 2t+1), a3 */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                qh[k][i] = tf32_rna(v[i]);
+                ql[k][i] = tf32_rna(v[i] - __uint_as_float(qh[k][i]));
+            }
+        }
+    }
+    float acc[S::GROUPS][4][4];
+#pragma unroll
+    for (int gi = 0; gi < S::GROUPS; gi++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[gi][c][i] = 0.0f;
+    if (tid < 16) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.0f;
+    }
+
+    /* chunk loads: rows past the split's end are zeros (their logits are masked, their
+     * weights 0, and 0 x a stale value could be NaN) */
+    auto load_chunk = [&](int jc, int buf) {
+        int cnt = min(TC_CH, j1 - jc);
+        float *dst = Ks + buf * TC_CH * S::KS;
+        for (int e = tid; e < TC_CH * (DIM / 4); e += NT) {
+            int r = e / (DIM / 4), c4 = e % (DIM / 4);
+            float *sp = dst + r * S::KS + 4 * c4;
+            if (r < cnt)
+                cp_async16(sp, kb + (size_t)(jc + r) * DIM + 4 * c4);
+            else
+                *(float4 *)sp = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        cp_commit();
+    };
+    if (j0 < j1)
+        load_chunk(j0, 0);
+
+    int buf = 0;
+    for (int jc = j0; jc < j1; jc += TC_CH, buf ^= 1) {
+        int cnt = min(TC_CH, j1 - jc);
+        cp_wait<0>();
+        __syncthreads(); /* the chunk is in; every warp is past the previous chunk */
+        if (jc + TC_CH < j1)
+            load_chunk(jc + TC_CH, buf ^ 1);
+        const float *K = Ks + buf * TC_CH * S::KS;
+
+        /* 1. partial logits over this warp's dims */
+        {
+            float sc[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sc[n][i] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < S::KSTEPS; k++) {
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    float2 kv = *(const float2 *)(K + (8 * n + g) * S::KS + dbase + 8 * k + 2 * t);
+                    uint32_t b0 = __float_as_uint(kv.x), b1 = __float_as_uint(kv.y);
+                    mma_tf32(sc[n], ql[k], b0, b1);
+                    mma_tf32(sc[n], qh[k], b0, b1);
+                }
+            }
+            float *sp = Sp + warp * 16 * S::SPS;
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                *(float2 *)(sp + g * S::SPS + 8 * n + 2 * t) = make_float2(sc[n][0], sc[n][1]);
+                *(float2 *)(sp + (g + 8) * S::SPS + 8 * n + 2 * t) = make_float2(sc[n][2], sc[n][3]);
+            }
+        }
+        __syncthreads();
+        /* 2. softmax: head r on threads 16r .. 16r+15, keys 2kp and 2kp+1 (W*32/16 heads a pass) */
+        for (int r = tid >> 4; r < 16; r += NT / 16) {
+            int kp = tid & 15;
+            float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                float2 x = *(const float2 *)(Sp + (w * 16 + r) * S::SPS + 2 * kp);
+                v.x += x.x;
+                v.y += x.y;
+            }
+            v.x = 2 * kp < cnt ? v.x * scale : -INFINITY;
+            v.y = 2 * kp + 1 < cnt ? v.y * scale : -INFINITY;
+            float mx = fmaxf(v.x, v.y);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float m_old = m_s[r], m_new = fmaxf(m_old, mx);
+            float p0 = m_new == -INFINITY ? 0.0f : expf(v.x - m_new);
+            float p1 = m_new == -INFINITY ? 0.0f : expf(v.y - m_new);
+            float sum = p0 + p1;
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            uint32_t h0b = tf32_rna(p0), h1b = tf32_rna(p1);
+            float hp0 = __uint_as_float(h0b), hp1 = __uint_as_float(h1b);
+            *(float2 *)(Ph + r * TC_PS + 2 * kp) = make_float2(hp0, hp1);
+            *(float2 *)(Pl + r * TC_PS + 2 * kp) =
+                make_float2(__uint_as_float(tf32_rna(p0 - hp0)), __uint_as_float(tf32_rna(p1 - hp1)));
+            __syncwarp();
+            if (kp == 0) {
+                float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                l_s[r] = l_s[r] * alpha + sum;
+                m_s[r] = m_new;
+                alpha_s[r] = alpha;
+            }
+        }
+        __syncthreads();
+        /* 3. rescale, then p·V over this warp's dims */
+        {
+            float a_lo = alpha_s[g], a_hi = alpha_s[g + 8];
+#pragma unroll
+            for (int gi = 0; gi < S::GROUPS; gi++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    acc[gi][c][0] *= a_lo;
+                    acc[gi][c][1] *= a_lo;
+                    acc[gi][c][2] *= a_hi;
+                    acc[gi][c][3] *= a_hi;
+                }
+#pragma unroll
+            for (int k = 0; k < TC_CH / 8; k++) {
+                int ka = 8 * k + t;
+                uint32_t ah[4] = {__float_as_uint(Ph[g * TC_PS + ka]), __float_as_uint(Ph[(g + 8) * TC_PS + ka]),
+                                  __float_as_uint(Ph[g * TC_PS + ka + 4]),
+                                  __float_as_uint(Ph[(g + 8) * TC_PS + ka + 4])};
+                uint32_t al[4] = {__float_as_uint(Pl[g * TC_PS + ka]), __float_as_uint(Pl[(g + 8) * TC_PS + ka]),
+                                  __float_as_uint(Pl[g * TC_PS + ka + 4]),
+                                  __float_as_uint(Pl[(g + 8) * TC_PS + ka + 4])};
+#pragma unroll
+                for (int gi = 0; gi < S::GROUPS; gi++) {
+                    int d = dbase + 32 * gi + 4 * g;
+                    float4 v0 = *(const float4 *)(K + ka * S::KS + d);
+                    float4 v1 = *(const float4 *)(K + (ka + 4) * S::KS + d);
+                    float b0[4] = {v0.x, v0.y, v0.z, v0.w}, b1[4] = {v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        mma_tf32(acc[gi][c], al, __float_as_uint(b0[c]), __float_as_uint(b1[c]));
+                        mma_tf32(acc[gi][c], ah, __float_as_uint(b0[c]), __float_as_uint(b1[c]));
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads(); /* m_s and l_s final (no chunk: their initial values) */
+    size_t base = ((size_t)b * n_split + s) * n_heads;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int h = h0 + g + 8 * half;
+        if (h >= n_heads)
+            continue;
+        float *o = o_part + (base + h) * DIM;
+#pragma unroll
+        for (int gi = 0; gi < S::GROUPS; gi++) {
+            int d = dbase + 32 * gi + 8 * t;
+            *(float4 *)(o + d) = make_float4(acc[gi][0][2 * half], acc[gi][1][2 * half], acc[gi][2][2 * half],
+                                             acc[gi][3][2 * half]);
+            *(float4 *)(o + d + 4) = make_float4(acc[gi][0][2 * half + 1], acc[gi][1][2 * half + 1],
+                                                 acc[gi][2][2 * half + 1], acc[gi][3][2 * half + 1]);
+        }
+    }
+    if (tid < 16 && h0 + tid < n_heads) {
+        ml_part[(base + h0 + tid) * 2] = m_s[tid];
+        ml_part[(base + h0 + tid) * 2 + 1] = l_s[tid];
+    }
+}
+
+/* out = Σ_s e^(m_s - M) o_s / (e^(sink - M) + Σ_s e^(m_s - M) l_s), M the largest of the sink
+ * and the m_s; splits without keys (l_s = 0) left out.  Block (row, head); the split weights once
+ * into shared memory (n_split floats), then float4 columns (dim % 4 == 0). */
 __global__ void attn_combine_kernel(int n_heads, int dim, int n_split, const float *sinks, const float *o_part,
                                     const float *ml_part, float *out)
 {
+    extern __shared__ float w_s[]; /* [n_split]: e^(m_s - M), or -1 for a split without keys */
+    __shared__ float M_s, denom_s;
     int b = blockIdx.x, h = blockIdx.y;
-    float sink = sinks[h], M = sink;
-    for (int s = 0; s < n_split; s++)
-        M = fmaxf(M, ml_part[(((size_t)b * n_split + s) * n_heads + h) * 2]);
-    float *o = out + ((size_t)b * n_heads + h) * dim;
+    const float *ml = ml_part + ((size_t)b * n_split * n_heads + h) * 2; /* split s at ml + s*n_heads*2 */
+    size_t sstride = (size_t)n_heads * 2;
+    if (threadIdx.x == 0) {
+        float sink = sinks[h], M = sink;
+        for (int s = 0; s < n_split; s++)
+            M = fmaxf(M, ml[s * sstride]);
+        float denom = 0.0f;
+        if (M != -INFINITY) {
+            denom = sink == -INFINITY ? 0.0f : expf(sink - M);
+            for (int s = 0; s < n_split; s++)
+                if (ml[s * sstride + 1] > 0.0f)
+                    denom += ml[s * sstride + 1] * expf(ml[s * sstride] - M);
+        }
+        M_s = M;
+        denom_s = denom;
+    }
+    __syncthreads();
+    float M = M_s, denom = denom_s;
+    for (int s = threadIdx.x; s < n_split; s += blockDim.x)
+        w_s[s] = M != -INFINITY && ml[s * sstride + 1] > 0.0f ? expf(ml[s * sstride] - M) : -1.0f;
+    __syncthreads();
+    float4 *o = (float4 *)(out + ((size_t)b * n_heads + h) * dim);
     if (M == -INFINITY) {
-        for (int d = threadIdx.x; d < dim; d += blockDim.x)
-            o[d] = 0.0f;
+        for (int d = threadIdx.x; d < dim / 4; d += blockDim.x)
+            o[d] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         return;
     }
-    float denom = sink == -INFINITY ? 0.0f : expf(sink - M);
-    for (int s = 0; s < n_split; s++) {
-        const float *ml = ml_part + (((size_t)b * n_split + s) * n_heads + h) * 2;
-        if (ml[1] > 0.0f)
-            denom += ml[1] * expf(ml[0] - M);
-    }
-    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        float acc = 0.0f;
+    for (int d = threadIdx.x; d < dim / 4; d += blockDim.x) {
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int s = 0; s < n_split; s++) {
-            size_t r = ((size_t)b * n_split + s) * n_heads + h;
-            if (ml_part[r * 2 + 1] > 0.0f)
-                acc = fmaf(expf(ml_part[r * 2] - M), o_part[r * dim + d], acc);
+            float w = w_s[s];
+            if (w < 0.0f)
+                continue;
+            float4 v = ((const float4 *)(o_part + (((size_t)b * n_split + s) * n_heads + h) * dim))[d];
+            acc.x = fmaf(w, v.x, acc.x);
+            acc.y = fmaf(w, v.y, acc.y);
+            acc.z = fmaf(w, v.z, acc.z);
+            acc.w = fmaf(w, v.w, acc.w);
         }
-        o[d] = denom > 0.0f ? acc / denom : 0.0f;
+        o[d] = denom > 0.0f ? make_float4(acc.x / denom, acc.y / denom, acc.z / denom, acc.w / denom)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
+
+/* The tensor-core form for a head dimension, or NULL (W warps: DIM/W dims a warp, 32 or 64). */
+typedef void (*tc_kernel_t)(const float *, int, const float *, const int32_t *, const int32_t *, float, int, int,
+                            float *, float *);
+
+static tc_kernel_t tc_kernel(int dim, size_t *smem, int *warps, int *bit)
+{
+#define TC_CASE(D, W, B)                                                                                           \
+    case D:                                                                                                        \
+        *smem = tc_shape<D, W>::SMEM;                                                                              \
+        *warps = W;                                                                                                \
+        *bit = B;                                                                                                  \
+        return attn_part_tc_kernel<D, W>;
+    switch (dim) {
+        TC_CASE(128, 4, 0)
+        TC_CASE(256, 8, 1)
+        TC_CASE(512, 8, 2)
+    }
+#undef TC_CASE
+    return NULL;
+}
+
+extern "C" int duet_cuda_attn_rows_tc_ok(int dim)
+{
+    size_t smem;
+    int warps, bit;
+    return tc_kernel(dim, &smem, &warps, &bit) != NULL;
+}
+
+extern "C" void duet_cuda_set_attn_tc(duet_cuda_t *c, int on) { c->attn_no_tc = on == 0; }
 
 extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
                                              const float *keys, const int32_t *key_off, const int32_t *n_keys,
@@ -341,46 +644,68 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
                                AT_MAXD);
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "attn_rows: %d rows (at most 65535)", n_rows);
-    int groups = (n_heads + AT_HB - 1) / AT_HB;
+    size_t tc_smem = 0;
+    int tc_warps = 0, tc_bit = 0;
+    tc_kernel_t tck = c->attn_no_tc ? NULL : tc_kernel(dim, &tc_smem, &tc_warps, &tc_bit);
+    int hb = tck ? 16 : AT_HB, ch = tck ? TC_CH : AT_CH;
+    int groups = (n_heads + hb - 1) / hb;
     int target = 2 * c->info.sm_count;
     int n_split = (target + n_rows * groups - 1) / (n_rows * groups);
-    int max_split = max_keys > 0 ? (max_keys + AT_CH - 1) / AT_CH : 1;
+    int max_split = max_keys > 0 ? (max_keys + ch - 1) / ch : 1;
     if (n_split > max_split)
         n_split = max_split;
     if (n_split < 1)
         n_split = 1;
-    if (c->invariant) /* a row's split (and so its summation order) from its own key count only */
+    int per = 0; /* the tensor-core form: keys a split, the same for every row */
+    if (tck) {
+        per = (int)duet_round_up((size_t)((max_keys + n_split - 1) / n_split), TC_CH);
+        if (c->invariant) /* a row's split (and so its summation order) from its own keys only */
+            per = TC_SPLIT_KEYS;
+        n_split = max_keys > per ? (max_keys + per - 1) / per : 1;
+    } else if (c->invariant) {
         n_split = AT_FIXED_SPLIT;
+    }
+    if (groups > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "attn_rows: %d heads (at most %d)", n_heads, 65535 * hb);
     size_t o_floats = (size_t)n_rows * n_split * n_heads * dim, ml_floats = (size_t)n_rows * n_split * n_heads * 2;
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, (o_floats + ml_floats) * sizeof(float), &scr));
     float *o_part = (float *)scr, *ml_part = o_part + o_floats;
     dim3 grid(n_split, groups, n_rows);
-    size_t smem = AT_HB * dim * sizeof(float);
-    switch (dim) {
-    case 128:
-        attn_part_fast_kernel<128><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys, scale,
-                                                                         n_split, o_part, ml_part);
-        break;
-    case 256:
-        attn_part_fast_kernel<256><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys, scale,
-                                                                         n_split, o_part, ml_part);
-        break;
-    case 512:
-        attn_part_fast_kernel<512><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys, scale,
-                                                                         n_split, o_part, ml_part);
-        break;
-    case 1024:
-        attn_part_fast_kernel<1024><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
-                                                                          scale, n_split, o_part, ml_part);
-        break;
-    default:
-        attn_part_kernel<<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, dim, keys, key_off, n_keys, scale,
-                                                                n_split, o_part, ml_part);
+    if (tck) {
+        if (!(c->attn_smem_set & (1u << tc_bit))) {
+            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(tck, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem));
+            c->attn_smem_set |= 1u << tc_bit;
+        }
+        tck<<<grid, tc_warps * 32, tc_smem, c->stream>>>(q, n_heads, keys, key_off, n_keys, scale, n_split, per,
+                                                         o_part, ml_part);
+    } else {
+        size_t smem = AT_HB * dim * sizeof(float);
+        switch (dim) {
+        case 128:
+            attn_part_fast_kernel<128><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+                                                                             scale, n_split, o_part, ml_part);
+            break;
+        case 256:
+            attn_part_fast_kernel<256><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+                                                                             scale, n_split, o_part, ml_part);
+            break;
+        case 512:
+            attn_part_fast_kernel<512><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+                                                                             scale, n_split, o_part, ml_part);
+            break;
+        case 1024:
+            attn_part_fast_kernel<1024><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+                                                                              scale, n_split, o_part, ml_part);
+            break;
+        default:
+            attn_part_kernel<<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, dim, keys, key_off, n_keys, scale,
+                                                                    n_split, o_part, ml_part);
+        }
     }
     DUET_CUDA_CHECK_LAUNCH(c);
-    attn_combine_kernel<<<dim3(n_rows, n_heads), 128, 0, c->stream>>>(n_heads, dim, n_split, sinks, o_part, ml_part,
-                                                                      out);
+    attn_combine_kernel<<<dim3(n_rows, n_heads), 128, n_split * sizeof(float), c->stream>>>(
+        n_heads, dim, n_split, sinks, o_part, ml_part, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

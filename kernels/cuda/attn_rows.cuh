@@ -3,10 +3,16 @@
  * Row b: q + b*n_heads*dim, keys + key_off[b]*dim (n_keys[b] keys; key_off,
  * n_keys device arrays), out + b*n_heads*dim.  sinks(n_heads) on the device.
  * The keys of a row are split across blocks (each with an online softmax over
- * its part), then combined with the sink; fp32 throughout.  Summation order
- * and expf differ from the CPU (checked at 2e-5).  dim % 4 == 0, dim <= 1024.
- * The split follows the batch (n_rows, max_keys), except in batch-invariant
- * mode (duet_cuda_set_invariant): 8 parts per row, from its own n_keys only. */
+ * its part), then combined with the sink.  dim % 4 == 0, dim <= 1024.
+ * Two forms: for dim 128, 256 and 512 (duet_cuda_attn_rows_tc_ok) the products
+ * run on the tensor cores (tf32, q and the weights each as a hi + lo pair, fp32
+ * accumulation), which reads the keys at tf32 precision: every key the engine
+ * passes is a decoded cache entry, exact in bf16 and so in tf32; other keys
+ * lose their low 13 mantissa bits.  Other dims, or duet_cuda_set_attn_tc(c, 0),
+ * take the fp32 units.  Summation order and expf differ from the CPU (checked
+ * at 2e-5).  The split follows the batch (n_rows, max_keys), except in
+ * batch-invariant mode (duet_cuda_set_invariant): 8 parts per row, from its
+ * own n_keys only. */
 #ifndef DUET_CUDA_ATTN_ROWS_CUH
 #define DUET_CUDA_ATTN_ROWS_CUH
 
@@ -20,6 +26,11 @@ extern "C" {
 duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim, const float *keys,
                                   const int32_t *key_off, const int32_t *n_keys, int max_keys, const float *sinks,
                                   float scale, float *out);
+/* 1 when dim has the tensor-core form. */
+int duet_cuda_attn_rows_tc_ok(int dim);
+/* on 0: attn_rows on the fp32 units at every dim (for comparison); 1 (the default): the
+ * tensor-core form where it exists. */
+void duet_cuda_set_attn_tc(duet_cuda_t *c, int on);
 
 #ifdef __cplusplus
 }

@@ -71,6 +71,8 @@ struct duet_cuda {
     void *tc_count;       /* matmul split-K counters (int), zero between launches */
     int tc_count_n;
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
+    int attn_no_tc;       /* duet_cuda_set_attn_tc(c, 0): attn_rows on the fp32 units only */
+    unsigned attn_smem_set; /* attn_rows' tensor-core kernels whose shared-memory limit was raised */
     struct duet_cuda_phases *phases; /* duet_cuda_phases_enable: NULL when off */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
