@@ -1248,15 +1248,40 @@ static duet_status_t mm(fc_t *F, const duet_weight_t *w, int rb, int re, const f
     return DUET_OK;
 }
 
-/* Several weights times the same x: one launch where the context is batch-invariant and the
- * weights allow it (each row's bits as with a launch per weight), else one mm() each. */
+/* Several weights times the same x: where the context is batch-invariant, the parts that one
+ * launch can take together (one dtype, width and scale type: duet_cuda_matmul_multi_ok) in one
+ * launch each, in the order of their first part (each row's bits as with a launch per weight);
+ * the others, or all of them otherwise, one mm() each. */
 static duet_status_t mm_multi(fc_t *F, const duet_cuda_mm_part_t *p, int n_parts, const float *x, int n,
                               duet_err_t *err)
 {
-    if (n > 0 && n_parts > 1 && duet_cuda_get_invariant(F->cu) && duet_cuda_matmul_multi_ok(p, n_parts, x)) {
-        for (int i = 0; i < n_parts; i++)
-            count_mm(F, p[i].w, p[i].row_begin, p[i].row_end, n);
-        CU(duet_cuda_matmul_multi(F->cu, p, n_parts, x, n));
+    enum { MM_MULTI_PARTS = 16 };
+    if (n > 0 && n_parts > 1 && n_parts <= MM_MULTI_PARTS && duet_cuda_get_invariant(F->cu)) {
+        int used[MM_MULTI_PARTS] = {0};
+        for (int i = 0; i < n_parts; i++) {
+            if (used[i])
+                continue;
+            duet_cuda_mm_part_t g[DUET_CUDA_MULTI_MAX];
+            int ng = 1;
+            g[0] = p[i];
+            used[i] = 1;
+            for (int j = i + 1; j < n_parts && ng < DUET_CUDA_MULTI_MAX; j++) {
+                if (used[j])
+                    continue;
+                g[ng] = p[j];
+                if (duet_cuda_matmul_multi_ok(g, ng + 1, x)) {
+                    used[j] = 1;
+                    ng++;
+                }
+            }
+            if (ng > 1) {
+                for (int k = 0; k < ng; k++)
+                    count_mm(F, g[k].w, g[k].row_begin, g[k].row_end, n);
+                CU(duet_cuda_matmul_multi(F->cu, g, ng, x, n));
+            } else {
+                DUET_TRY(mm(F, g[0].w, g[0].row_begin, g[0].row_end, x, n, g[0].y, err));
+            }
+        }
         return DUET_OK;
     }
     for (int i = 0; i < n_parts; i++)
