@@ -1838,7 +1838,7 @@ static void group_attn(ck_t *ck)
     case_attn(ck, 1, 64, 512, 640, 1, 0, 0, 0);
     case_attn(ck, 128, 64, 512, 640, 4, 0, 0, 0);
     case_attn(ck, 8, 64, 512, 4224, 2, 0, 0, 0);  /* C128 layer at 512k: window + 4096 entries */
-    case_attn(ck, 6, 64, 512, 300, 6, 1, 0, 1);   /* invariant: 128-key splits, some without keys */
+    case_attn(ck, 6, 64, 512, 300, 6, 1, 0, 1);   /* invariant: 256-key splits, some without keys */
     case_attn(ck, 5, 24, 256, 300, 5, 0, 0, 0);   /* a head tile half full */
     case_attn(ck, 4, 4, 128, 40, 4, 1, 0, 0);     /* tiny fixture widths, a row without keys */
     case_attn(ck, 4, 4, 128, 40, 4, 1, 1, 1);
