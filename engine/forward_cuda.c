@@ -733,6 +733,7 @@ typedef struct {
     float *h, *x, *xn, *f, *post, *comb, *qlora, *q, *kv, *att, *ckv, *cg, *ikv, *ig, *iq, *iw;
     uint8_t *rt_tmp;
     float *src, *ikeys, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv, *wy;
+    uint16_t *keys16; /* the same buffer as bf16 keys, where attn_rows reads them (NULL otherwise) */
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
     int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
@@ -1158,6 +1159,9 @@ static void carve(fc_t *F, bump_t *b)
     F->gg = bump(b, 4 * nd * hd);
     F->ent = bump(b, 4 * nwin * hd);
     F->keys = bump(b, 4 * F->max_group_keys * hd);
+    /* attention's gathered keys as bf16 where the tensor-core form reads them: half the bytes
+     * written and read, the same values (every key is a decoded KV entry, exact in bf16) */
+    F->keys16 = duet_cuda_attn_rows_bf16_ok(F->cu, hd) ? (uint16_t *)F->keys : NULL;
     F->gx = bump(b, 4 * R * gin);
     F->gy = bump(b, 4 * R * orank);
     F->mid = bump(b, 4 * R * G * orank);
@@ -1414,31 +1418,47 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     for (int g = 0; g < F->n_groups; g++) {
         const group_t *Gp = &F->groups[g];
         int ra = Gp->ra, nr = Gp->rb - Gp->ra, maxk;
-        const int32_t *koff, *nk;
+        const int32_t *koff, *nk, *gdst, *gsrc;
+        int gcnt;
         if (hw->ratio == 128) {
-            CU(duet_cuda_gather_rows_to(F->cu, F->keys, PD(F, int32_t, F->o_g128_dst) + Gp->g128_off, F->src,
-                                        PD(F, int32_t, F->o_g128_src) + Gp->g128_off, (int)Gp->g128_cnt, hd));
+            gdst = PD(F, int32_t, F->o_g128_dst) + Gp->g128_off;
+            gsrc = PD(F, int32_t, F->o_g128_src) + Gp->g128_off;
+            gcnt = (int)Gp->g128_cnt;
             koff = PD(F, int32_t, F->o_koff128);
             nk = PD(F, int32_t, F->o_nk128);
             maxk = Gp->maxk128;
-            F->st.flops += 4.0 * (double)Gp->g128_cnt * Hl * hd;
         } else {
-            CU(duet_cuda_gather_rows_to(F->cu, F->keys, PD(F, int32_t, F->o_gw_dst) + Gp->gw_off, F->src,
-                                        PD(F, int32_t, F->o_gw_src) + Gp->gw_off, (int)Gp->gw_cnt, hd));
+            gdst = PD(F, int32_t, F->o_gw_dst) + Gp->gw_off;
+            gsrc = PD(F, int32_t, F->o_gw_src) + Gp->gw_off;
+            gcnt = (int)Gp->gw_cnt;
             koff = PD(F, int32_t, F->o_koff4);
             nk = PD(F, int32_t, hw->ratio == 4 ? F->o_nk4 : F->o_nk0);
             maxk = hw->ratio == 4 ? Gp->maxk4 : Gp->maxk0;
-            F->st.flops += 4.0 * (double)Gp->gw_cnt * Hl * hd;
-            if (hw->ratio == 4) {
-                const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_KV];
-                CU(duet_cuda_cache_load_sel(F->cu, l, v.base[DUET_POOL_C4_KV], F->sel + (size_t)ra * c->index_topk,
-                                            c->index_topk, nr, PD(F, int32_t, F->o_nsel) + ra,
-                                            PD(F, uint32_t, F->o_pt), PD(F, int32_t, F->o_page_off) + ra,
-                                            PD(F, int32_t, F->o_dst4) + ra, F->keys));
-            }
         }
-        CU(duet_cuda_attn_rows(F->cu, F->q + (size_t)ra * Hl * hd, nr, Hl, hd, F->keys, koff + ra, nk + ra,
-                               maxk > 0 ? maxk : 1, sinks, scale, F->att + (size_t)ra * Hl * hd));
+        F->st.flops += 4.0 * (double)gcnt * Hl * hd;
+        if (F->keys16)
+            CU(duet_cuda_gather_rows_to_bf16(F->cu, F->keys16, gdst, F->src, gsrc, gcnt, hd));
+        else
+            CU(duet_cuda_gather_rows_to(F->cu, F->keys, gdst, F->src, gsrc, gcnt, hd));
+        if (hw->ratio == 4) {
+            const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_KV];
+            const int32_t *sel = F->sel + (size_t)ra * c->index_topk, *nsel = PD(F, int32_t, F->o_nsel) + ra;
+            const int32_t *poff = PD(F, int32_t, F->o_page_off) + ra, *dst = PD(F, int32_t, F->o_dst4) + ra;
+            if (F->keys16)
+                CU(duet_cuda_cache_load_sel_bf16(F->cu, l, v.base[DUET_POOL_C4_KV], sel, c->index_topk, nr, nsel,
+                                                 PD(F, uint32_t, F->o_pt), poff, dst, F->keys16));
+            else
+                CU(duet_cuda_cache_load_sel(F->cu, l, v.base[DUET_POOL_C4_KV], sel, c->index_topk, nr, nsel,
+                                            PD(F, uint32_t, F->o_pt), poff, dst, F->keys));
+        }
+        const float *qg = F->q + (size_t)ra * Hl * hd;
+        float *og = F->att + (size_t)ra * Hl * hd;
+        if (F->keys16)
+            CU(duet_cuda_attn_rows_bf16(F->cu, qg, nr, Hl, hd, F->keys16, koff + ra, nk + ra, maxk > 0 ? maxk : 1,
+                                        sinks, scale, og));
+        else
+            CU(duet_cuda_attn_rows(F->cu, qg, nr, Hl, hd, F->keys, koff + ra, nk + ra, maxk > 0 ? maxk : 1, sinks,
+                                   scale, og));
     }
     if (hw->ratio == 4) {
         /* selected entries: counted from the host-known selection sizes */

@@ -1157,6 +1157,31 @@ static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, u
     row_bytes(&row, gv, cv, 4 * nv);
     bench_row(ck, &row, ce_call, &a, io, 0.0, BOUND_MEM);
     print_row(ck, &row);
+    /* load into bf16 (attention's keys): bit for bit with the CPU's load rounded to bf16, and that
+     * rounding exact (the float comes back); fp8 index-K (an fp32 scale) refused */
+    row = row_new("cache_load_bf16", "%s %s %u x %uB", pn, dn, n_entries, l.entry_bytes);
+    uint16_t *g16 = xmalloc(2 * nv), *c16 = xmalloc(2 * nv);
+    duet_status_t st16 = duet_cuda_cache_load_bf16(ck->c, &l, a.dpool, a.dunit, a.didx, (uint16_t *)a.dvec, a.n);
+    if (kind == DUET_POOL_C4_INDEX_K && dt == DUET_CACHE_FP8) {
+        row.exact = 1;
+        row.pass = st16 == DUET_ERR_UNSUPPORTED;
+        snprintf(row.note, sizeof row.note, "refused (%s)", st16 == DUET_ERR_UNSUPPORTED ? "as it must" : "not");
+    } else {
+        CK(st16);
+        ddownload(ck, g16, a.dvec, 2 * nv);
+        size_t inexact = 0;
+        for (size_t i = 0; i < nv; i++) {
+            c16[i] = duet_f32_to_bf16(cv[i]);
+            inexact += duet_bf16_to_f32(c16[i]) != cv[i] && cv[i] == cv[i];
+        }
+        row_bytes(&row, g16, c16, 2 * nv);
+        if (inexact) {
+            row.pass = 0;
+            snprintf(row.note, sizeof row.note, "%zu decoded values not exact in bf16", inexact);
+        }
+    }
+    print_row(ck, &row);
+    free(g16); free(c16);
     free(perm); free(unit); free(idx); free(vec); free(pool); free(gpool); free(gv); free(cv);
     duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
     duet_cuda_free(ck->c, a.dvec);
@@ -1764,23 +1789,32 @@ static void group_moe(ck_t *ck)
 
 /* ---- attention ---- */
 
+/* The form a case runs: the fp32 units (duet_cuda_set_attn_tc 0), the tensor cores reading
+ * float keys, or reading bf16 keys (duet_cuda_attn_rows_bf16). */
+enum { AT_FP32, AT_TC, AT_BF16 };
+
 typedef struct {
     float *dq, *dkeys, *dsinks, *dout;
+    uint16_t *dkeys16;
     int32_t *doff, *dn;
-    int rows, heads, dim, max_keys;
+    int rows, heads, dim, max_keys, form;
     float scale;
 } at_arg_t;
 
 static duet_status_t at_call(ck_t *ck, void *p)
 {
     at_arg_t *a = p;
+    if (a->form == AT_BF16)
+        return duet_cuda_attn_rows_bf16(ck->c, a->dq, a->rows, a->heads, a->dim, a->dkeys16, a->doff, a->dn,
+                                        a->max_keys, a->dsinks, a->scale, a->dout);
     return duet_cuda_attn_rows(ck->c, a->dq, a->rows, a->heads, a->dim, a->dkeys, a->doff, a->dn, a->max_keys,
                                a->dsinks, a->scale, a->dout);
 }
 
-/* fp32: the fp32-unit kernel at every dim (duet_cuda_set_attn_tc 0); invariant: batch-invariant
- * mode (8 splits a row, some without keys when a row has fewer than 8). */
-static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int check_rows, int empty_row, int fp32,
+/* invariant: batch-invariant mode (the tensor-core form splits a row every 256 keys, so rows
+ * shorter than the longest have splits without keys; the fp32 form 8 parts). AT_BF16 is also
+ * checked bit for bit against AT_TC on the same keys (exact in bf16, as the engine's are). */
+static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int check_rows, int empty_row, int form,
                       int invariant)
 {
     rng_t r;
@@ -1794,16 +1828,19 @@ static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int 
         total -= (size_t)nk[rows - 1];
         nk[rows - 1] = 0;
     }
-    size_t nq = (size_t)rows * heads * dim;
-    float *q = rand_f32(&r, nq, 1.0f), *keys = rand_f32(&r, total * dim, 1.0f), *sinks = rand_f32(&r, heads, 1.0f);
-    for (size_t i = 0; i < total * (size_t)dim; i++) /* keys are decoded cache entries: exact in bf16 */
-        keys[i] = duet_bf16_round(keys[i]);
+    size_t nq = (size_t)rows * heads * dim, nkv = total * (size_t)dim;
+    float *q = rand_f32(&r, nq, 1.0f), *keys = rand_f32(&r, nkv, 1.0f), *sinks = rand_f32(&r, heads, 1.0f);
+    uint16_t *keys16 = xmalloc(2 * (nkv ? nkv : 1));
+    for (size_t i = 0; i < nkv; i++) { /* keys are decoded cache entries: exact in bf16 */
+        keys16[i] = duet_f32_to_bf16(keys[i]);
+        keys[i] = duet_bf16_to_f32(keys16[i]);
+    }
     float *out = xmalloc(4 * nq), *ref = xmalloc(4 * nq);
-    at_arg_t a = {dupload(ck, q, 4 * nq), dupload(ck, keys, 4 * total * dim), dupload(ck, sinks, 4 * (size_t)heads),
-                  dmalloc(ck, 4 * nq), dupload(ck, off, 4 * (size_t)rows), dupload(ck, nk, 4 * (size_t)rows), rows,
-                  heads, dim, max_keys, 1.0f / sqrtf((float)dim)};
+    at_arg_t a = {dupload(ck, q, 4 * nq), dupload(ck, keys, 4 * nkv), dupload(ck, sinks, 4 * (size_t)heads),
+                  dmalloc(ck, 4 * nq), dupload(ck, keys16, 2 * (nkv ? nkv : 1)), dupload(ck, off, 4 * (size_t)rows),
+                  dupload(ck, nk, 4 * (size_t)rows), rows, heads, dim, max_keys, form, 1.0f / sqrtf((float)dim)};
     dpoison(ck, a.dout, 4 * nq);
-    duet_cuda_set_attn_tc(ck->c, !fp32);
+    duet_cuda_set_attn_tc(ck->c, form != AT_FP32);
     duet_cuda_set_invariant(ck->c, invariant);
     CK(at_call(ck, &a));
     ddownload(ck, out, a.dout, 4 * nq);
@@ -1816,33 +1853,56 @@ static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int 
         memcpy(go + ncmp, out + b * per, 4 * per);
         ncmp += per;
     }
+    const char *fname = form == AT_BF16 ? "tf32 bf16-keys"
+                        : form == AT_FP32 || !duet_cuda_attn_rows_tc_ok(dim) ? "fp32" : "tf32";
     row_t row = row_new("attn_rows", "rows=%d %dx%d keys<=%d%s %s%s", rows, heads, dim, max_keys,
-                        empty_row ? " +empty" : "", fp32 || !duet_cuda_attn_rows_tc_ok(dim) ? "fp32" : "tf32",
-                        invariant ? " invariant" : "");
+                        empty_row ? " +empty" : "", fname, invariant ? " invariant" : "");
     row_float(&row, go, ro, ncmp, 2e-5);
+    if (form == AT_BF16 && row.pass) { /* the same bits as the float keys' tensor-core run */
+        float *fo = xmalloc(4 * nq);
+        a.form = AT_TC;
+        dpoison(ck, a.dout, 4 * nq);
+        CK(at_call(ck, &a));
+        ddownload(ck, fo, a.dout, 4 * nq);
+        a.form = AT_BF16;
+        size_t diff = 0;
+        for (size_t i = 0; i < nq; i++)
+            diff += memcmp(&fo[i], &out[i], 4) != 0;
+        if (diff) {
+            row.pass = 0;
+            snprintf(row.note, sizeof row.note, "%zu of %zu outputs differ from the float keys' run", diff, nq);
+        }
+        free(fo);
+    }
     if (nr < rows && !row.note[0])
         snprintf(row.note, sizeof row.note, "checked %d sampled rows", nr);
-    bench_row(ck, &row, at_call, &a, 4.0 * (total * dim + 2 * nq), 4.0 * heads * (double)dim * total, BOUND_FP32);
+    double kbytes = (form == AT_BF16 ? 2.0 : 4.0) * (double)nkv;
+    bench_row(ck, &row, at_call, &a, kbytes + 8.0 * nq, 4.0 * heads * (double)dim * total, BOUND_FP32);
     duet_cuda_set_attn_tc(ck->c, 1);
     duet_cuda_set_invariant(ck->c, 0);
     print_row(ck, &row);
-    free(off); free(nk); free(q); free(keys); free(sinks); free(out); free(ref); free(go); free(ro);
+    free(off); free(nk); free(q); free(keys); free(keys16); free(sinks); free(out); free(ref); free(go); free(ro);
     duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dkeys); duet_cuda_free(ck->c, a.dsinks);
-    duet_cuda_free(ck->c, a.dout); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
+    duet_cuda_free(ck->c, a.dout); duet_cuda_free(ck->c, a.dkeys16); duet_cuda_free(ck->c, a.doff);
+    duet_cuda_free(ck->c, a.dn);
 }
 
 static void group_attn(ck_t *ck)
 {
-    case_attn(ck, 32, 64, 512, 640, 8, 0, 0, 0);  /* decode batch 32: window 128 + top-512 */
-    case_attn(ck, 32, 64, 512, 640, 8, 0, 1, 0);  /* the same on the fp32 units */
-    case_attn(ck, 1, 64, 512, 640, 1, 0, 0, 0);
-    case_attn(ck, 128, 64, 512, 640, 4, 0, 0, 0);
-    case_attn(ck, 8, 64, 512, 4224, 2, 0, 0, 0);  /* C128 layer at 512k: window + 4096 entries */
-    case_attn(ck, 6, 64, 512, 300, 6, 1, 0, 1);   /* invariant: 256-key splits, some without keys */
-    case_attn(ck, 5, 24, 256, 300, 5, 0, 0, 0);   /* a head tile half full */
-    case_attn(ck, 4, 4, 128, 40, 4, 1, 0, 0);     /* tiny fixture widths, a row without keys */
-    case_attn(ck, 4, 4, 128, 40, 4, 1, 1, 1);
-    case_attn(ck, 3, 12, 36, 300, 3, 0, 0, 0);
+    case_attn(ck, 32, 64, 512, 640, 8, 0, AT_TC, 0);   /* decode batch 32: window 128 + top-512 */
+    case_attn(ck, 32, 64, 512, 640, 8, 0, AT_BF16, 0); /* the same, bf16 keys (what the engine passes) */
+    case_attn(ck, 32, 64, 512, 640, 8, 0, AT_FP32, 0); /* the same on the fp32 units */
+    case_attn(ck, 1, 64, 512, 640, 1, 0, AT_BF16, 0);
+    case_attn(ck, 128, 64, 512, 640, 4, 0, AT_BF16, 0);
+    case_attn(ck, 8, 64, 512, 4224, 2, 0, AT_BF16, 0); /* C128 layer at 512k: window + 4096 entries */
+    case_attn(ck, 8, 64, 512, 4224, 2, 0, AT_TC, 0);
+    case_attn(ck, 6, 64, 512, 300, 6, 1, AT_TC, 1);    /* invariant: 256-key splits, some without keys */
+    case_attn(ck, 6, 64, 512, 300, 6, 1, AT_BF16, 1);
+    case_attn(ck, 5, 24, 256, 300, 5, 0, AT_BF16, 0);  /* a head tile half full */
+    case_attn(ck, 4, 4, 128, 40, 4, 1, AT_TC, 0);      /* tiny fixture widths, a row without keys */
+    case_attn(ck, 4, 4, 128, 40, 4, 1, AT_BF16, 1);
+    case_attn(ck, 4, 4, 128, 40, 4, 1, AT_FP32, 1);
+    case_attn(ck, 3, 12, 36, 300, 3, 0, AT_TC, 0);     /* no tensor-core form: the fp32 units */
 }
 
 /* ---- hyper-connections ---- */

@@ -346,23 +346,58 @@ __device__ __forceinline__ void mma_tf32(float *d, const uint32_t *a, uint32_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int DIM, int W> struct tc_shape {
+/* KT: the keys' type, float or (bf16 bits) uint16_t.  A key row's stride KS = DIM + 8
+ * elements: 8 words past a multiple of 32 for floats, 4 for bf16, so the q·kᵀ loads (a word pair
+ * or a word at row g, column t) hit distinct banks. */
+template <int DIM, int W, typename KT> struct tc_shape {
     static constexpr int DW = DIM / W, KSTEPS = DW / 8, GROUPS = DW / 32, KS = DIM + TC_PAD, SPS = TC_CH + TC_PAD;
-    static constexpr size_t SMEM = sizeof(float) * ((size_t)2 * TC_CH * KS + (size_t)W * 16 * SPS + 2 * 16 * TC_PS + 3 * 16);
+    static constexpr size_t KBYTES = sizeof(KT) * (size_t)2 * TC_CH * KS;
+    static constexpr size_t SMEM = KBYTES + sizeof(float) * ((size_t)W * 16 * SPS + 2 * 16 * TC_PS + 3 * 16);
 };
 
-template <int DIM, int W>
-__global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q, int n_heads, const float *keys,
+/* Keys (row, d) and (row, d+1) of a chunk (d even) as the B pair of a q·kᵀ step. */
+__device__ __forceinline__ void key_pair(const float *K, int i, uint32_t &b0, uint32_t &b1)
+{
+    float2 v = *(const float2 *)(K + i);
+    b0 = __float_as_uint(v.x);
+    b1 = __float_as_uint(v.y);
+}
+__device__ __forceinline__ void key_pair(const uint16_t *K, int i, uint32_t &b0, uint32_t &b1)
+{
+    uint32_t w = *(const uint32_t *)(K + i);
+    b0 = w << 16;
+    b1 = w & 0xffff0000u;
+}
+/* Keys (row, d .. d+3) (d a multiple of 4) as the B values of four p·V tiles. */
+__device__ __forceinline__ void key_quad(const float *K, int i, uint32_t *b)
+{
+    float4 v = *(const float4 *)(K + i);
+    b[0] = __float_as_uint(v.x);
+    b[1] = __float_as_uint(v.y);
+    b[2] = __float_as_uint(v.z);
+    b[3] = __float_as_uint(v.w);
+}
+__device__ __forceinline__ void key_quad(const uint16_t *K, int i, uint32_t *b)
+{
+    uint2 v = *(const uint2 *)(K + i);
+    b[0] = v.x << 16;
+    b[1] = v.x & 0xffff0000u;
+    b[2] = v.y << 16;
+    b[3] = v.y & 0xffff0000u;
+}
+
+template <int DIM, int W, typename KT>
+__global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q, int n_heads, const void *keys,
                                                                  const int32_t *key_off, const int32_t *n_keys,
                                                                  float scale, int n_split, int per,
                                                                  float *o_part, float *ml_part)
 {
-    typedef tc_shape<DIM, W> S;
+    typedef tc_shape<DIM, W, KT> S;
     static_assert(S::DW % 32 == 0 && S::DW <= 64, "a warp's dims: one or two groups of 32");
     static_assert(W * 32 == 16 * 16 || W * 32 == 16 * 8, "a half-warp a head in the softmax step");
     extern __shared__ __align__(16) float sm[];
-    float *Ks = sm;                                  /* [2][TC_CH][KS] */
-    float *Sp = Ks + 2 * TC_CH * S::KS;              /* [W][16][SPS] partial logits */
+    KT *Ks = reinterpret_cast<KT *>(sm);             /* [2][TC_CH][KS] */
+    float *Sp = sm + S::KBYTES / sizeof(float);      /* [W][16][SPS] partial logits */
     float *Ph = Sp + W * 16 * S::SPS, *Pl = Ph + 16 * TC_PS; /* [16][TC_PS] weights, hi and lo */
     float *m_s = Pl + 16 * TC_PS, *l_s = m_s + 16, *alpha_s = l_s + 16;
     constexpr int NT = W * 32;
@@ -370,7 +405,7 @@ __global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q,
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     int nk = n_keys[b]; /* split s: keys [s*per, (s+1)*per), the last split to the end */
     int j0 = min(nk, s * per), j1 = s == n_split - 1 ? nk : min(nk, j0 + per);
-    const float *kb = keys + (size_t)key_off[b] * DIM;
+    const KT *kb = (const KT *)keys + (size_t)key_off[b] * DIM;
     int dbase = warp * S::DW;
 
     /* q: this warp's dims of the 16 heads, as A fragments, split into hi and lo */
@@ -407,15 +442,16 @@ __global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q,
     /* chunk loads: rows past the split's end are zeros (their logits are masked, their
      * weights 0, and 0 x a stale value could be NaN) */
     auto load_chunk = [&](int jc, int buf) {
+        constexpr int PR = DIM * (int)sizeof(KT) / 16, PE = 16 / (int)sizeof(KT); /* 16-byte pieces a row */
         int cnt = min(TC_CH, j1 - jc);
-        float *dst = Ks + buf * TC_CH * S::KS;
-        for (int e = tid; e < TC_CH * (DIM / 4); e += NT) {
-            int r = e / (DIM / 4), c4 = e % (DIM / 4);
-            float *sp = dst + r * S::KS + 4 * c4;
+        KT *dst = Ks + buf * TC_CH * S::KS;
+        for (int e = tid; e < TC_CH * PR; e += NT) {
+            int r = e / PR, c = e % PR;
+            KT *sp = dst + r * S::KS + PE * c;
             if (r < cnt)
-                cp_async16(sp, kb + (size_t)(jc + r) * DIM + 4 * c4);
+                cp_async16(sp, kb + (size_t)(jc + r) * DIM + PE * c);
             else
-                *(float4 *)sp = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                *(uint4 *)sp = make_uint4(0u, 0u, 0u, 0u);
         }
         cp_commit();
     };
@@ -429,7 +465,7 @@ __global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q,
         __syncthreads(); /* the chunk is in; every warp is past the previous chunk */
         if (jc + TC_CH < j1)
             load_chunk(jc + TC_CH, buf ^ 1);
-        const float *K = Ks + buf * TC_CH * S::KS;
+        const KT *K = Ks + buf * TC_CH * S::KS;
 
         /* 1. partial logits over this warp's dims */
         {
@@ -443,8 +479,8 @@ __global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q,
             for (int k = 0; k < S::KSTEPS; k++) {
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
-                    float2 kv = *(const float2 *)(K + (8 * n + g) * S::KS + dbase + 8 * k + 2 * t);
-                    uint32_t b0 = __float_as_uint(kv.x), b1 = __float_as_uint(kv.y);
+                    uint32_t b0, b1;
+                    key_pair(K, (8 * n + g) * S::KS + dbase + 8 * k + 2 * t, b0, b1);
                     mma_tf32(sc[n], ql[k], b0, b1);
                     mma_tf32(sc[n], qh[k], b0, b1);
                 }
@@ -518,13 +554,13 @@ __global__ void __launch_bounds__(W * 32, 1) attn_part_tc_kernel(const float *q,
 #pragma unroll
                 for (int gi = 0; gi < S::GROUPS; gi++) {
                     int d = dbase + 32 * gi + 4 * g;
-                    float4 v0 = *(const float4 *)(K + ka * S::KS + d);
-                    float4 v1 = *(const float4 *)(K + (ka + 4) * S::KS + d);
-                    float b0[4] = {v0.x, v0.y, v0.z, v0.w}, b1[4] = {v1.x, v1.y, v1.z, v1.w};
+                    uint32_t b0[4], b1[4];
+                    key_quad(K, ka * S::KS + d, b0);
+                    key_quad(K, (ka + 4) * S::KS + d, b1);
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        mma_tf32(acc[gi][c], al, __float_as_uint(b0[c]), __float_as_uint(b1[c]));
-                        mma_tf32(acc[gi][c], ah, __float_as_uint(b0[c]), __float_as_uint(b1[c]));
+                        mma_tf32(acc[gi][c], al, b0[c], b1[c]);
+                        mma_tf32(acc[gi][c], ah, b0[c], b1[c]);
                     }
                 }
             }
@@ -606,18 +642,19 @@ __global__ void attn_combine_kernel(int n_heads, int dim, int n_split, const flo
     }
 }
 
-/* The tensor-core form for a head dimension, or NULL (W warps: DIM/W dims a warp, 32 or 64). */
-typedef void (*tc_kernel_t)(const float *, int, const float *, const int32_t *, const int32_t *, float, int, int,
+/* The tensor-core form for a head dimension and key type, or NULL (W warps: DIM/W dims a warp,
+ * 32 or 64); bit: its flag in c->attn_smem_set. */
+typedef void (*tc_kernel_t)(const float *, int, const void *, const int32_t *, const int32_t *, float, int, int,
                             float *, float *);
 
-static tc_kernel_t tc_kernel(int dim, size_t *smem, int *warps, int *bit)
+static tc_kernel_t tc_kernel(int dim, int bf16, size_t *smem, int *warps, int *bit)
 {
 #define TC_CASE(D, W, B)                                                                                           \
     case D:                                                                                                        \
-        *smem = tc_shape<D, W>::SMEM;                                                                              \
         *warps = W;                                                                                                \
-        *bit = B;                                                                                                  \
-        return attn_part_tc_kernel<D, W>;
+        *bit = 2 * (B) + (bf16 != 0);                                                                              \
+        *smem = bf16 ? tc_shape<D, W, uint16_t>::SMEM : tc_shape<D, W, float>::SMEM;                               \
+        return bf16 ? attn_part_tc_kernel<D, W, uint16_t> : attn_part_tc_kernel<D, W, float>;
     switch (dim) {
         TC_CASE(128, 4, 0)
         TC_CASE(256, 8, 1)
@@ -631,28 +668,41 @@ extern "C" int duet_cuda_attn_rows_tc_ok(int dim)
 {
     size_t smem;
     int warps, bit;
-    return tc_kernel(dim, &smem, &warps, &bit) != NULL;
+    return tc_kernel(dim, 0, &smem, &warps, &bit) != NULL;
 }
 
 extern "C" void duet_cuda_set_attn_tc(duet_cuda_t *c, int on) { c->attn_no_tc = on == 0; }
 
-extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
-                                             const float *keys, const int32_t *key_off, const int32_t *n_keys,
-                                             int max_keys, const float *sinks, float scale, float *out)
+extern "C" int duet_cuda_attn_rows_bf16_ok(const duet_cuda_t *c, int dim)
 {
+    return !c->attn_no_tc && duet_cuda_attn_rows_tc_ok(dim);
+}
+
+/* keys: floats, or (bf16 != 0) bf16 bits, which only the tensor-core form reads. */
+static duet_status_t attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim, const void *keys,
+                               int bf16, const int32_t *key_off, const int32_t *n_keys, int max_keys,
+                               const float *sinks, float scale, float *out)
+{
+    const char *name = bf16 ? "attn_rows_bf16" : "attn_rows";
     if (n_rows <= 0 || n_heads <= 0)
         return DUET_OK;
     if (dim % 4 || dim > AT_MAXD || dim <= 0 || ((uintptr_t)q | (uintptr_t)keys | (uintptr_t)out) % 16)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
-                               "attn_rows: dim %d (needs a multiple of 4 up to %d, 16-byte aligned buffers)", dim,
+                               "%s: dim %d (needs a multiple of 4 up to %d, 16-byte aligned buffers)", name, dim,
                                AT_MAXD);
     if (n_rows > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "attn_rows: %d rows (at most 65535)", n_rows);
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", name, n_rows);
     size_t tc_smem = 0;
     int tc_warps = 0, tc_bit = 0;
-    tc_kernel_t tck = c->attn_no_tc ? NULL : tc_kernel(dim, &tc_smem, &tc_warps, &tc_bit);
+    tc_kernel_t tck = c->attn_no_tc ? NULL : tc_kernel(dim, bf16, &tc_smem, &tc_warps, &tc_bit);
+    if (bf16 && !tck)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "%s: bf16 keys need the tensor-core form (head dim 128, 256 or 512, not turned off)",
+                               name);
     int hb = tck ? 16 : AT_HB, ch = tck ? TC_CH : AT_CH;
     int groups = (n_heads + hb - 1) / hb;
+    if (groups > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d heads (at most %d)", name, n_heads, 65535 * hb);
     int target = 2 * c->info.sm_count;
     int n_split = (target + n_rows * groups - 1) / (n_rows * groups);
     int max_split = max_keys > 0 ? (max_keys + ch - 1) / ch : 1;
@@ -669,8 +719,6 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
     } else if (c->invariant) {
         n_split = AT_FIXED_SPLIT;
     }
-    if (groups > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "attn_rows: %d heads (at most %d)", n_heads, 65535 * hb);
     size_t o_floats = (size_t)n_rows * n_split * n_heads * dim, ml_floats = (size_t)n_rows * n_split * n_heads * 2;
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, (o_floats + ml_floats) * sizeof(float), &scr));
@@ -684,26 +732,27 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
         tck<<<grid, tc_warps * 32, tc_smem, c->stream>>>(q, n_heads, keys, key_off, n_keys, scale, n_split, per,
                                                          o_part, ml_part);
     } else {
+        const float *kf = (const float *)keys;
         size_t smem = AT_HB * dim * sizeof(float);
         switch (dim) {
         case 128:
-            attn_part_fast_kernel<128><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+            attn_part_fast_kernel<128><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
                                                                              scale, n_split, o_part, ml_part);
             break;
         case 256:
-            attn_part_fast_kernel<256><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+            attn_part_fast_kernel<256><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
                                                                              scale, n_split, o_part, ml_part);
             break;
         case 512:
-            attn_part_fast_kernel<512><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+            attn_part_fast_kernel<512><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
                                                                              scale, n_split, o_part, ml_part);
             break;
         case 1024:
-            attn_part_fast_kernel<1024><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, keys, key_off, n_keys,
+            attn_part_fast_kernel<1024><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
                                                                               scale, n_split, o_part, ml_part);
             break;
         default:
-            attn_part_kernel<<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, dim, keys, key_off, n_keys, scale,
+            attn_part_kernel<<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, dim, kf, key_off, n_keys, scale,
                                                                     n_split, o_part, ml_part);
         }
     }
@@ -712,4 +761,18 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
         n_heads, dim, n_split, sinks, o_part, ml_part, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
+                                             const float *keys, const int32_t *key_off, const int32_t *n_keys,
+                                             int max_keys, const float *sinks, float scale, float *out)
+{
+    return attn_rows(c, q, n_rows, n_heads, dim, keys, 0, key_off, n_keys, max_keys, sinks, scale, out);
+}
+
+extern "C" duet_status_t duet_cuda_attn_rows_bf16(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
+                                                  const uint16_t *keys, const int32_t *key_off, const int32_t *n_keys,
+                                                  int max_keys, const float *sinks, float scale, float *out)
+{
+    return attn_rows(c, q, n_rows, n_heads, dim, keys, 1, key_off, n_keys, max_keys, sinks, scale, out);
 }

@@ -26,6 +26,14 @@ extern "C" {
 duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim, const float *keys,
                                   const int32_t *key_off, const int32_t *n_keys, int max_keys, const float *sinks,
                                   float scale, float *out);
+/* The same with the keys as bf16 (bits, 2 bytes a value): half the bytes of the float form,
+ * the same results bit for bit where the float keys are exact in bf16 (the engine's are).
+ * Only the tensor-core form reads them: DUET_ERR_UNSUPPORTED unless
+ * duet_cuda_attn_rows_bf16_ok(c, dim). */
+duet_status_t duet_cuda_attn_rows_bf16(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
+                                       const uint16_t *keys, const int32_t *key_off, const int32_t *n_keys,
+                                       int max_keys, const float *sinks, float scale, float *out);
+int duet_cuda_attn_rows_bf16_ok(const duet_cuda_t *c, int dim);
 /* 1 when dim has the tensor-core form. */
 int duet_cuda_attn_rows_tc_ok(int dim);
 /* on 0: attn_rows on the fp32 units at every dim (for comparison); 1 (the default): the

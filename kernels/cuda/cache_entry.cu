@@ -115,43 +115,51 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_store_kernel(entry_geom g
         put_bf16(row + nope + 2 * i, vec[nope + i]);
 }
 
+/* A decoded value into an output row: a float as it is, or bf16 bits (duet_f32_to_bf16's
+ * rounding: exact for every KV pool's values, which are bf16 or e4m3 times a power of two). */
+__device__ __forceinline__ void put_out(float *o, float v) { *o = v; }
+__device__ __forceinline__ void put_out(uint16_t *o, float v) { *o = duet_d_f32_to_bf16(v); }
+
 /* Decode entry ix of a page into vec with the block's threads. */
-__device__ __forceinline__ void load_entry(const entry_geom &g, const uint8_t *page, uint32_t ix, float *vec)
+template <typename O>
+__device__ __forceinline__ void load_entry(const entry_geom &g, const uint8_t *page, uint32_t ix, O *vec)
 {
     const uint8_t *row = page + (size_t)ix * g.entry_data_bytes;
     const uint8_t *srow = page + g.scale_offset + (size_t)ix * g.entry_scale_bytes;
     int t = threadIdx.x;
     if (g.mode == 0) {
         for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
-            vec[i] = get_bf16(row + 2 * i);
+            put_out(vec + i, get_bf16(row + 2 * i));
     } else if (g.mode == 2) {
         float scale = __uint_as_float((uint32_t)srow[0] | ((uint32_t)srow[1] << 8) | ((uint32_t)srow[2] << 16) |
                                       ((uint32_t)srow[3] << 24));
         for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
-            vec[i] = __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale);
+            put_out(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale));
     } else {
         uint32_t nope = g.nope_dim;
         for (uint32_t i = t; i < nope; i += blockDim.x)
-            vec[i] = __fmul_rn(duet_d_e4m3_to_f32(row[i]), duet_d_e8m0_to_f32(srow[i / KV_SCALE_BLOCK]));
+            put_out(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), duet_d_e8m0_to_f32(srow[i / KV_SCALE_BLOCK])));
         for (uint32_t i = t; i < g.rope_dim; i += blockDim.x)
-            vec[nope + i] = get_bf16(row + nope + 2 * i);
+            put_out(vec + nope + i, get_bf16(row + nope + 2 * i));
     }
 }
 
+template <typename O>
 __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g, const uint8_t *base,
                                                                    const uint32_t *unit, const uint32_t *idx,
-                                                                   float *vecs)
+                                                                   O *vecs)
 {
     uint32_t e = blockIdx.x;
     load_entry(g, base + (size_t)unit[e] * g.page_bytes, idx[e], vecs + (size_t)e * g.vec_dim);
 }
 
 /* block (j, b): entry sel[b*k + j] of row b's sequence, through its page list. */
+template <typename O>
 __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_sel_kernel(entry_geom g, const uint8_t *base,
                                                                        uint32_t epp, const int32_t *sel, int k,
                                                                        const int32_t *n_sel, const uint32_t *pages,
                                                                        const int32_t *page_off,
-                                                                       const int32_t *dst_off, float *out)
+                                                                       const int32_t *dst_off, O *out)
 {
     int j = blockIdx.x, b = blockIdx.y;
     if (j >= n_sel[b])
@@ -164,23 +172,44 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_sel_kernel(entry_geo
                out + ((size_t)dst_off[b] + j) * g.vec_dim);
 }
 
+/* bf16 output where it is exact: bf16 entries, and KV fp8 (e4m3 times a power of two); not fp8
+ * index-K, whose values are e4m3 times an fp32 scale. */
+static int bf16_refused(const entry_geom &g) { return g.mode == 2; }
+
+template <typename O>
+static duet_status_t load_sel(duet_cuda_t *c, const char *name, const duet_cache_layout_t *l, const uint8_t *base,
+                              const int32_t *sel, int k, int n_rows, const int32_t *n_sel, const uint32_t *pages,
+                              const int32_t *page_off, const int32_t *dst_off, O *out)
+{
+    entry_geom g;
+    if (geom_of(l, &g) || !l->paged || (sizeof(O) == 2 && bf16_refused(g)))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: pool %s is not a paged %s pool", name,
+                               duet_pool_kind_name(l->kind), sizeof(O) == 2 ? "KV entry" : "entry");
+    if (k <= 0 || n_rows <= 0)
+        return DUET_OK;
+    if (n_rows > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", name, n_rows);
+    cache_load_sel_kernel<O><<<dim3(k, n_rows), ENTRY_THREADS, 0, c->stream>>>(g, base, l->entries_per_page, sel, k,
+                                                                              n_sel, pages, page_off, dst_off, out);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 extern "C" duet_status_t duet_cuda_cache_load_sel(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
                                                   const int32_t *sel, int k, int n_rows, const int32_t *n_sel,
                                                   const uint32_t *pages, const int32_t *page_off,
                                                   const int32_t *dst_off, float *out)
 {
-    entry_geom g;
-    if (geom_of(l, &g) || !l->paged)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_load_sel: pool %s is not a paged entry pool",
-                               duet_pool_kind_name(l->kind));
-    if (k <= 0 || n_rows <= 0)
-        return DUET_OK;
-    if (n_rows > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_load_sel: %d rows (at most 65535)", n_rows);
-    cache_load_sel_kernel<<<dim3(k, n_rows), ENTRY_THREADS, 0, c->stream>>>(g, base, l->entries_per_page, sel, k,
-                                                                           n_sel, pages, page_off, dst_off, out);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    return load_sel(c, "cache_load_sel", l, base, sel, k, n_rows, n_sel, pages, page_off, dst_off, out);
+}
+
+extern "C" duet_status_t duet_cuda_cache_load_sel_bf16(duet_cuda_t *c, const duet_cache_layout_t *l,
+                                                       const uint8_t *base, const int32_t *sel, int k, int n_rows,
+                                                       const int32_t *n_sel, const uint32_t *pages,
+                                                       const int32_t *page_off, const int32_t *dst_off,
+                                                       uint16_t *out)
+{
+    return load_sel(c, "cache_load_sel_bf16", l, base, sel, k, n_rows, n_sel, pages, page_off, dst_off, out);
 }
 
 extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_layout_t *l, uint8_t *base,
@@ -198,16 +227,30 @@ extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_
     return DUET_OK;
 }
 
+template <typename O>
+static duet_status_t load(duet_cuda_t *c, const char *name, const duet_cache_layout_t *l, const uint8_t *base,
+                          const uint32_t *unit, const uint32_t *idx, O *vec, uint32_t n)
+{
+    entry_geom g;
+    if (geom_of(l, &g) || (sizeof(O) == 2 && bf16_refused(g)))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: pool %s has no %s codec", name,
+                               duet_pool_kind_name(l->kind), sizeof(O) == 2 ? "KV entry" : "entry");
+    if (!n)
+        return DUET_OK;
+    cache_load_kernel<O><<<n, ENTRY_THREADS, 0, c->stream>>>(g, base, unit, idx, vec);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 extern "C" duet_status_t duet_cuda_cache_load(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
                                               const uint32_t *unit, const uint32_t *idx, float *vec, uint32_t n)
 {
-    entry_geom g;
-    if (geom_of(l, &g))
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_load: pool %s has no entry codec",
-                               duet_pool_kind_name(l->kind));
-    if (!n)
-        return DUET_OK;
-    cache_load_kernel<<<n, ENTRY_THREADS, 0, c->stream>>>(g, base, unit, idx, vec);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    return load(c, "cache_load", l, base, unit, idx, vec, n);
+}
+
+extern "C" duet_status_t duet_cuda_cache_load_bf16(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                                   const uint32_t *unit, const uint32_t *idx, uint16_t *vec,
+                                                   uint32_t n)
+{
+    return load(c, "cache_load_bf16", l, base, unit, idx, vec, n);
 }

@@ -32,6 +32,16 @@ duet_status_t duet_cuda_cache_load_sel(duet_cuda_t *c, const duet_cache_layout_t
                                        const uint32_t *pages, const int32_t *page_off, const int32_t *dst_off,
                                        float *out);
 
+/* The two loads into bf16 bits (2 bytes a value), where bf16 holds every value exactly: the KV
+ * pools (SWA, C4, C128: bf16, or e4m3 times a power of two) and bf16 index-K; fp8 index-K (e4m3
+ * times an fp32 scale) is refused. */
+duet_status_t duet_cuda_cache_load_bf16(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                        const uint32_t *unit, const uint32_t *idx, uint16_t *vec, uint32_t n);
+duet_status_t duet_cuda_cache_load_sel_bf16(duet_cuda_t *c, const duet_cache_layout_t *l, const uint8_t *base,
+                                            const int32_t *sel, int k, int n_rows, const int32_t *n_sel,
+                                            const uint32_t *pages, const int32_t *page_off, const int32_t *dst_off,
+                                            uint16_t *out);
+
 #ifdef __cplusplus
 }
 #endif

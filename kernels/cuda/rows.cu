@@ -20,6 +20,17 @@ __global__ void gather_rows_to_kernel(float *dst, const int32_t *dst_idx, const 
     dst[(size_t)dst_idx[r] * dim + d] = src[(size_t)src_idx[r] * dim + d];
 }
 
+/* The same into bf16 (duet_f32_to_bf16's rounding; exact for values bf16 holds). */
+__global__ void gather_rows_to_bf16_kernel(uint16_t *dst, const int32_t *dst_idx, const float *src,
+                                           const int32_t *src_idx, int n, int dim)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * dim)
+        return;
+    size_t r = i / dim, d = i % dim;
+    dst[(size_t)dst_idx[r] * dim + d] = duet_d_f32_to_bf16(src[(size_t)src_idx[r] * dim + d]);
+}
+
 __global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, int cols)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -71,6 +82,17 @@ extern "C" duet_status_t duet_cuda_gather_rows_to(duet_cuda_t *c, float *dst, co
     if (!total)
         return DUET_OK;
     gather_rows_to_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_gather_rows_to_bf16(duet_cuda_t *c, uint16_t *dst, const int32_t *dst_idx,
+                                                       const float *src, const int32_t *src_idx, int n, int dim)
+{
+    size_t total = (size_t)n * dim;
+    if (!total)
+        return DUET_OK;
+    gather_rows_to_bf16_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
