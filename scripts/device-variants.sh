@@ -25,7 +25,8 @@
 #
 # Options there: --cases SUBSTR (only the matmul cases whose shape contains SUBSTR),
 # --batches LIST (default 1,32), --ctx N (default 4096), --reps N (default 2), --no-slice,
-# --ops "GROUPS" (the duet-check-ops groups timed; default "matmul moe", "" for none).
+# --ops "GROUPS" (the duet-check-ops groups timed; default "matmul moe", "" for none), --prefill
+# (the slice's prefill of --ctx tokens too, both matmul modes, rows in ms a call).
 # Exit status 0 when every variant passed its checks.
 set -uo pipefail
 
@@ -34,7 +35,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VAR="$ROOT/build-var"
 RES="${OUT:-$VAR/results}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe"
+cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe" prefill=0
 
 usage() {
   echo "usage: scripts/device-variants.sh --prepare NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
@@ -102,6 +103,7 @@ while [ $# -gt 0 ]; do
     --ctx) ctx="$2"; shift ;;
     --reps) reps="$2"; shift ;;
     --no-slice) slice=0 ;;
+    --prefill) prefill=1 ;;
     --ops) ops="$2"; shift ;;
     *) usage ;;
   esac
@@ -179,8 +181,15 @@ slice_rows() {
   local rep v line
   for rep in $(seq 1 "$reps"); do
     for v in "${ok[@]}"; do
-      timeout 300 "$VAR/bin/$v/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx "$ctx" \
+      local only=--decode-only
+      [ "$prefill" = 1 ] && only=""
+      timeout 300 "$VAR/bin/$v/duet-check-forward" --model "$FIX/slice" --bench $only --ctx "$ctx" \
         --batches "$batches" >"$RES/slice-$v-$rep.txt" 2>>"$LOG"
+      grep '^bench prefill' "$RES/slice-$v-$rep.txt" | while read -r line; do
+        mode=$(echo "$line" | sed -E 's/^bench prefill [0-9]+ tokens \(([^ ]+).*/\1/')
+        ms=$(echo "$line" | sed -E 's/.*: ([0-9.]+) ms, .*/\1/')
+        printf '%s\tprefill %s tokens (%s), pass %s (ms)\t%s\n' "$v" "$ctx" "$mode" "$rep" "$ms"
+      done
       grep '^bench decode' "$RES/slice-$v-$rep.txt" | while read -r line; do
         b=$(echo "$line" | sed -E 's/^bench decode batch ([0-9]+) .*/\1/')
         ms=$(echo "$line" | sed -E 's/.*: ([0-9.]+) ms\/step.*/\1/')
