@@ -5,10 +5,11 @@
 # 1.13.1, which is built without CUDA: UCX cannot register device memory with
 # it, so the data plane stages pages through host memory.  This builds the
 # same UCX release from Debian's source tarball with the CUDA transports
-# (cuda_copy, cuda_ipc; no gdrcopy, no verbs) and one patch so that
-# ucp_put_nbx between two GPUs' memory uses cuda_ipc (below; it takes
-# UCX_PROTO_ENABLE=y at run time), keeps the sonames our binaries
-# link (libucp.so.0, libucs.so.0, libuct.so.0, libucm.so.0), and packs the
+# (cuda_copy, cuda_ipc; no gdrcopy, no verbs) and two patches: ucp_put_nbx
+# between two GPUs' memory uses cuda_ipc (below; it takes UCX_PROTO_ENABLE=y at
+# run time), and a failed tcp endpoint completes a zero-copy send once, not
+# twice.  It keeps the sonames our binaries link (libucp.so.0, libucs.so.0,
+# libuct.so.0, libucm.so.0), and packs the
 # libraries, their modules (lib/ucx/), ucx_info and ucx_perftest into
 # .bundle/ucx-cuda-1.13.1.tgz (git-ignored).  The tarball is relocatable:
 # unpack it anywhere as D and put D/lib on LD_LIBRARY_PATH; libucs finds its
@@ -160,6 +161,31 @@ patch -p1 --no-backup-if-mismatch > "$WORK/patch.log" <<'EOF_PATCH' || { cat "$W
                                                  mem_type, tl_bitmap,
                                                  UCP_LANE_TYPE_RMA, select_ctx);
          if ((status != UCS_OK) && (mem_type == UCS_MEMORY_TYPE_HOST)) {
+EOF_PATCH
+
+# A failed tcp endpoint's zero-copy send completed twice.  When a partly written
+# AM zero-copy message meets a send error, uct_tcp_ep_sendv() lets
+# uct_tcp_ep_handle_send_err() fail the endpoint, whose purge completes the
+# message, then completes it again.  A build with assertions (Debian's libucx0)
+# aborts there ("uct_iface.h:884 Assertion comp->count > 0", ENDPOINT_TIMEOUT);
+# this one, without them, takes the completion count below zero instead.
+# Complete it only if the purge has not (docs/DATAPLANE.md).  duet itself sends
+# active-message data over tcp by copy, which avoids the path on any UCX.
+patch -p1 --no-backup-if-mismatch > "$WORK/patch-tcp.log" <<'EOF_PATCH' || { cat "$WORK/patch-tcp.log"; die "the tcp completion patch does not apply"; }
+--- a/src/uct/tcp/tcp_ep.c
++++ b/src/uct/tcp/tcp_ep.c
+@@ -1060,7 +1060,10 @@
+         }
+ 
+         status = uct_tcp_ep_handle_send_err(ep, status);
+-        uct_tcp_ep_zcopy_completed(ep, ctx->comp, status);
++        if (ep->flags & UCT_TCP_EP_FLAG_ZCOPY_TX) {
++            /* not completed yet by the purge of a failed endpoint */
++            uct_tcp_ep_zcopy_completed(ep, ctx->comp, status);
++        }
+         return status;
+     }
+ 
 EOF_PATCH
 
 say "autogen"

@@ -131,6 +131,7 @@ typedef struct peer {
     uint64_t dead_since_ns;
     uint32_t refs;            /* sends and receives bound to it */
     int rma_host, rma_cuda;   /* UCX gave the endpoint an RMA lane for host / GPU memory */
+    int am_tcp;               /* its active messages go over tcp (am_data_param) */
     int graceful;             /* close with a flush (engine shutdown), not FORCE */
 } peer_t;
 
@@ -251,6 +252,7 @@ struct duet_xfer {
     uint64_t id;
     ucp_context_h ctx;
     ucp_worker_h worker;
+    ucp_datatype_t packed_dt; /* bytes packed by copy (am_data_param); 0 until created, or not wanted */
     ucp_address_t *addr;
     size_t addr_len;
     int cuda_capable;
@@ -477,11 +479,11 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
  * target process when the origin dies mid-put (ucp_put_handler -> ucs_fatal
  * "unexpected error") and reads GPU memory with memcpy, so duet then writes
  * pages with its own AM_DATA messages instead. */
-static void ep_rma_lanes(ucp_ep_h ep, int *host, int *cuda)
+static void ep_lanes(ucp_ep_h ep, int *host, int *cuda, int *am_tcp)
 {
     char *buf = NULL;
     size_t len = 0;
-    *host = *cuda = 0;
+    *host = *cuda = *am_tcp = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f)
         return;
@@ -497,9 +499,75 @@ static void ep_rma_lanes(ucp_ep_h ep, int *host, int *cuda)
             else
                 *host = 1;
         }
+        /* "lane[0]:  0:tcp/lo.0 md[0] -> md[0]/tcp/sysdev[255] am am_bw#0 wireup" */
+        if (strstr(line, "lane[") && strstr(line, ":tcp/") && (strstr(line, " am ") || strstr(line, " am_bw#")))
+            *am_tcp = 1;
         line = nl ? nl + 1 : NULL;
     }
     free(buf);
+}
+
+/* UCX's tcp transport completes an active-message zero-copy send twice when the socket fails
+ * while the message is half written (every release since 1.10; docs/DATAPLANE.md), and a UCX
+ * built with assertions, as Debian 12's is, aborts the process on it.  Page data and
+ * completion messages to a peer reached over tcp therefore go through a packed datatype,
+ * which UCX can only send by copy: the same bytes, one more copy, on the slowest transport
+ * (DUET_XFER_TCP_COPY=0 in the environment keeps zero-copy, for a UCX without the defect). */
+static void *packed_start(void *ctx, const void *buf, size_t count)
+{
+    (void)ctx;
+    size_t *st = malloc(2 * sizeof *st);
+    if (st) {
+        st[0] = (size_t)(uintptr_t)buf;
+        st[1] = count;
+    }
+    return st;
+}
+
+static void *packed_start_unpack(void *ctx, void *buf, size_t count)
+{
+    return packed_start(ctx, buf, count); /* never received this way: receivers take bytes */
+}
+
+static size_t packed_size(void *state) { return ((size_t *)state)[1]; }
+
+static size_t packed_pack(void *state, size_t offset, void *dest, size_t max)
+{
+    const size_t *st = state;
+    size_t n = st[1] - offset < max ? st[1] - offset : max;
+    memcpy(dest, (const uint8_t *)(uintptr_t)st[0] + offset, n);
+    return n;
+}
+
+static ucs_status_t packed_unpack(void *state, size_t offset, const void *src, size_t len)
+{
+    size_t *st = state;
+    if (offset + len > st[1])
+        return UCS_ERR_MESSAGE_TRUNCATED;
+    memcpy((uint8_t *)(uintptr_t)st[0] + offset, src, len);
+    return UCS_OK;
+}
+
+static void packed_finish(void *state) { free(state); }
+
+static const ucp_generic_dt_ops_t packed_ops = {
+    .start_pack = packed_start,
+    .start_unpack = packed_start_unpack,
+    .packed_size = packed_size,
+    .pack = packed_pack,
+    .unpack = packed_unpack,
+    .finish = packed_finish,
+};
+
+/* An active message's data parameters for peer p: as given, or packed by copy over tcp (the
+ * memory handle and type then do not apply: the copy reads host memory). */
+static void am_data_param(duet_xfer_t *x, const peer_t *p, ucp_request_param_t *prm)
+{
+    if (!p->am_tcp || !x->packed_dt)
+        return;
+    prm->op_attr_mask &= ~(uint32_t)(UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE);
+    prm->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    prm->datatype = x->packed_dt;
 }
 
 /* Find the live peer at `addr` or connect to it (error-handling mode PEER).
@@ -547,13 +615,13 @@ static peer_t *peer_get(duet_xfer_t *x, const uint8_t *addr, size_t len, uint64_
     p->addr_hash = h;
     p->remote_id = remote_id;
     p->state = PEER_UP;
-    ep_rma_lanes(p->ep, &p->rma_host, &p->rma_cuda);
+    ep_lanes(p->ep, &p->rma_host, &p->rma_cuda, &p->am_tcp);
     p->last_progress_ns = duet_time_ns();
     p->last_heard_ns = p->last_progress_ns;
     p->next = x->peers;
     x->peers = p;
-    duet_debug("xfer %s: endpoint to %016" PRIx64 ", RMA lanes: host %s, GPU %s", x->name, remote_id,
-               p->rma_host ? "yes" : "no", p->rma_cuda ? "yes" : "no");
+    duet_debug("xfer %s: endpoint to %016" PRIx64 ", RMA lanes: host %s, GPU %s; active messages over tcp: %s",
+               x->name, remote_id, p->rma_host ? "yes" : "no", p->rma_cuda ? "yes" : "no", p->am_tcp ? "yes" : "no");
     return p;
 }
 
@@ -963,6 +1031,7 @@ static void send_issue_staged(duet_xfer_t *x, send_t *t, uint32_t n)
             .user_data = o,
             .memory_type = UCS_MEMORY_TYPE_HOST, /* the pinned bounce buffer: no detection */
         };
+        am_data_param(x, p, &prm);
         ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, stg_slot_addr(x, o->slot),
                                               len, &prm);
         int tr = send_track(x, t, sp, 1, "page message");
@@ -1048,6 +1117,7 @@ static void send_issue(duet_xfer_t *x, send_t *t)
                 .user_data = o,
                 .memh = r->memh,
             };
+            am_data_param(x, p, &prm);
             sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, laddr, len, &prm);
         } else {
             uint64_t raddr = pd->remote_base + ((uint64_t)j->layer * pd->n_units + rn->remote) * pb +
@@ -1166,6 +1236,7 @@ static int send_advance(duet_xfer_t *x, send_t *t, uint64_t now)
             .cb.send = msg_cb,
             .user_data = t,
         };
+        am_data_param(x, p, &prm);
         t->stage = ST_MSG;
         int r = send_track(x, t, ucp_am_send_nbx(p->ep, id, NULL, 0, t->msg_buf, t->msg_len, &prm), 0,
                            "completion message");
@@ -2079,6 +2150,12 @@ duet_status_t duet_xfer_create(const duet_xfer_opts_t *opts, duet_xfer_t **out, 
     ucp_context_attr_t ca2 = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
     if (ucp_context_query(x->ctx, &ca2) == UCS_OK)
         x->cuda_capable = (ca2.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+    const char *tcp_copy = getenv("DUET_XFER_TCP_COPY"); /* 0: zero-copy over tcp (a UCX with the fix) */
+    if (!(tcp_copy && strcmp(tcp_copy, "0") == 0) &&
+        ucp_dt_create_generic(&packed_ops, NULL, &x->packed_dt) != UCS_OK) {
+        x->packed_dt = 0;
+        duet_warn("xfer %s: no packed datatype: active messages over tcp go zero-copy (docs/DATAPLANE.md)", x->name);
+    }
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = UCS_THREAD_MODE_SINGLE,
@@ -2158,6 +2235,8 @@ err_addr:
 err_worker:
     ucp_worker_destroy(x->worker);
 err_ctx:
+    if (x->packed_dt)
+        ucp_dt_destroy(x->packed_dt);
     ucp_cleanup(x->ctx);
 err_free:
     free(x->stg_free);
@@ -2248,6 +2327,8 @@ void duet_xfer_destroy(duet_xfer_t **xp)
     close(x->ev_efd);
     ucp_worker_release_address(x->worker, x->addr);
     ucp_worker_destroy(x->worker);
+    if (x->packed_dt)
+        ucp_dt_destroy(x->packed_dt);
     ucp_cleanup(x->ctx);
     pthread_mutex_destroy(&x->cmd_lock);
     pthread_mutex_destroy(&x->sync_lock);

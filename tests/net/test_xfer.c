@@ -12,11 +12,15 @@
  * the transfer must equal the sender's, every other byte must be untouched.
  *
  * Bounds checked: peer death is reported within DETECT_BOUND_MS. */
+#include <dlfcn.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "kv_cache.h"
@@ -435,6 +439,134 @@ static void case_kill_receiver(void)
     sender_fini(&s);
 }
 
+/* ---------------------------------------------------------------- a socket write failing half way */
+
+/* This process's socket writes, interposed: libuct calls send() and sendmsg() through the
+ * dynamic linker, and test_xfer exports these two (tests/net/meson.build).  Unarmed they pass
+ * through.  Armed, the first write of more than 1 KiB to a TCP socket is cut to 4 bytes and the
+ * next write on that socket fails with ECONNRESET: the peer's reset seen by the send side
+ * first, with a message half written, the state in which UCX's tcp transport completes a
+ * zero-copy send twice and a UCX with assertions aborts (docs/DATAPLANE.md). */
+static atomic_int inj_state; /* 0 off, 1 armed, 2 a write was cut (inj_fd), 3 the reset was given */
+static atomic_int inj_fd = -1;
+
+static int inet_socket(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    return getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
+           (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
+}
+
+/* What to do with a write of n bytes to fd: 0 as asked, 1 cut it, 2 fail it. */
+static int inj_action(int fd, size_t n)
+{
+    int st = atomic_load(&inj_state), want = 1;
+    if (st == 1 && n > 1024 && inet_socket(fd) && atomic_compare_exchange_strong(&inj_state, &want, 2)) {
+        atomic_store(&inj_fd, fd);
+        return 1;
+    }
+    want = 2;
+    if (st == 2 && fd == atomic_load(&inj_fd) && atomic_compare_exchange_strong(&inj_state, &want, 3))
+        return 2;
+    return 0;
+}
+
+__attribute__((visibility("default"))) ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+    ssize_t (*real)(int, const void *, size_t, int) = (ssize_t(*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
+    switch (inj_action(fd, n)) {
+    case 1: return real(fd, buf, 4, flags);
+    case 2: errno = ECONNRESET; return -1;
+    default: return real(fd, buf, n, flags);
+    }
+}
+
+__attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    ssize_t (*real)(int, const struct msghdr *, int) = (ssize_t(*)(int, const struct msghdr *, int))dlsym(RTLD_NEXT, "sendmsg");
+    size_t n = 0;
+    for (size_t i = 0; i < (size_t)msg->msg_iovlen; i++)
+        n += msg->msg_iov[i].iov_len;
+    switch (inj_action(fd, n)) {
+    case 1: {
+        struct msghdr m = *msg;
+        struct iovec first = msg->msg_iov[0];
+        if (first.iov_len > 4)
+            first.iov_len = 4;
+        m.msg_iov = &first;
+        m.msg_iovlen = 1;
+        return real(fd, &m, flags);
+    }
+    case 2: errno = ECONNRESET; return -1;
+    default: return real(fd, msg, flags);
+    }
+}
+
+/* Over tcp, a page message's socket write cut short and the next one reset: the sender reports
+ * the peer's failure, typed, and lives; nothing stays in flight; the receiver's transfer ends in
+ * an error.  Run on its own (`test_xfer tcp_write_reset`, UCX_TLS=tcp). */
+static void case_tcp_write_reset(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    REQUIRE(tls && strcmp(tls, "tcp") == 0, "tcp_write_reset needs UCX_TLS=tcp (it is %s)", tls ? tls : "unset");
+    recv_args_t ra = {.kv = DUET_CACHE_BF16, .idx = DUET_CACHE_BF16, .seed = 61, .n_pages = N_PAGES,
+                      .deadline_ms = 30000, .verify = 1, .hold = 1};
+    int fd;
+    pid_t r = xh_spawn(receiver_main, &ra, &fd);
+    sender_t s;
+    sender_init(&s, DUET_CACHE_BF16, DUET_CACHE_BF16, 62, "sender");
+    duet_xfer_desc_t d;
+    read_desc(fd, &d);
+    sender_info_t si;
+    uint64_t tid = begin(&s, fd, &d, &si, 0);
+    atomic_store(&inj_state, 1);
+    uint64_t t0 = duet_time_ns();
+    duet_xfer_event_t ev;
+    int done = 0;
+    while (!done && duet_time_ns() - t0 < 10000000000ull) {
+        duet_xfer_stats_t st;
+        duet_xfer_stats(s.x, &st);
+        if (st.ops_inflight < 64)
+            duet_xfer_send_put(s.x, tid, DUET_XFER_ALL_POOLS, DUET_XFER_ALL_LAYERS);
+        while (duet_xfer_poll(s.x, &ev, 1) == 1) {
+            if (ev.kind == DUET_XFER_EV_SEND && ev.tid == tid) {
+                done = 1;
+                break;
+            }
+            CHECK(0, "unexpected event for tid %" PRIu64 ": %s", ev.tid, duet_status_code(ev.status));
+        }
+        usleep(2000);
+    }
+    int reached = atomic_load(&inj_state);
+    atomic_store(&inj_state, 0);
+    REQUIRE(done, "no SEND event after the write failed (injection state %d)", reached);
+    CHECK(reached == 3, "the injected reset was not reached (state %d)", reached);
+    CHECK(ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT || ev.status == DUET_ERR_IO,
+          "send after the reset: %s %s", duet_status_code(ev.status), ev.msg);
+    printf("  write cut, then reset -> sender %s (%s)\n", duet_status_code(ev.status), ev.msg);
+    duet_xfer_stats_t st;
+    for (int i = 0; i < 200; i++) {
+        duet_xfer_stats(s.x, &st);
+        if (st.ops_inflight == 0 && st.sends_active == 0)
+            break;
+        usleep(10000);
+    }
+    CHECK(st.ops_inflight == 0 && st.sends_active == 0, "sender leaks: %" PRIu64 " ops, %" PRIu64 " sends",
+          st.ops_inflight, st.sends_active);
+    uint32_t n;
+    recv_result_t *res = (recv_result_t *)xh_recv(fd, &n, 40000);
+    REQUIRE(res && n == sizeof *res, "no result from the receiver");
+    CHECK(res->status != DUET_OK, "the receiver's transfer ended well after the sender's failed");
+    printf("  receiver -> %s (%s)\n", duet_status_code(res->status), res->msg);
+    free(res);
+    kill(r, SIGKILL);
+    xh_reap(r, 5000);
+    close(fd);
+    duet_xfer_desc_fini(&d);
+    sender_fini(&s);
+}
+
 /* The sender process for case_kill_sender: begins and keeps pushing forever. */
 static int endless_sender_main(int fd, const void *arg)
 {
@@ -563,4 +695,14 @@ static const xh_case_t cases[] = {
     {"kill_sender", case_kill_sender},
 };
 
-int main(int argc, char **argv) { return xh_run(cases, sizeof cases / sizeof cases[0], argc, argv, NULL); }
+/* Not in the default list: it needs tcp (the other runs are over shared memory too). */
+static const xh_case_t tcp_cases[] = {
+    {"tcp_write_reset", case_tcp_write_reset},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], tcp_cases[0].name) == 0)
+        return xh_run(tcp_cases, sizeof tcp_cases / sizeof tcp_cases[0], argc, argv, NULL);
+    return xh_run(cases, sizeof cases / sizeof cases[0], argc, argv, NULL);
+}

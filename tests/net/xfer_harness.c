@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
@@ -164,9 +165,14 @@ pid_t xh_spawn(int (*fn)(int fd, const void *arg), const void *arg, int *fd)
 {
     int sv[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair: %s", strerror(errno));
+    pid_t parent = getpid();
     pid_t pid = fork();
     REQUIRE(pid >= 0, "fork");
     if (pid == 0) {
+        /* a peer dies with the case that spawned it, however that one ends (a receiver told to
+         * hold would otherwise outlive a sender killed by an abort) */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(1);
         close(sv[0]);
         exit(fn(sv[1], arg));
     }
