@@ -354,6 +354,23 @@ static void case_abort_ack(void)
     sender_fini(&s);
 }
 
+/* One turn of a sender that keeps a transfer busy: queue puts of everything while fewer than
+ * 64 operations are in flight, then take the events; 1 once the SEND event of tid is in *ev
+ * (any other event is a failure). */
+static int push_turn(sender_t *s, uint64_t tid, duet_xfer_event_t *ev)
+{
+    duet_xfer_stats_t st;
+    duet_xfer_stats(s->x, &st);
+    if (st.ops_inflight < 64)
+        duet_xfer_send_put(s->x, tid, DUET_XFER_ALL_POOLS, DUET_XFER_ALL_LAYERS);
+    while (duet_xfer_poll(s->x, ev, 1) == 1) {
+        if (ev->kind == DUET_XFER_EV_SEND && ev->tid == tid)
+            return 1;
+        CHECK(0, "unexpected event for tid %" PRIu64 ": %s", ev->tid, duet_status_code(ev->status));
+    }
+    return 0;
+}
+
 /* kill -9 of a receiver in the middle of a transfer: the sender reports
  * PEER/TIMEOUT within the bound, while a transfer to a second receiver,
  * running at the same time, completes. */
@@ -386,16 +403,9 @@ static void case_kill_receiver(void)
             kill(r1, SIGKILL);
             killed_ns = duet_time_ns();
         }
-        duet_xfer_stats_t st;
-        duet_xfer_stats(s.x, &st);
-        if (st.ops_inflight < 64)
-            duet_xfer_send_put(s.x, t1, DUET_XFER_ALL_POOLS, DUET_XFER_ALL_LAYERS);
-        while (duet_xfer_poll(s.x, &ev, 1) == 1) {
-            if (ev.kind == DUET_XFER_EV_SEND && ev.tid == t1) {
-                t1_done = 1;
-                break;
-            }
-            CHECK(0, "unexpected event for tid %" PRIu64 ": %s", ev.tid, duet_status_code(ev.status));
+        if (push_turn(&s, t1, &ev)) {
+            t1_done = 1;
+            break;
         }
         if (killed_ns && duet_time_ns() - killed_ns > 10000000000ull)
             break;
@@ -525,18 +535,9 @@ static void case_tcp_write_reset(void)
     duet_xfer_event_t ev;
     int done = 0;
     while (!done && duet_time_ns() - t0 < 10000000000ull) {
-        duet_xfer_stats_t st;
-        duet_xfer_stats(s.x, &st);
-        if (st.ops_inflight < 64)
-            duet_xfer_send_put(s.x, tid, DUET_XFER_ALL_POOLS, DUET_XFER_ALL_LAYERS);
-        while (duet_xfer_poll(s.x, &ev, 1) == 1) {
-            if (ev.kind == DUET_XFER_EV_SEND && ev.tid == tid) {
-                done = 1;
-                break;
-            }
-            CHECK(0, "unexpected event for tid %" PRIu64 ": %s", ev.tid, duet_status_code(ev.status));
-        }
-        usleep(2000);
+        done = push_turn(&s, tid, &ev);
+        if (!done)
+            usleep(2000);
     }
     int reached = atomic_load(&inj_state);
     atomic_store(&inj_state, 0);
