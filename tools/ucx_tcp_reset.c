@@ -10,10 +10,10 @@
  * (docs/DATAPLANE.md).  scripts/make-ucx-cuda.sh patches its UCX build.
  *
  * The race is rare on its own: the receive side usually notices a dead peer first.  This
- * program forces it in one process with two UCP workers over tcp on loopback: once armed, the
- * first socket write of more than 1 KiB is cut to 4 bytes (so the message stays outstanding)
- * and the next write on that socket fails with ECONNRESET, as if the receiver had been killed.
- * It interposes send() and sendmsg(), which libuct calls through the dynamic linker.  The
+ * program forces it in one process with two UCP workers over tcp on loopback, with
+ * tests/sock_fault.h (the same staging as test_xfer's tcp_write_reset): once armed, the first
+ * socket write of more than 1 KiB is cut to 4 bytes (so the message stays outstanding) and the
+ * next write on that socket fails with ECONNRESET, as if the receiver had been killed.  The
  * scenario runs in a child process, so an abort inside UCX is observed, not suffered.
  *
  *   duet-ucx-tcp-reset [--bytes N] [--quiet]
@@ -23,7 +23,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -37,61 +36,9 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
-#define CUT_OVER 1024 /* writes larger than this are the message's */
+#include "../tests/sock_fault.h"
+
 #define AM_ID 11
-
-/* Injection state: 0 idle or unarmed, 1 armed, 2 a write was cut (cut_fd), 3 the reset was given. */
-static volatile int inj_state, cut_fd = -1;
-
-typedef ssize_t (*send_fn)(int, const void *, size_t, int);
-typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
-
-/* default visibility (the build hides symbols) and exported (tools/meson.build), so that libuct's
- * calls bind here */
-__attribute__((visibility("default"))) ssize_t send(int fd, const void *buf, size_t n, int flags)
-{
-    static send_fn real;
-    if (!real)
-        real = (send_fn)dlsym(RTLD_NEXT, "send");
-    if (inj_state == 1 && n > CUT_OVER) {
-        cut_fd = fd;
-        inj_state = 2;
-        return real(fd, buf, 4, flags);
-    }
-    if (inj_state == 2 && fd == cut_fd) {
-        inj_state = 3;
-        errno = ECONNRESET;
-        return -1;
-    }
-    return real(fd, buf, n, flags);
-}
-
-__attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
-{
-    static sendmsg_fn real;
-    if (!real)
-        real = (sendmsg_fn)dlsym(RTLD_NEXT, "sendmsg");
-    size_t total = 0;
-    for (size_t i = 0; i < (size_t)msg->msg_iovlen; i++)
-        total += msg->msg_iov[i].iov_len;
-    if (inj_state == 1 && total > CUT_OVER && msg->msg_iovlen > 0) {
-        struct msghdr m = *msg;
-        struct iovec first = msg->msg_iov[0];
-        if (first.iov_len > 4)
-            first.iov_len = 4;
-        m.msg_iov = &first;
-        m.msg_iovlen = 1;
-        cut_fd = fd;
-        inj_state = 2;
-        return real(fd, &m, flags);
-    }
-    if (inj_state == 2 && fd == cut_fd) {
-        inj_state = 3;
-        errno = ECONNRESET;
-        return -1;
-    }
-    return real(fd, msg, flags);
-}
 
 static int quiet;
 static int n_done, n_err_cb;
@@ -150,7 +97,7 @@ static void progress(ucp_worker_h w1, ucp_worker_h w2, double secs, int (*stop)(
     double t_end = now_s() + secs;
     while (now_s() < t_end && !(stop && stop())) {
         ucp_worker_progress(w1);
-        if (inj_state < 2)
+        if (sock_fault_state() < SOCK_FAULT_CUT)
             ucp_worker_progress(w2);
     }
 }
@@ -235,7 +182,7 @@ static int scenario(size_t bytes)
                               .flags = UCP_AM_SEND_FLAG_EAGER,
                               .cb.send = on_send,
                               .memh = memh};
-    inj_state = 1;
+    sock_fault_arm();
     r = ucp_am_send_nbx(ep, AM_ID, hdr, sizeof hdr, buf, bytes, &mp);
     if (UCS_PTR_IS_ERR(r) || r == NULL) {
         fprintf(stderr, "duet-ucx-tcp-reset: the message %s at once; nothing to test\n",
@@ -247,9 +194,10 @@ static int scenario(size_t bytes)
     progress(w1, w2, 5.0, sent_once);
     progress(w1, w2, 0.5, NULL);
     say("duet-ucx-tcp-reset: %s; write cut %s, reset %s; send completed %d time%s (%s), endpoint error callback %d\n",
-        ucp_get_version_string(), inj_state >= 2 ? "yes" : "no", inj_state >= 3 ? "yes" : "no", n_done,
+        ucp_get_version_string(), sock_fault_state() >= SOCK_FAULT_CUT ? "yes" : "no",
+        sock_fault_state() >= SOCK_FAULT_RESET ? "yes" : "no", n_done,
         n_done == 1 ? "" : "s", ucs_status_string(done_status), n_err_cb);
-    if (inj_state < 3)
+    if (sock_fault_state() != SOCK_FAULT_RESET)
         return 2; /* no zero-copy write was cut: this UCX or its settings did not take the path */
     return n_done == 1 ? 0 : 1;
 }
@@ -265,8 +213,8 @@ int main(int argc, char **argv)
         case 'b': {
             char *end;
             unsigned long long v = strtoull(optarg, &end, 0);
-            if (*end || v < 2 * CUT_OVER || v > (1ull << 30)) {
-                fprintf(stderr, "duet-ucx-tcp-reset: --bytes %s: want %d .. 2^30\n", optarg, 2 * CUT_OVER);
+            if (*end || v < 2048 || v > (1ull << 30)) {
+                fprintf(stderr, "duet-ucx-tcp-reset: --bytes %s: want 2048 .. 2^30\n", optarg);
                 return 2;
             }
             bytes = (size_t)v;

@@ -12,17 +12,14 @@
  * the transfer must equal the sender's, every other byte must be untouched.
  *
  * Bounds checked: peer death is reported within DETECT_BOUND_MS. */
-#include <dlfcn.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include "../sock_fault.h"
 #include "kv_cache.h"
 #include "log.h"
 #include "time_util.h"
@@ -451,68 +448,6 @@ static void case_kill_receiver(void)
 
 /* ---------------------------------------------------------------- a socket write failing half way */
 
-/* This process's socket writes, interposed: libuct calls send() and sendmsg() through the
- * dynamic linker, and test_xfer exports these two (tests/net/meson.build).  Unarmed they pass
- * through.  Armed, the first write of more than 1 KiB to a TCP socket is cut to 4 bytes and the
- * next write on that socket fails with ECONNRESET: the peer's reset seen by the send side
- * first, with a message half written, the state in which UCX's tcp transport completes a
- * zero-copy send twice and a UCX with assertions aborts (docs/DATAPLANE.md). */
-static atomic_int inj_state; /* 0 off, 1 armed, 2 a write was cut (inj_fd), 3 the reset was given */
-static atomic_int inj_fd = -1;
-
-static int inet_socket(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    return getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
-           (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
-}
-
-/* What to do with a write of n bytes to fd: 0 as asked, 1 cut it, 2 fail it. */
-static int inj_action(int fd, size_t n)
-{
-    int st = atomic_load(&inj_state), want = 1;
-    if (st == 1 && n > 1024 && inet_socket(fd) && atomic_compare_exchange_strong(&inj_state, &want, 2)) {
-        atomic_store(&inj_fd, fd);
-        return 1;
-    }
-    want = 2;
-    if (st == 2 && fd == atomic_load(&inj_fd) && atomic_compare_exchange_strong(&inj_state, &want, 3))
-        return 2;
-    return 0;
-}
-
-__attribute__((visibility("default"))) ssize_t send(int fd, const void *buf, size_t n, int flags)
-{
-    ssize_t (*real)(int, const void *, size_t, int) = (ssize_t(*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
-    switch (inj_action(fd, n)) {
-    case 1: return real(fd, buf, 4, flags);
-    case 2: errno = ECONNRESET; return -1;
-    default: return real(fd, buf, n, flags);
-    }
-}
-
-__attribute__((visibility("default"))) ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
-{
-    ssize_t (*real)(int, const struct msghdr *, int) = (ssize_t(*)(int, const struct msghdr *, int))dlsym(RTLD_NEXT, "sendmsg");
-    size_t n = 0;
-    for (size_t i = 0; i < (size_t)msg->msg_iovlen; i++)
-        n += msg->msg_iov[i].iov_len;
-    switch (inj_action(fd, n)) {
-    case 1: {
-        struct msghdr m = *msg;
-        struct iovec first = msg->msg_iov[0];
-        if (first.iov_len > 4)
-            first.iov_len = 4;
-        m.msg_iov = &first;
-        m.msg_iovlen = 1;
-        return real(fd, &m, flags);
-    }
-    case 2: errno = ECONNRESET; return -1;
-    default: return real(fd, msg, flags);
-    }
-}
-
 /* Over tcp, a page message's socket write cut short and the next one reset: the sender reports
  * the peer's failure, typed, and lives; nothing stays in flight; the receiver's transfer ends in
  * an error.  Run on its own (`test_xfer tcp_write_reset`, UCX_TLS=tcp). */
@@ -530,7 +465,7 @@ static void case_tcp_write_reset(void)
     read_desc(fd, &d);
     sender_info_t si;
     uint64_t tid = begin(&s, fd, &d, &si, 0);
-    atomic_store(&inj_state, 1);
+    sock_fault_arm();
     uint64_t t0 = duet_time_ns();
     duet_xfer_event_t ev;
     int done = 0;
@@ -539,10 +474,10 @@ static void case_tcp_write_reset(void)
         if (!done)
             usleep(2000);
     }
-    int reached = atomic_load(&inj_state);
-    atomic_store(&inj_state, 0);
+    int reached = sock_fault_state();
+    sock_fault_disarm();
     REQUIRE(done, "no SEND event after the write failed (injection state %d)", reached);
-    CHECK(reached == 3, "the injected reset was not reached (state %d)", reached);
+    CHECK(reached == SOCK_FAULT_RESET, "the injected reset was not reached (state %d)", reached);
     CHECK(ev.status == DUET_ERR_PEER || ev.status == DUET_ERR_TIMEOUT || ev.status == DUET_ERR_IO,
           "send after the reset: %s %s", duet_status_code(ev.status), ev.msg);
     printf("  write cut, then reset -> sender %s (%s)\n", duet_status_code(ev.status), ev.msg);
