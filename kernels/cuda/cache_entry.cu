@@ -115,12 +115,8 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_store_kernel(entry_geom g
         put_bf16(row + nope + 2 * i, vec[nope + i]);
 }
 
-/* A decoded value into an output row: a float as it is, or bf16 bits (duet_f32_to_bf16's
- * rounding: exact for every KV pool's values, which are bf16 or e4m3 times a power of two). */
-__device__ __forceinline__ void put_out(float *o, float v) { *o = v; }
-__device__ __forceinline__ void put_out(uint16_t *o, float v) { *o = duet_d_f32_to_bf16(v); }
-
-/* Decode entry ix of a page into vec with the block's threads. */
+/* Decode entry ix of a page into vec with the block's threads (O: float, or bf16 bits: exact
+ * for every KV pool's values, which are bf16 or e4m3 times a power of two). */
 template <typename O>
 __device__ __forceinline__ void load_entry(const entry_geom &g, const uint8_t *page, uint32_t ix, O *vec)
 {
@@ -129,18 +125,18 @@ __device__ __forceinline__ void load_entry(const entry_geom &g, const uint8_t *p
     int t = threadIdx.x;
     if (g.mode == 0) {
         for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
-            put_out(vec + i, get_bf16(row + 2 * i));
+            duet_d_store(vec + i, get_bf16(row + 2 * i));
     } else if (g.mode == 2) {
         float scale = __uint_as_float((uint32_t)srow[0] | ((uint32_t)srow[1] << 8) | ((uint32_t)srow[2] << 16) |
                                       ((uint32_t)srow[3] << 24));
         for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
-            put_out(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale));
+            duet_d_store(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale));
     } else {
         uint32_t nope = g.nope_dim;
         for (uint32_t i = t; i < nope; i += blockDim.x)
-            put_out(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), duet_d_e8m0_to_f32(srow[i / KV_SCALE_BLOCK])));
+            duet_d_store(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), duet_d_e8m0_to_f32(srow[i / KV_SCALE_BLOCK])));
         for (uint32_t i = t; i < g.rope_dim; i += blockDim.x)
-            put_out(vec + nope + i, get_bf16(row + nope + 2 * i));
+            duet_d_store(vec + nope + i, get_bf16(row + nope + 2 * i));
     }
 }
 

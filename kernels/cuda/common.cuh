@@ -182,6 +182,10 @@ __device__ __forceinline__ uint16_t duet_d_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* A float into an output element: a float as it is, or bf16 bits (duet_d_f32_to_bf16). */
+__device__ __forceinline__ void duet_d_store(float *o, float v) { *o = v; }
+__device__ __forceinline__ void duet_d_store(uint16_t *o, float v) { *o = duet_d_f32_to_bf16(v); }
+
 /* duet_e8m0_to_f32 */
 __device__ __forceinline__ float duet_d_e8m0_to_f32(uint8_t b)
 {

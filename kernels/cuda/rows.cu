@@ -10,25 +10,28 @@ __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *
     dst[i] = src[(size_t)idx[r] * dim + d];
 }
 
-__global__ void gather_rows_to_kernel(float *dst, const int32_t *dst_idx, const float *src, const int32_t *src_idx,
+/* O: float, or bf16 bits (duet_d_store's rounding; exact for values bf16 holds). */
+template <typename O>
+__global__ void gather_rows_to_kernel(O *dst, const int32_t *dst_idx, const float *src, const int32_t *src_idx,
                                       int n, int dim)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
     size_t r = i / dim, d = i % dim;
-    dst[(size_t)dst_idx[r] * dim + d] = src[(size_t)src_idx[r] * dim + d];
+    duet_d_store(dst + (size_t)dst_idx[r] * dim + d, src[(size_t)src_idx[r] * dim + d]);
 }
 
-/* The same into bf16 (duet_f32_to_bf16's rounding; exact for values bf16 holds). */
-__global__ void gather_rows_to_bf16_kernel(uint16_t *dst, const int32_t *dst_idx, const float *src,
-                                           const int32_t *src_idx, int n, int dim)
+template <typename O>
+static duet_status_t gather_rows_to(duet_cuda_t *c, O *dst, const int32_t *dst_idx, const float *src,
+                                    const int32_t *src_idx, int n, int dim)
 {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= (size_t)n * dim)
-        return;
-    size_t r = i / dim, d = i % dim;
-    dst[(size_t)dst_idx[r] * dim + d] = duet_d_f32_to_bf16(src[(size_t)src_idx[r] * dim + d]);
+    size_t total = (size_t)n * dim;
+    if (!total)
+        return DUET_OK;
+    gather_rows_to_kernel<O><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
 }
 
 __global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, int cols)
@@ -78,23 +81,13 @@ extern "C" duet_status_t duet_cuda_gather_rows(duet_cuda_t *c, float *dst, const
 extern "C" duet_status_t duet_cuda_gather_rows_to(duet_cuda_t *c, float *dst, const int32_t *dst_idx,
                                                   const float *src, const int32_t *src_idx, int n, int dim)
 {
-    size_t total = (size_t)n * dim;
-    if (!total)
-        return DUET_OK;
-    gather_rows_to_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    return gather_rows_to(c, dst, dst_idx, src, src_idx, n, dim);
 }
 
 extern "C" duet_status_t duet_cuda_gather_rows_to_bf16(duet_cuda_t *c, uint16_t *dst, const int32_t *dst_idx,
                                                        const float *src, const int32_t *src_idx, int n, int dim)
 {
-    size_t total = (size_t)n * dim;
-    if (!total)
-        return DUET_OK;
-    gather_rows_to_bf16_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    return gather_rows_to(c, dst, dst_idx, src, src_idx, n, dim);
 }
 
 extern "C" duet_status_t duet_cuda_copy_2d(duet_cuda_t *c, float *dst, size_t dst_ld, const float *src,
