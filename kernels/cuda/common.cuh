@@ -196,6 +196,18 @@ __device__ __forceinline__ float duet_d_e8m0_to_f32(uint8_t b)
     return __uint_as_float(u);
 }
 
+/* A word of four e8m0 scales (the first in bits 0-7), as duet_d_e8m0_to_f32 of each: shifts
+ * and masks unless a byte is 0 or 0xff (exponent bits that are not simply moved). */
+__device__ __forceinline__ float4 duet_d_e8m0x4_to_f32(uint32_t w)
+{
+    uint32_t special = (((w - 0x01010101u) & ~w) | ((~w - 0x01010101u) & w)) & 0x80808080u;
+    if (special)
+        return make_float4(duet_d_e8m0_to_f32((uint8_t)w), duet_d_e8m0_to_f32((uint8_t)(w >> 8)),
+                           duet_d_e8m0_to_f32((uint8_t)(w >> 16)), duet_d_e8m0_to_f32((uint8_t)(w >> 24)));
+    return make_float4(__uint_as_float((w << 23) & 0x7f800000u), __uint_as_float((w << 15) & 0x7f800000u),
+                       __uint_as_float((w << 7) & 0x7f800000u), __uint_as_float((w >> 1) & 0x7f800000u));
+}
+
 /* duet_f32_to_e8m0_ceil */
 __device__ __forceinline__ uint8_t duet_d_f32_to_e8m0_ceil(float x)
 {

@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  *    the products carry fp32 accuracy;
  *  - fp8 and fp4 weights: fp16 MMAs (e4m3 exact in fp16; e2m1 as its value
  *    times 2^-14, built from the code's bits with shifts), x times a power of
- *    two per token and fold group (its largest |x| into [2^14, 2^15)) as two
- *    fp16 parts: 22 bits of x, two MMAs a k-step instead of three.
+ *    two per token and unit (its largest |x| into [2^14, 2^15)) as two fp16
+ *    parts: 22 bits of x, two MMAs a k-step instead of three.
  *
  * A block is TC_WARPS warps; each warp owns 32 weight rows (two m16 tiles) and
  * every warp walks the same columns, 128 (a "unit") at a time, for up to 32
@@ -253,12 +253,12 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  *  - x is read ahead into registers (one unit; two with one token tile), and the
  *    block splits it once into the B fragments all its warps use (shared
  *    memory, double buffered: one barrier a unit).
- * Summation order, fixed by the weight's shape alone: a fold group's products
- * in (k-step, part) order into a fresh partial (bf16: the unit; fp8: 64 columns;
- * fp4: a 32-column scale group), times its scales (fp8 the block's, fp4 the
- * group's, and the token's x scale) into the chunk partial (TC_CHUNK_UNITS
- * units from column 0); chunks added
- * in order to 0.  A launch may give each chunk its own block (split-K, when the
+ * Summation order, fixed by the weight's shape alone: a unit's products in
+ * (k-step, part) order into a fresh partial (fp4: a 32-column scale group's
+ * into a fresh partial, times the group's scale into the unit's partial, in
+ * group order); the unit's partial times the token's x scale (fp8: and the
+ * 128x128 block's scale; bf16: 1) into the chunk partial (TC_CHUNK_UNITS
+ * units from column 0); chunks added in order to 0.  A launch may give each chunk its own block (split-K, when the
  * rows and tokens alone leave SMs idle); the last block of a tile to finish adds
  * the chunk partials in the same order, so the result is the same bit for bit
  * whichever way the launch is cut, and a token's result never depends on the
@@ -301,10 +301,11 @@ template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 template <int WT> __host__ __device__ constexpr int tc_wstage_bytes() { return TC_WARPS * tc_wwarp_bytes<WT>(); }
 /* fp8 and fp4 weights are exact in fp16 (fp4 as its value times 2^-14: the e2m1 bits moved
  * into an fp16's exponent and mantissa, its 0.5 an fp16 subnormal), so they multiply x in two
- * fp16 parts (x times a power of two per token and fold group, keeping its largest value
- * under 2^15: 22 of its 24 bits), two MMAs a k-step where bf16 weights take three bf16 parts.
- * A fold group is the k-steps whose partial is scaled and added at once: fp4 a 32-column
- * scale group (two k-steps, eight columns a lane), fp8 64 columns (four k-steps, sixteen). */
+ * fp16 parts (x times a power of two per token and unit, keeping its largest value under
+ * 2^15: 22 of its 24 bits), two MMAs a k-step where bf16 weights take three bf16 parts.  A
+ * fold group is the columns a split item holds and, for fp4, the 32-column scale group whose
+ * partial is scaled at once (two k-steps, eight columns a lane); fp8 64 columns (four k-steps,
+ * sixteen columns a lane). */
 template <int WT> struct h16_traits {
     static constexpr int FG = WT == WT_F4 ? 4 : 2; /* fold groups a unit */
     static constexpr int GC = 128 / (4 * FG);       /* columns a lane holds in one */
@@ -312,45 +313,46 @@ template <int WT> struct h16_traits {
 };
 template <int WT> __host__ __device__ constexpr int tc_parts() { return WT == WT_BF16 ? 3 : 2; }
 /* The split of x into fp16 parts: item q is (token tile nt, token tok, fold group f, quad tq),
- * tq fastest (a group's largest |x| from lanes q^1, q^2).  Token-major for fp8, and for fp4
- * with one token tile: a warp's items are then few tokens' (fp8 four, fp4 two) and the warps
- * past a tile's last token have none (decode steps' experts hold one or two tokens).  fp4 with
- * more token tiles keeps a warp a fold group's eight tokens and never skips (the token-major
- * split with the skip measured 5-7% slower there, at 253-255 registers). */
-template <int WT, int NT> __host__ __device__ constexpr bool h16_token_major() { return WT == WT_F8 || NT == 1; }
-/* A fragment record's lanes are stored permuted (lane ^ h16_swizzle(k-step)) where a warp's
- * items write every fold group's records at once, which would otherwise share banks. */
-template <int WT, int NT> __host__ __device__ constexpr int h16_swizzle(int ks)
-{
-    return h16_token_major<WT, NT>() ? ks / h16_traits<WT>::KPG * (32 / h16_traits<WT>::FG) : 0;
-}
-template <int WT, int NT> __device__ __forceinline__ void h16_item(int q, int &tq, int &f, int &tok, int &nt)
+ * tq fastest, token-major: a token's items are 4 FG consecutive lanes, whose largest |x| (the
+ * unit's, for one x scale a token and unit) comes from lanes q^1 .. q^(2 FG).  A warp's items
+ * are few tokens' (fp8 four, fp4 two); with one token tile (and for fp8) the warps past a
+ * tile's last token have none and skip the split (decode steps' experts hold one or two
+ * tokens). */
+template <int WT, int NT> __host__ __device__ constexpr bool h16_skip() { return WT == WT_F8 || NT == 1; }
+/* A fragment record's lanes are stored permuted (lane ^ h16_swizzle(k-step)): a quarter warp's
+ * items (one token's two fold groups) write two records at once, which would otherwise share
+ * banks. */
+template <int WT> __host__ __device__ constexpr int h16_swizzle(int ks) { return ks / h16_traits<WT>::KPG * 4; }
+template <int WT> __device__ __forceinline__ void h16_item(int q, int &tq, int &f, int &tok, int &nt)
 {
     constexpr int FG = h16_traits<WT>::FG;
     tq = q & 3;
-    if constexpr (h16_token_major<WT, NT>()) {
-        f = (q >> 2) % FG;
-        tok = (q >> 2) / FG % 8;
-        nt = (q >> 2) / FG / 8;
-    } else {
-        tok = (q >> 2) & 7;
-        f = (q >> 5) % FG;
-        nt = (q >> 5) / FG;
-    }
+    f = (q >> 2) % FG;
+    tok = (q >> 2) / FG % 8;
+    nt = (q >> 2) / FG / 8;
 }
-/* one stage of split x: [token tile][k-step][part][lane] fragments, then (fp16) the scales
- * [token tile][fold group][token] */
+/* one stage of split x: [token tile][k-step][part][lane] fragments (fp16: [token tile][k-step]
+ * [lane] records of both parts, 16 bytes), then (fp16) the x scales [token tile][token] */
 template <int WT, int NT> __host__ __device__ constexpr int tc_split_bytes()
 {
-    return NT * 8 * tc_parts<WT>() * 32 * 8 + (WT == WT_BF16 ? 0 : NT * h16_traits<WT>::FG * 8 * 4);
+    return NT * 8 * tc_parts<WT>() * 32 * 8 + (WT == WT_BF16 ? 0 : NT * 8 * 4);
 }
 /* fp4: a warp's 32 rows' scales of the unit being computed, as floats ([row][fold group]):
  * each lane converts its row's four e8m0 bytes once instead of every lane of the row's quad
  * converting all sixteen of its rows' */
 template <int WT> __host__ __device__ constexpr int tc_wscale_bytes() { return WT == WT_F4 ? TC_WARPS * 32 * 16 : 0; }
+/* fp4 with more than one token tile keeps its running total in shared memory ([accumulator]
+ * [thread]), added to once a chunk: the unit's partial that the fold groups add into leaves no
+ * registers for it otherwise (spills, 26% slower at 300 tokens). */
+template <int WT, int NT> __host__ __device__ constexpr bool tc_tot_smem() { return WT == WT_F4 && NT > 1; }
+template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
+{
+    return tc_tot_smem<WT, NT>() ? TC_WARPS * 32 * 2 * NT * 4 * 4 : 0;
+}
 template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
-    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<WT, NT>() + tc_wscale_bytes<WT>();
+    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<WT, NT>() + tc_wscale_bytes<WT>() +
+           tc_tot_bytes<WT, NT>();
 }
 
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -375,12 +377,29 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
  * each code's fp16 high byte (magnitude to bits 1-3, sign to 7; the low byte is 0), the even
  * codes' bytes in one word (half 0: pairs (c0,c4), (c2,c6)) and the odd ones' in another
  * (half 1: (c1,c5), (c3,c7)), each pair then kept in bytes 1 and 3 or moved up from 0 and 2. */
-__device__ __forceinline__ void f4_word_h16(uint32_t u, int half, uint32_t &lo, uint32_t &hi)
+/* TILED: the word as duet_cuda_weight_tile stores it (f4_tile_word): the even codes already
+ * in place, (c0, c4) a byte below (c2, c6); the odd ones' magnitudes in bits 4-6 and signs in
+ * bit 0 of each byte.  The same fp16 pairs in 9 operations instead of 11. */
+template <bool TILED> __device__ __forceinline__ void f4_word_h16(uint32_t u, int half, uint32_t &lo, uint32_t &hi)
 {
-    uint32_t b = half ? ((u >> 3) & 0x0e0e0e0eu) | (u & 0x80808080u)
-                      : ((u << 1) & 0x0e0e0e0eu) | ((u << 4) & 0x80808080u);
+    if (TILED && !half) {
+        lo = (u << 8) & 0x8e008e00u;
+        hi = u & 0x8e008e00u;
+        return;
+    }
+    uint32_t b = TILED  ? ((u >> 3) & 0x0e0e0e0eu) | ((u << 7) & 0x80808080u)
+                 : half ? ((u >> 3) & 0x0e0e0e0eu) | (u & 0x80808080u)
+                        : ((u << 1) & 0x0e0e0e0eu) | ((u << 4) & 0x80808080u);
     lo = __byte_perm(b, 0, 0x2404);
     hi = b & 0xff00ff00u;
+}
+
+/* A checkpoint word of eight e2m1 codes (c0 in bits 0-3, sign in bit 3) in the tiled layout's
+ * bit order: byte k holds c(2k) as its fp16 high byte has it (magnitude in bits 1-3, sign in 7)
+ * and c(2k+1)'s magnitude in bits 4-6, its sign in bit 0. */
+__device__ __forceinline__ uint32_t f4_tile_word(uint32_t u)
+{
+    return ((u << 1) & 0x0e0e0e0eu) | ((u << 4) & 0x80808080u) | (u & 0x70707070u) | ((u >> 7) & 0x01010101u);
 }
 
 /* Two e4m3 values (low byte first) as an fp16 pair, exact. */
@@ -491,10 +510,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             return;
         uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
         if constexpr (WT == WT_F4) {
+            if (a.tiled) { /* one run: the pieces 512 bytes apart */
+                const uint8_t *tp = frow[0] + (size_t)u * TC_F4_TILE_BYTES;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3),
-                           frow[j] + (size_t)u * (a.tiled ? TC_F4_TILE_BYTES : 64));
+                for (int j = 0; j < 4; j++)
+                    cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), tp + 512 * j);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), frow[j] + (size_t)u * 64);
+            }
             cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + (size_t)u * (a.tiled ? TC_F4_TILE_SCALE_BYTES : 4));
         } else {
 #pragma unroll
@@ -508,7 +533,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * values read XD units ahead (two with one token tile, where a unit's MMAs are few).
      * bf16 weights: NX column quads a thread, split into three bf16 parts.  fp8/fp4: items
      * (token tile, fold group, lane) of GC columns, split into two fp16 parts under the
-     * group's scale (the largest |x| of a token's group, from the four lanes of its quad). */
+     * token's scale for the unit (its largest |x| there, from the 4 FG lanes of its items). */
     constexpr bool H16 = WT != WT_BF16;
     constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
     static_assert(WT != WT_F8 || (QPC == KPG && CPR == FG), "fp8: a 16-byte chunk is a fold group");
@@ -516,16 +541,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr int NXP = H16 ? NXI : NX, NXR = H16 ? NXI * GC / 4 : NX;
     constexpr int XFRAG = NT * 8 * tc_parts<WT>() * 32; /* fragments a stage (uint2) */
     constexpr int XD = NT == 1 ? 2 : 1;
-    constexpr bool SKIP = h16_token_major<WT, NT>(); /* warps past a tile's last token skip the split */
+    constexpr bool SKIP = h16_skip<WT, NT>(); /* warps past a tile's last token skip the split */
     const float *xb[NXP];
 #pragma unroll
     for (int i = 0; i < NXP; i++) {
         int q = i * (TC_WARPS * 32) + threadIdx.x;
         if constexpr (H16) {
             int tq, f, tok, nt;
-            h16_item<WT, NT>(q, tq, f, tok, nt);
+            h16_item<WT>(q, tq, f, tok, nt);
             int wtq, wf, wtok, wnt; /* the warp's first item: whole warps are left out */
-            h16_item<WT, NT>(q & ~31, wtq, wf, wtok, wnt);
+            h16_item<WT>(q & ~31, wtq, wf, wtok, wnt);
             bool any = q < ITEMS && (!SKIP || tm.ok(t0 + 8 * wnt + wtok));
             xb[i] = any ? tm.xrow(t0 + 8 * nt + tok) + f * (128 / FG) + tq * GC : NULL;
         } else {
@@ -561,7 +586,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && q >= ITEMS)
                     continue;
                 int tq, f, tok, nt;
-                h16_item<WT, NT>(q, tq, f, tok, nt);
+                h16_item<WT>(q, tq, f, tok, nt);
                 int ln = 4 * tok + tq; /* its lane in the B fragments */
                 float v[GC];
 #pragma unroll
@@ -576,8 +601,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                 for (int j = 0; j < GC; j++)
                     mx = fmaxf(mx, fabsf(v[j]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#pragma unroll
+                for (int sh = 1; sh < 4 * FG; sh <<= 1) /* the token's items: its whole unit */
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
                 /* x * 2^-e: the largest value in [2^14, 2^15), exact; 2^e stays a normal float */
                 int e = max((int)((__float_as_uint(mx) >> 23) & 0xffu) - 141, -126);
                 float inv = __uint_as_float((uint32_t)(127 - e) << 23);
@@ -589,18 +615,19 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     l[j] = __float2half_rn(t - __half2float(h[j]));
                 }
                 /* columns of k-step f*KPG + k, in the weights' order: fp4 (k, k+4 | k+2, k+6),
-                 * fp8 (4k, 4k+1 | 4k+2, 4k+3) */
+                 * fp8 (4k, 4k+1 | 4k+2, 4k+3); a record holds both parts */
 #pragma unroll
                 for (int k = 0; k < KPG; k++) {
                     int c0 = WT == WT_F4 ? k : 4 * k, c1 = WT == WT_F4 ? k + 4 : 4 * k + 1;
                     int c2 = WT == WT_F4 ? k + 2 : 4 * k + 2, c3 = WT == WT_F4 ? k + 6 : 4 * k + 3;
-                    int o = ((nt * 8 + f * KPG + k) * 2) * 32 + (ln ^ h16_swizzle<WT, NT>(f * KPG + k));
-                    dst[o] = make_uint2(pack_h16(h[c0], h[c1]), pack_h16(h[c2], h[c3]));
-                    dst[o + 32] = make_uint2(pack_h16(l[c0], l[c1]), pack_h16(l[c2], l[c3]));
+                    int o = (nt * 8 + f * KPG + k) * 32 + (ln ^ h16_swizzle<WT>(f * KPG + k));
+                    reinterpret_cast<uint4 *>(dst)[o] = make_uint4(pack_h16(h[c0], h[c1]), pack_h16(h[c2], h[c3]),
+                                                                   pack_h16(l[c0], l[c1]), pack_h16(l[c2], l[c3]));
                 }
-                /* what a fold multiplies by: 2^e, and for fp4 the 2^14 its fp16 weights lack */
-                if (tq == 0)
-                    reinterpret_cast<float *>(dst + XFRAG)[(nt * FG + f) * 8 + tok] =
+                /* what the unit's fold multiplies by: 2^e, and for fp4 the 2^14 its fp16
+                 * weights lack */
+                if (tq == 0 && f == 0)
+                    reinterpret_cast<float *>(dst + XFRAG)[nt * 8 + tok] =
                         __uint_as_float((uint32_t)(127 + e + (WT == WT_F4 ? 14 : 0)) << 23);
             } else {
                 int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
@@ -624,13 +651,19 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     };
 
     float pc[2][NT][4], tot[2][NT][4];
+    constexpr bool TOT_SMEM = tc_tot_smem<WT, NT>();
+    float *tot_s = reinterpret_cast<float *>(tc_smem + S * WSTAGE + 2 * XSPLIT + tc_wscale_bytes<WT>()) +
+                   threadIdx.x; /* accumulator k at tot_s[k * blockDim] */
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++) {
                 pc[mt][nt][i] = tot[mt][nt][i] = 0.0f;
+                if constexpr (TOT_SMEM)
+                    tot_s[((mt * NT + nt) * 4 + i) * (TC_WARPS * 32)] = 0.0f;
+            }
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -670,22 +703,31 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         part[mt][nt][e] = 0.0f;
             /* the parts in turn across all accumulators: consecutive MMAs are independent */
             auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
-                constexpr int P = tc_parts<WT>();
+                if constexpr (H16) {
+                    uint4 b[NT];
 #pragma unroll
-                for (int s = 0; s < P; s++)
+                    for (int nt = 0; nt < NT; nt++)
+                        b[nt] = reinterpret_cast<const uint4 *>(xs)[(nt * 8 + ks) * 32 + (lane ^ h16_swizzle<WT>(ks))];
 #pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        uint2 b = xs[((nt * 8 + ks) * P + s) * 32 + (H16 ? lane ^ h16_swizzle<WT, NT>(ks) : lane)];
+                    for (int s = 0; s < 2; s++)
 #pragma unroll
-                        for (int mt = 0; mt < 2; mt++) {
-                            if constexpr (H16)
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
                                 mma_f16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
-                                        wa[2 * mt + 1][1], b.x, b.y);
-                            else
+                                        wa[2 * mt + 1][1], s ? b[nt].z : b[nt].x, s ? b[nt].w : b[nt].y);
+                } else {
+#pragma unroll
+                    for (int s = 0; s < 3; s++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                            uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
+#pragma unroll
+                            for (int mt = 0; mt < 2; mt++)
                                 mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
                                          wa[2 * mt + 1][1], b.x, b.y);
                         }
-                    }
+                }
             };
             /* bf16/fp8: the lane's 16-byte chunk j of its four rows, one k-step a column quad */
             auto chunk_mmas = [&](int j) {
@@ -711,18 +753,17 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 }
             };
             if constexpr (H16) {
-                /* per fold group: its k-steps, then the partial times the row's scale (fp8 the
-                 * 128x128 block's, fp4 the 32-column group's) and the token's x scale */
+                /* fp4: per fold group its k-steps, then the partial times the row's scale for
+                 * the 32-column group into the unit's; fp8: the unit's k-steps.  Then the
+                 * unit's partial times the token's x scale (and fp8 the 128x128 block's) */
                 const float *xsc = reinterpret_cast<const float *>(xs + XFRAG);
-                float ws[4];
+                float ws[4], pu[2][NT][4];
                 const float *wsf = NULL;
                 if constexpr (WT == WT_F4) {
                     uint32_t sc = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE)[lane];
                     float *own = reinterpret_cast<float *>(tc_smem + S * WSTAGE + 2 * XSPLIT) + warp * 32 * 4;
                     __syncwarp(); /* the previous unit's scales are read */
-                    reinterpret_cast<float4 *>(own)[lane] =
-                        make_float4(duet_d_e8m0_to_f32((uint8_t)sc), duet_d_e8m0_to_f32((uint8_t)(sc >> 8)),
-                                    duet_d_e8m0_to_f32((uint8_t)(sc >> 16)), duet_d_e8m0_to_f32((uint8_t)(sc >> 24)));
+                    reinterpret_cast<float4 *>(own)[lane] = duet_d_e8m0x4_to_f32(sc);
                     __syncwarp();
                     wsf = own;
                 } else {
@@ -731,9 +772,10 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         ws[2 * mt] = ws[2 * mt + 1] =
                             scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
                 }
+                /* fp4: the fold groups in turn, decoding words as they are laid out */
+                auto f4_groups = [&](auto tiled) {
 #pragma unroll
-                for (int f = 0; f < FG; f++) {
-                    if constexpr (WT == WT_F4) {
+                    for (int f = 0; f < FG; f++) {
                         /* the lane's word of each row: columns 32f + 8tq .. +7 */
                         uint32_t wv[4];
 #pragma unroll
@@ -747,25 +789,46 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                             uint32_t wa[4][2];
 #pragma unroll
                             for (int r4 = 0; r4 < 4; r4++)
-                                f4_word_h16(wv[r4], hf, wa[r4][0], wa[r4][1]);
+                                f4_word_h16<decltype(tiled)::value>(wv[r4], hf, wa[r4][0], wa[r4][1]);
                             mmas(2 * f + hf, wa);
                         }
-                    } else {
-                        /* the lane's 16-byte chunk f of each row: columns 64f + 16tq .. +15 */
-                        chunk_mmas(f);
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        float xa = xsc[(nt * FG + f) * 8 + 2 * tq], xb1 = xsc[(nt * FG + f) * 8 + 2 * tq + 1];
 #pragma unroll
                         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                float sf = ws[2 * mt + (e >> 1)] * ((e & 1) ? xb1 : xa);
-                                pc[mt][nt][e] = fmaf(part[mt][nt][e], sf, pc[mt][nt][e]);
+                            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                                for (int e = 0; e < 4; e++) {
+                                    float w = ws[2 * mt + (e >> 1)];
+                                    pu[mt][nt][e] = f ? fmaf(part[mt][nt][e], w, pu[mt][nt][e]) : part[mt][nt][e] * w;
+                                    part[mt][nt][e] = 0.0f;
+                                }
+                    }
+                };
+                if constexpr (WT == WT_F4) {
+                    if (a.tiled)
+                        f4_groups(std::true_type());
+                    else
+                        f4_groups(std::false_type());
+                } else {
+#pragma unroll
+                    for (int f = 0; f < FG; f++) /* the lane's 16-byte chunk f of each row: columns 64f + 16tq .. +15 */
+                        chunk_mmas(f);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float xa = xsc[nt * 8 + 2 * tq], xb1 = xsc[nt * 8 + 2 * tq + 1];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float xv = (e & 1) ? xb1 : xa;
+                            if constexpr (WT == WT_F4) {
+                                pc[mt][nt][e] = fmaf(pu[mt][nt][e], xv, pc[mt][nt][e]);
+                            } else {
+                                pc[mt][nt][e] = fmaf(part[mt][nt][e], ws[2 * mt + (e >> 1)] * xv, pc[mt][nt][e]);
                                 part[mt][nt][e] = 0.0f;
                             }
-                    }
+                        }
                 }
             } else {
 #pragma unroll
@@ -775,12 +838,33 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 tc_fold<NT>(pc, part, one);
             }
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
-                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                tc_fold<NT>(tot, pc, one);
+                if constexpr (TOT_SMEM) {
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
+                                t = fmaf(pc[mt][nt][e], 1.0f, t);
+                                pc[mt][nt][e] = 0.0f;
+                            }
+                } else {
+                    const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                    tc_fold<NT>(tot, pc, one);
+                }
             }
         }
     }
     cp_wait<0>();
+    if constexpr (TOT_SMEM)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
 
     /* y, or when the launch is split along the columns this chunk's partial (the tile's last
      * block then adds the partials in order) */
@@ -1197,8 +1281,9 @@ __global__ void f4_tile_kernel(const uint8_t *src, uint8_t *dst, size_t row_byte
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < pieces; q += (size_t)gridDim.x * blockDim.x) {
         size_t t = q / TP, rt = t / units, u = t % units;
         int cc = (int)(q % TP), r = cc >> 2, pc = cc & 3;
+        uint4 v = *reinterpret_cast<const uint4 *>(src + (rt * TC_ROWS + r) * row_bytes + u * 64 + 16 * pc);
         *reinterpret_cast<uint4 *>(dst + 16 * q) =
-            *reinterpret_cast<const uint4 *>(src + (rt * TC_ROWS + r) * row_bytes + u * 64 + 16 * pc);
+            make_uint4(f4_tile_word(v.x), f4_tile_word(v.y), f4_tile_word(v.z), f4_tile_word(v.w));
     }
 }
 
