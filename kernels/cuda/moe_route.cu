@@ -10,6 +10,7 @@
 
 #define ROUTE_THREADS 256
 #define SORT_THREADS 1024
+static_assert(SORT_THREADS % 32 == 0 && SORT_THREADS <= 1024, "moe_sort scans whole warps, at most 32");
 #define SORT_CHUNK 4096
 
 __device__ __forceinline__ float expf_cr(float x) { return (float)exp((double)x); }
@@ -172,21 +173,60 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
             pos[i] = -1;
     }
     __syncthreads();
-    if (tid == 0) {
-        int o = 0, t8 = 0, t32 = 0;
-        for (int e = 0; e < E; e++) {
+    /* exclusive prefix sums of the counts and of the 8- and 32-token tiles, blockDim experts a
+     * pass (a warp scan, then the warps' totals scanned by warp 0) */
+    __shared__ int wsum[3][SORT_THREADS / 32];
+    int lane = tid & 31, warp = tid >> 5, nw = bd >> 5;
+    int c0 = 0, c8 = 0, c32 = 0; /* the passes before */
+    for (int e0 = 0; e0 < E; e0 += bd) {
+        int e = e0 + tid, c = e < E ? cnt[e] : 0;
+        int v[3] = {c, (c + 7) / 8, (c + 31) / 32};
+#pragma unroll
+        for (int k = 0; k < 3; k++)
+#pragma unroll
+            for (int sh = 1; sh < 32; sh <<= 1) {
+                int t = __shfl_up_sync(0xffffffffu, v[k], sh);
+                if (lane >= sh)
+                    v[k] += t;
+            }
+        if (lane == 31)
+#pragma unroll
+            for (int k = 0; k < 3; k++)
+                wsum[k][warp] = v[k];
+        __syncthreads();
+        if (warp == 0)
+#pragma unroll
+            for (int k = 0; k < 3; k++) {
+                int w = lane < nw ? wsum[k][lane] : 0;
+#pragma unroll
+                for (int sh = 1; sh < 32; sh <<= 1) {
+                    int t = __shfl_up_sync(0xffffffffu, w, sh);
+                    if (lane >= sh)
+                        w += t;
+                }
+                if (lane < nw)
+                    wsum[k][lane] = w; /* inclusive over the warps */
+            }
+        __syncthreads();
+        int b0 = c0 + (warp ? wsum[0][warp - 1] : 0), b8 = c8 + (warp ? wsum[1][warp - 1] : 0),
+            b32 = c32 + (warp ? wsum[2][warp - 1] : 0);
+        if (e < E) {
+            int o = b0 + v[0] - c;
             off[e] = o;
             offs[e] = o;
-            tiles[e] = t8;
-            tiles[E + 1 + e] = t32;
-            o += cnt[e];
-            t8 += (cnt[e] + 7) / 8;
-            t32 += (cnt[e] + 31) / 32;
+            tiles[e] = b8 + v[1] - (c + 7) / 8;
+            tiles[E + 1 + e] = b32 + v[2] - (c + 31) / 32;
         }
-        off[E] = o;
-        offs[E] = o;
-        tiles[E] = t8;
-        tiles[2 * E + 1] = t32;
+        c0 += wsum[0][nw - 1];
+        c8 += wsum[1][nw - 1];
+        c32 += wsum[2][nw - 1];
+        __syncthreads(); /* wsum is read before the next pass writes it */
+    }
+    if (tid == 0) {
+        off[E] = c0;
+        offs[E] = c0;
+        tiles[E] = c8;
+        tiles[2 * E + 1] = c32;
     }
     /* placement: each expert's thread walks the assignments in order */
     for (int base = 0; base < n; base += SORT_CHUNK) {
