@@ -434,20 +434,28 @@ __device__ __forceinline__ int tc_xcol(int tq, int ks)
     return 4 * ((4 * (ks / QPC) + tq) * QPC + ks % QPC);
 }
 
-/* dst += src * s, then src = 0: s per row of the m16 tiles' accumulator halves (index
- * 2*mt + (e >> 1)); s = 1 is an exact add. */
-template <int NT>
-__device__ __forceinline__ void tc_fold(float (&dst)[2][NT][4], float (&src)[2][NT][4], const float (&s)[4])
+/* f(mt, nt, e) for each accumulator value of a warp's 2 x NT m16n8 tiles (e: the four values
+ * of a lane's fragment: row half e >> 1, token e & 1). */
+template <int NT, class F> __device__ __forceinline__ void tc_each(F &&f)
 {
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                dst[mt][nt][e] = fmaf(src[mt][nt][e], s[2 * mt + (e >> 1)], dst[mt][nt][e]);
-                src[mt][nt][e] = 0.0f;
-            }
+            for (int e = 0; e < 4; e++)
+                f(mt, nt, e);
+}
+
+/* dst += src * s, then src = 0: s per row of the m16 tiles' accumulator halves (index
+ * 2*mt + (e >> 1)); s = 1 is an exact add. */
+template <int NT>
+__device__ __forceinline__ void tc_fold(float (&dst)[2][NT][4], float (&src)[2][NT][4], const float (&s)[4])
+{
+    tc_each<NT>([&](int mt, int nt, int e) {
+        dst[mt][nt][e] = fmaf(src[mt][nt][e], s[2 * mt + (e >> 1)], dst[mt][nt][e]);
+        src[mt][nt][e] = 0.0f;
+    });
 }
 
 /* Where a block's partial results go when its launch is split along the columns. */
@@ -654,16 +662,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr bool TOT_SMEM = tc_tot_smem<WT, NT>();
     float *tot_s = reinterpret_cast<float *>(tc_smem + S * WSTAGE + 2 * XSPLIT + tc_wscale_bytes<WT>()) +
                    threadIdx.x; /* accumulator k at tot_s[k * blockDim] */
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                pc[mt][nt][i] = tot[mt][nt][i] = 0.0f;
-                if constexpr (TOT_SMEM)
-                    tot_s[((mt * NT + nt) * 4 + i) * (TC_WARPS * 32)] = 0.0f;
-            }
+    tc_each<NT>([&](int mt, int nt, int e) {
+        pc[mt][nt][e] = tot[mt][nt][e] = 0.0f;
+        if constexpr (TOT_SMEM)
+            tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
+    });
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -694,13 +697,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         if (active) {
             const uint8_t *wwarp = wsm + (i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
             float part[2][NT][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        part[mt][nt][e] = 0.0f;
+            tc_each<NT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
             /* the parts in turn across all accumulators: consecutive MMAs are independent */
             auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
                 if constexpr (H16) {
@@ -792,16 +789,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                 f4_word_h16<decltype(tiled)::value>(wv[r4], hf, wa[r4][0], wa[r4][1]);
                             mmas(2 * f + hf, wa);
                         }
-#pragma unroll
-                        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                                for (int e = 0; e < 4; e++) {
-                                    float w = ws[2 * mt + (e >> 1)];
-                                    pu[mt][nt][e] = f ? fmaf(part[mt][nt][e], w, pu[mt][nt][e]) : part[mt][nt][e] * w;
-                                    part[mt][nt][e] = 0.0f;
-                                }
+                        tc_each<NT>([&](int mt, int nt, int e) {
+                            float w = ws[2 * mt + (e >> 1)];
+                            pu[mt][nt][e] = f ? fmaf(part[mt][nt][e], w, pu[mt][nt][e]) : part[mt][nt][e] * w;
+                            part[mt][nt][e] = 0.0f;
+                        });
                     }
                 };
                 if constexpr (WT == WT_F4) {
@@ -839,16 +831,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             }
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
                 if constexpr (TOT_SMEM) {
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
-                                t = fmaf(pc[mt][nt][e], 1.0f, t);
-                                pc[mt][nt][e] = 0.0f;
-                            }
+                    tc_each<NT>([&](int mt, int nt, int e) {
+                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
+                        t = fmaf(pc[mt][nt][e], 1.0f, t);
+                        pc[mt][nt][e] = 0.0f;
+                    });
                 } else {
                     const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
                     tc_fold<NT>(tot, pc, one);
@@ -858,13 +845,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     }
     cp_wait<0>();
     if constexpr (TOT_SMEM)
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
+        tc_each<NT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)]; });
 
     /* y, or when the launch is split along the columns this chunk's partial (the tile's last
      * block then adds the partials in order) */
@@ -872,17 +853,12 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     size_t plane = (size_t)a.n * m_out;
     float *dst = sp.chunks <= 1 ? a.y : sp.part + blockIdx.z * plane;
     if (active)
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = r0 + 16 * mt + g + 8 * (e >> 1);
-                    int tok = t0 + 8 * nt + 2 * tq + (e & 1);
-                    if (row < a.row_end && tm.ok(tok))
-                        dst[tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
-                }
+        tc_each<NT>([&](int mt, int nt, int e) {
+            int row = r0 + 16 * mt + g + 8 * (e >> 1);
+            int tok = t0 + 8 * nt + 2 * tq + (e & 1);
+            if (row < a.row_end && tm.ok(tok))
+                dst[tm.yrow(tok) * m_out + (row - a.row_begin)] = tot[mt][nt][e];
+        });
     if (sp.chunks <= 1)
         return;
     __threadfence();
