@@ -413,3 +413,20 @@ duet_status_t duet_kv_cache_layer_for_loader(duet_kv_cache_t *c, int layer, duet
     fill_layer(c, layer, out);
     return DUET_OK;
 }
+
+void duet_kv_cache_entries(const uint32_t *pages, int64_t first, size_t n, uint32_t epp, uint32_t *unit,
+                           uint32_t *idx)
+{
+    if (!n)
+        return;
+    size_t pg = (size_t)(first / epp);
+    uint32_t off = (uint32_t)(first % epp);
+    for (size_t i = 0; i < n; i++) {
+        unit[i] = pages[pg];
+        idx[i] = off;
+        if (++off == epp) {
+            off = 0;
+            pg++;
+        }
+    }
+}

@@ -73,6 +73,12 @@ duet_status_t duet_kv_cache_release_slot(duet_kv_cache_t *c, uint32_t slot);
 uint32_t duet_kv_cache_free_slot_count(const duet_kv_cache_t *c);
 uint32_t duet_kv_cache_quarantined_slot_count(const duet_kv_cache_t *c);
 
+/* Where entries [first, first + n) of a sequence lie, its pages `pages` holding `epp` entries
+ * each (epp > 0, first >= 0): unit[i] = pages[(first + i) / epp], idx[i] = (first + i) % epp,
+ * with one division for the whole run (index lists a forward call rebuilds every step). */
+void duet_kv_cache_entries(const uint32_t *pages, int64_t first, size_t n, uint32_t epp, uint32_t *unit,
+                           uint32_t *idx);
+
 /* Install (or clear with NULL) the layer gate. */
 void duet_kv_cache_set_layer_gate(duet_kv_cache_t *c, duet_layer_gate_fn fn, void *arg);
 

@@ -973,9 +973,11 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
         memcpy(pt + npt, s->pages, sizeof(uint32_t) * s->n_pages);
         npt += s->n_pages;
         ld_off[it] = nl;
-        for (int64_t t = base; t < P; t++, nl++) {
+        for (int64_t t = base, ring = base % W; t < P; t++, nl++) { /* ring = t % W */
             ld_unit[nl] = s->slot;
-            ld_idx[nl] = (uint32_t)(t % W);
+            ld_idx[nl] = (uint32_t)ring;
+            if (++ring == W)
+                ring = 0;
         }
         for (int i = (n > W ? n - W : 0); i < n; i++, ns++) {
             st_row[ns] = r0 + i;
@@ -984,10 +986,8 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
         }
         c128_off[it] = n128;
         if (F->has128) {
-            for (int64_t e = 0; e < total / 128; e++, n128++) {
-                c128_unit[n128] = s->pages[e / epp128];
-                c128_idx[n128] = (uint32_t)(e % epp128);
-            }
+            duet_kv_cache_entries(s->pages, 0, (size_t)(total / 128), epp128, c128_unit + n128, c128_idx + n128);
+            n128 += (size_t)(total / 128);
             for (int64_t p = P; p < total; p++) {
                 if ((p + 1) % 128)
                     continue;
@@ -1010,10 +1010,8 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
         }
         ik_off[it] = nik;
         if (F->has4) {
-            for (int64_t e = 0; e < total / 4; e++, nik++) {
-                ik_unit[nik] = s->pages[e / eppi];
-                ik_idx[nik] = (uint32_t)(e % eppi);
-            }
+            duet_kv_cache_entries(s->pages, 0, (size_t)(total / 4), eppi, ik_unit + nik, ik_idx + nik);
+            nik += (size_t)(total / 4);
             for (int64_t p = P; p < total; p++) {
                 if ((p + 1) % 4)
                     continue;

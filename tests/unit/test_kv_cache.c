@@ -417,6 +417,38 @@ static void test_threads(void **state)
     duet_kv_cache_destroy(&c);
 }
 
+/* duet_kv_cache_entries against the division it replaces: runs starting anywhere in a page,
+ * crossing several pages, ending on a page boundary, one entry a page, and empty. */
+static void test_entries(void **state)
+{
+    (void)state;
+    uint32_t pages[64], unit[700], idx[700];
+    for (int i = 0; i < 64; i++)
+        pages[i] = 1000u + 7u * (uint32_t)i; /* not their positions */
+    const uint32_t epps[] = {1, 3, 4, 16, 64};
+    const int64_t firsts[] = {0, 1, 15, 16, 33, 60};
+    const size_t counts[] = {0, 1, 2, 16, 47, 64};
+    for (size_t a = 0; a < sizeof epps / sizeof *epps; a++)
+        for (size_t b = 0; b < sizeof firsts / sizeof *firsts; b++)
+            for (size_t k = 0; k < sizeof counts / sizeof *counts; k++) {
+                uint32_t epp = epps[a];
+                int64_t first = firsts[b];
+                size_t n = counts[k];
+                if ((size_t)first + n > (size_t)epp * 64)
+                    continue;
+                memset(unit, 0xab, sizeof unit);
+                memset(idx, 0xab, sizeof idx);
+                duet_kv_cache_entries(pages, first, n, epp, unit, idx);
+                for (size_t i = 0; i < n; i++) {
+                    int64_t e = first + (int64_t)i;
+                    assert_int_equal(unit[i], pages[e / epp]);
+                    assert_int_equal(idx[i], (uint32_t)(e % epp));
+                }
+                assert_int_equal(unit[n], 0xababababu); /* nothing written past the run */
+                assert_int_equal(idx[n], 0xababababu);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -429,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_empty_pools),
         cmocka_unit_test(test_layer_gate),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_entries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
