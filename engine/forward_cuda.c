@@ -992,8 +992,7 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
                 if ((p + 1) % 128)
                     continue;
                 int64_t w = p / 128;
-                w128_unit[nw128] = s->pages[w / epp128];
-                w128_idx[nw128] = (uint32_t)(w % epp128);
+                duet_kv_cache_entries(s->pages, w, 1, epp128, w128_unit + nw128, w128_idx + nw128);
                 w128pos[nw128] = w * 128;
                 for (int j = 0; j < 128; j++) {
                     int64_t q = w * 128 + j;
@@ -1016,10 +1015,8 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
                 if ((p + 1) % 4)
                     continue;
                 int64_t w = p / 4;
-                w4kv_unit[nw4] = s->pages[w / epp4];
-                w4kv_idx[nw4] = (uint32_t)(w % epp4);
-                w4ik_unit[nw4] = s->pages[w / eppi];
-                w4ik_idx[nw4] = (uint32_t)(w % eppi);
+                duet_kv_cache_entries(s->pages, w, 1, epp4, w4kv_unit + nw4, w4kv_idx + nw4);
+                duet_kv_cache_entries(s->pages, w, 1, eppi, w4ik_unit + nw4, w4ik_idx + nw4);
                 w4pos[nw4] = w * 4;
                 for (int j = 0; j < 8; j++) {
                     duet_comp_slot_t *d = &desc4[nw4 * 8 + (size_t)j];
