@@ -1727,6 +1727,21 @@ static void case_moe_experts(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int
         duet_cuda_free(ck->c, drl); duet_cuda_free(ck->c, dwl); duet_cuda_free(ck->c, dref);
         duet_cuda_free(ck->c, dxg); duet_cuda_free(ck->c, dyg);
     }
+    /* fp8/fp4 with 32-token tiles (16 positions an expert on average) take x split ahead of the
+     * launch (duet_cuda_tc_presplit): the same bits as each block splitting it */
+    if (dt != DUET_DT_BF16 && rows * K >= 16 * E) {
+        row = row_new("moe_experts", "%s E%d k%d %dx%d r%d x split in blocks%s", dt_short(dt, DUET_DT_F8_E8M0), E, K,
+                      D, I, rows, tl);
+        float *g2 = xmalloc(4 * (size_t)rows * D);
+        duet_cuda_tc_presplit(ck->c, 0);
+        st = gx_call(ck, &a);
+        duet_cuda_tc_presplit(ck->c, -1);
+        CK(st);
+        ddownload(ck, g2, a.dout, 4 * (size_t)rows * D);
+        row_bytes(&row, g2, g, 4 * (size_t)rows * D);
+        print_row(ck, &row);
+        free(g2);
+    }
     /* rows alone: the same bits as inside the batch */
     if (check_alone) {
         row = row_new("moe_experts", "%s E%d k%d %dx%d r%d solo%s", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
@@ -1781,7 +1796,9 @@ static void group_moe(ck_t *ck)
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 0);   /* all 256 experts, batch 32 */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 1);
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 1);  /* 32-token tiles, tiled */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 128, 0, 1); /* V4-Flash widths, 48 positions an expert */
     case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1, 0);
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 1, 0);  /* 32-token tiles, x split ahead */
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 0);      /* 32-token tiles */
     case_moe_experts(ck, DUET_DT_BF16, 8, 2, 128, 64, 20, 1, 0);          /* the tiny fixture: w2 on the fp32 units */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 8, 2, 128, 64, 20, 1, 1);     /* w1, w3 tiled, w2 (64 columns) not */

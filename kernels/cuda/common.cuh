@@ -65,9 +65,12 @@ struct duet_cuda {
     cudaEvent_t t0, t1;
     int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
     int topk_smem_set;    /* topk's shared-memory limit raised */
-    unsigned long long tc_smem_set; /* matmul tensor-core kernels whose shared-memory limit was raised */
+    unsigned long long tc_smem_set[2]; /* matmul tensor-core kernels whose shared-memory limit was raised */
     void *tc_part;        /* matmul split-K partials, grown on demand */
     size_t tc_part_bytes;
+    void *tc_xrec;        /* matmul: x split into its MMA parts ahead of a launch, grown on demand */
+    size_t tc_xrec_bytes;
+    int tc_presplit;      /* duet_cuda_tc_presplit: 0 the default, -1 never, else the smallest n */
     void *tc_count;       /* matmul split-K counters (int), zero between launches */
     int tc_count_n;
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
@@ -120,6 +123,13 @@ static inline size_t duet_round_up(size_t a, size_t b) { return (a + b - 1) / b 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
 {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+/* The same with the destination as a shared-window address (__cvta_generic_to_shared), for
+ * callers that keep one base and add constant offsets. */
+__device__ __forceinline__ void cp_async16_s(unsigned s, const void *gmem)
+{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 

@@ -77,6 +77,7 @@ static void ctx_release(duet_cuda_t *c)
     cudaFree(c->flush_buf);
     cudaFree(c->scratch);
     cudaFree(c->tc_part);
+    cudaFree(c->tc_xrec);
     cudaFree(c->tc_count);
     cudaFree(c->workspace);
     if (c->lt)

@@ -36,6 +36,8 @@ struct gemv_args {
     int n;
     float *y;
     int tiled; /* fp4 in the tiled layout (duet_cuda_weight_tile): the tensor-core kernels only */
+    const uint4 *xrec;       /* the tensor-core kernels: x split ahead (tc_presplit), or NULL */
+    const float *xrec_scale; /* its scales (fp8, fp4) */
 };
 
 template <int WT> struct wt_traits;
@@ -434,6 +436,69 @@ __device__ __forceinline__ int tc_xcol(int tq, int ks)
     return 4 * ((4 * (ks / QPC) + tq) * QPC + ks % QPC);
 }
 
+/* The split of x that the fp8/fp4 MMAs multiply (one item: GC columns of a token's unit, the
+ * token's 4 FG items in consecutive lanes, all of the warp's lanes taking part): x times a
+ * power of two per token and unit (its largest |x| in [2^14, 2^15), exact; 2^e stays a normal
+ * float), as two fp16 parts; rec[k] is k-step k of the item's fold group, both parts (fp4
+ * columns (k, k+4 | k+2, k+6), fp8 (4k, 4k+1 | 4k+2, 4k+3)); *scale what the unit's fold
+ * multiplies by: 2^e, and for fp4 the 2^14 its fp16 weights lack.  The kernels' own split and
+ * tc_presplit_kernel both come here, so their records are the same bits. */
+template <int WT>
+__device__ __forceinline__ void h16_split(const float (&v)[h16_traits<WT>::GC], uint4 (&rec)[h16_traits<WT>::KPG],
+                                          float *scale)
+{
+    constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+    float mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GC; j++)
+        mx = fmaxf(mx, fabsf(v[j]));
+#pragma unroll
+    for (int sh = 1; sh < 4 * FG; sh <<= 1) /* the token's items: its whole unit */
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+    int e = max((int)((__float_as_uint(mx) >> 23) & 0xffu) - 141, -126);
+    float inv = __uint_as_float((uint32_t)(127 - e) << 23);
+    __half h[GC], l[GC];
+#pragma unroll
+    for (int j = 0; j < GC; j++) {
+        float t = v[j] * inv;
+        h[j] = __float2half_rn(t);
+        l[j] = __float2half_rn(t - __half2float(h[j]));
+    }
+#pragma unroll
+    for (int k = 0; k < KPG; k++) {
+        int c0 = WT == WT_F4 ? k : 4 * k, c1 = WT == WT_F4 ? k + 4 : 4 * k + 1;
+        int c2 = WT == WT_F4 ? k + 2 : 4 * k + 2, c3 = WT == WT_F4 ? k + 6 : 4 * k + 3;
+        rec[k] = make_uint4(pack_h16(h[c0], h[c1]), pack_h16(h[c2], h[c3]), pack_h16(l[c0], l[c1]),
+                            pack_h16(l[c2], l[c3]));
+    }
+    *scale = __uint_as_float((uint32_t)(127 + e + (WT == WT_F4 ? 14 : 0)) << 23);
+}
+
+/* The split for bf16 weights: four columns (tc_xcol's quad) as three bf16 parts, hi + mid + lo,
+ * p[part] = columns (0, 1 | 2, 3). */
+__device__ __forceinline__ void bf16_split(const float4 &x, uint2 (&p)[3])
+{
+    float xv[4] = {x.x, x.y, x.z, x.w};
+    uint32_t q[3][2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        float x0 = xv[2 * e], x1 = xv[2 * e + 1];
+        float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+        float d0 = x0 - h0, d1 = x1 - h1;
+        float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
+        q[0][e] = pack_bf16(h0, h1);
+        q[1][e] = pack_bf16(m0, m1);
+        q[2][e] = pack_bf16(d0 - m0, d1 - m1);
+    }
+#pragma unroll
+    for (int s = 0; s < 3; s++)
+        p[s] = make_uint2(q[s][0], q[s][1]);
+}
+
+/* x split ahead, a record of 16 bytes per (k-step, lane quad position) of a row's unit:
+ * fp16 kinds [k-step][tq] (both parts), bf16 [k-step][part][tq / 2] (two lanes' parts). */
+template <int WT> __host__ __device__ constexpr int tc_rec_per_unit() { return WT == WT_BF16 ? 48 : 32; }
+
 /* f(mt, nt, e) for each accumulator value of a warp's 2 x NT m16n8 tiles (e: the four values
  * of a lane's fragment: row half e >> 1, token e & 1). */
 template <int NT, class F> __device__ __forceinline__ void tc_each(F &&f)
@@ -465,7 +530,7 @@ struct tc_split {
     int chunks;   /* 1: no split */
 };
 
-template <int WT, int NT, class TM>
+template <int WT, int NT, bool PRE, class TM>
 __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
                                              int tile_id)
 {
@@ -554,7 +619,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
     for (int i = 0; i < NXP; i++) {
         int q = i * (TC_WARPS * 32) + threadIdx.x;
-        if constexpr (H16) {
+        if constexpr (PRE) {
+            xb[i] = NULL;
+        } else if constexpr (H16) {
             int tq, f, tok, nt;
             h16_item<WT>(q, tq, f, tok, nt);
             int wtq, wf, wtok, wnt; /* the warp's first item: whole warps are left out */
@@ -605,56 +672,81 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     v[4 * c + 2] = t.z;
                     v[4 * c + 3] = t.w;
                 }
-                float mx = 0.0f;
+                uint4 rec[KPG];
+                float scale;
+                h16_split<WT>(v, rec, &scale);
 #pragma unroll
-                for (int j = 0; j < GC; j++)
-                    mx = fmaxf(mx, fabsf(v[j]));
-#pragma unroll
-                for (int sh = 1; sh < 4 * FG; sh <<= 1) /* the token's items: its whole unit */
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
-                /* x * 2^-e: the largest value in [2^14, 2^15), exact; 2^e stays a normal float */
-                int e = max((int)((__float_as_uint(mx) >> 23) & 0xffu) - 141, -126);
-                float inv = __uint_as_float((uint32_t)(127 - e) << 23);
-                __half h[GC], l[GC];
-#pragma unroll
-                for (int j = 0; j < GC; j++) {
-                    float t = v[j] * inv;
-                    h[j] = __float2half_rn(t);
-                    l[j] = __float2half_rn(t - __half2float(h[j]));
-                }
-                /* columns of k-step f*KPG + k, in the weights' order: fp4 (k, k+4 | k+2, k+6),
-                 * fp8 (4k, 4k+1 | 4k+2, 4k+3); a record holds both parts */
-#pragma unroll
-                for (int k = 0; k < KPG; k++) {
-                    int c0 = WT == WT_F4 ? k : 4 * k, c1 = WT == WT_F4 ? k + 4 : 4 * k + 1;
-                    int c2 = WT == WT_F4 ? k + 2 : 4 * k + 2, c3 = WT == WT_F4 ? k + 6 : 4 * k + 3;
-                    int o = (nt * 8 + f * KPG + k) * 32 + (ln ^ h16_swizzle<WT>(f * KPG + k));
-                    reinterpret_cast<uint4 *>(dst)[o] = make_uint4(pack_h16(h[c0], h[c1]), pack_h16(h[c2], h[c3]),
-                                                                   pack_h16(l[c0], l[c1]), pack_h16(l[c2], l[c3]));
-                }
-                /* what the unit's fold multiplies by: 2^e, and for fp4 the 2^14 its fp16
-                 * weights lack */
+                for (int k = 0; k < KPG; k++)
+                    reinterpret_cast<uint4 *>(dst)[(nt * 8 + f * KPG + k) * 32 + (ln ^ h16_swizzle<WT>(f * KPG + k))] =
+                        rec[k];
                 if (tq == 0 && f == 0)
-                    reinterpret_cast<float *>(dst + XFRAG)[nt * 8 + tok] =
-                        __uint_as_float((uint32_t)(127 + e + (WT == WT_F4 ? 14 : 0)) << 23);
+                    reinterpret_cast<float *>(dst + XFRAG)[nt * 8 + tok] = scale;
             } else {
                 int ln = q & 31, ks = (q >> 5) & 7, nt = q >> 8;
-                float xv[4] = {src[i].x, src[i].y, src[i].z, src[i].w};
-                uint32_t p[3][2];
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float x0 = xv[2 * e], x1 = xv[2 * e + 1];
-                    float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-                    float d0 = x0 - h0, d1 = x1 - h1;
-                    float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
-                    p[0][e] = pack_bf16(h0, h1);
-                    p[1][e] = pack_bf16(m0, m1);
-                    p[2][e] = pack_bf16(d0 - m0, d1 - m1);
-                }
+                uint2 p[3];
+                bf16_split(src[i], p);
 #pragma unroll
                 for (int s = 0; s < 3; s++)
-                    dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = make_uint2(p[s][0], p[s][1]);
+                    dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = p[s];
             }
+        }
+    };
+
+    /* PRE: the tile's tokens' records of unit u (tc_presplit_kernel: x split once a row instead
+     * of by every row block) copied into x slot `slot` where split_x would have written them;
+     * absent tokens' fragments stay stale, as there.  Both token maps give consecutive tokens
+     * consecutive record rows (yrow(t0 + k) = yrow(t0) + k).  fp8/fp4: a warp copies a token's
+     * 32 records (512 contiguous bytes) a round, token 4 it + warp, so that its shared-memory
+     * offsets are the round's constants on one base; bf16 (48 records a token): each thread's
+     * rounds' offsets are worked out once. */
+    static_assert(!PRE || S == 2, "records share the x slots' double buffer with the weight stages");
+    constexpr int RU = tc_rec_per_unit<WT>(), NI = NT * 8 * RU / (TC_WARPS * 32);
+    static_assert(NT * 8 * RU % (TC_WARPS * 32) == 0 && TC_WARPS == 4, "whole rounds of records, token 4 it + warp");
+    const int units_all = a.cols / 128;
+    /* fp8/fp4: the thread's record of its first round and the rounds present (bit it); bf16:
+     * each round's shared-memory record and its offset past the tile's first token's unit */
+    const char *xr_g = NULL;
+    size_t xr_step = 0;
+    unsigned xr_s = 0, xr_ok = 0;
+    unsigned xr_so[H16 ? 1 : NI];
+    int xr_go[H16 ? 1 : NI];
+    if constexpr (PRE) {
+        xr_s = (unsigned)__cvta_generic_to_shared(xsm);
+        if constexpr (H16) {
+            int ks = lane >> 2;
+            xr_s += 16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks)));
+            xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)(tm.yrow(t0) + warp) * units_all + ub) * RU + lane);
+            xr_step = (size_t)4 * units_all * RU * 16;
+#pragma unroll
+            for (int it = 0; it < NI; it++)
+                xr_ok |= (unsigned)tm.ok(t0 + 4 * it + warp) << it;
+        } else {
+            xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)tm.yrow(t0) * units_all + ub) * RU);
+#pragma unroll
+            for (int it = 0; it < NI; it++) {
+                int q = it * (TC_WARPS * 32) + threadIdx.x;
+                int tk = q / RU, j = q % RU, ks = j / 6, part = j / 2 % 3;
+                xr_so[it] = xr_s + 16 * ((((tk >> 3) * 8 + ks) * 3 + part) * 16 + 2 * (tk & 7) + (j & 1));
+                xr_go[it] = tm.ok(t0 + tk) ? 16 * (tk * units_all * RU + j) : -1;
+            }
+        }
+    }
+    auto load_xr = [&](int u, int slot) {
+        const char *g = xr_g + (size_t)(u - ub) * (RU * 16);
+        unsigned so = slot * XSPLIT;
+        if constexpr (H16) {
+#pragma unroll
+            for (int it = 0; it < NI; it++)
+                if (xr_ok >> it & 1)
+                    cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), g + it * xr_step);
+            if (threadIdx.x < NT * 8 && tm.ok(t0 + threadIdx.x))
+                cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x,
+                          a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + u);
+        } else {
+#pragma unroll
+            for (int it = 0; it < NI; it++)
+                if (xr_go[it] >= 0)
+                    cp_async16_s(xr_so[it] + so, g + xr_go[it]);
         }
     };
 
@@ -670,17 +762,23 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (ub + s < ue)
+        if (ub + s < ue) {
             load_w(ub + s, s);
+            if constexpr (PRE)
+                load_xr(ub + s, s);
+        }
         cp_commit();
     }
-    load_x(xr[0], ub);
-    if (XD == 2 && ub + 1 < ue)
-        load_x(xr[XD - 1], ub + 1);
+    if constexpr (!PRE) {
+        load_x(xr[0], ub);
+        if (XD == 2 && ub + 1 < ue)
+            load_x(xr[XD - 1], ub + 1);
+    }
     for (int u = ub; u < ue; u++) {
         int i = u - ub;
         uint2 *xs = xsm + (i & 1) * (XSPLIT / 8);
-        if (XD == 1 || !(i & 1)) {
+        if constexpr (PRE) {
+        } else if (XD == 1 || !(i & 1)) {
             split_x(xr[0], xs);
             if (u + XD < ue)
                 load_x(xr[0], u + XD);
@@ -691,8 +789,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         }
         cp_wait<S - 2>();
         __syncthreads();
-        if (u + S - 1 < ue)
+        if (u + S - 1 < ue) {
             load_w(u + S - 1, (i + S - 1) % S);
+            if constexpr (PRE)
+                load_xr(u + S - 1, (i + S - 1) & 1);
+        }
         cp_commit();
         if (active) {
             const uint8_t *wwarp = wsm + (i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
@@ -903,7 +1004,7 @@ template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     tok_plain tm{a.x, a.n, a.cols};
-    gemv_tc_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
+    gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
                          blockIdx.y * gridDim.x + blockIdx.x);
 }
 
@@ -924,10 +1025,11 @@ static int tc_eligible(const gemv_args &a, int wt)
 /* Raise a kernel's dynamic shared memory limit once per context (the attribute is per device). */
 template <class K> static duet_status_t tc_smem(duet_cuda_t *c, K kernel, int bytes, unsigned bit)
 {
-    if (c->tc_smem_set & (1ull << bit))
+    unsigned long long *set = &c->tc_smem_set[bit >> 6 & 1], b = 1ull << (bit & 63);
+    if (*set & b)
         return DUET_OK;
     DUET_CUDA_CHECK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    c->tc_smem_set |= 1ull << bit;
+    *set |= b;
     return DUET_OK;
 }
 
@@ -981,6 +1083,110 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
     return DUET_OK;
 }
 
+/* ---- x split ahead ----
+ *
+ * A launch of several token tiles has every row block split the same x into its MMA parts
+ * again: a fifth to a third of the loop's instructions at four tiles (fp8 764 -> 585, fp4
+ * grouped 1561 -> 1288 a unit, sm_90a).  The grouped expert launch of four-tile blocks
+ * (prefill) from TC_PRESPLIT_MIN_N positions on (duet_cuda_tc_presplit) takes x split once a
+ * position ahead into records in the layout the blocks' shared memory holds (16 bytes a lane
+ * and k-step; the token's scale a unit), which the blocks copy with cp.async beside the
+ * weights.  The arithmetic is the same function (h16_split), so the results are the same bits
+ * either way.  The dense and multi launches do not take it: measured slower there (decode
+ * steps at batch 32 and 128, docs/PERF.md), where a row block's x comes from L1 that the
+ * tile's other row blocks on the SM filled, and the extra launch costs a few microseconds. */
+#ifndef TC_PRESPLIT_MIN_N
+#define TC_PRESPLIT_MIN_N 9
+#endif
+
+/* One thread per item of a row's unit: bf16 four columns (a k-step's lane), fp8/fp4 a fold
+ * group's GC columns (the 4 FG items of a unit in consecutive lanes, for h16_split's shuffles).
+ * Row r is x's row xrow[r] (or r); records [row][unit][tc_rec_per_unit], scales [row][unit]. */
+template <int WT>
+__global__ void __launch_bounds__(256)
+    tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
+{
+    int units = cols / 128;
+    size_t pairs = (size_t)rows * units, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if constexpr (WT == WT_BF16) {
+        if (i >= pairs * 32)
+            return;
+        size_t ru = i >> 5;
+        int tq = (int)(i & 3), ks = (int)(i >> 2) & 7, row = (int)(ru / units), u = (int)(ru % units);
+        const float *xp = x + (size_t)(xrow ? __ldg(xrow + row) : row) * cols + u * 128 + tc_xcol(tq, ks);
+        float2 lo = __ldg(reinterpret_cast<const float2 *>(xp)), hi = __ldg(reinterpret_cast<const float2 *>(xp + 2));
+        uint2 p[3];
+        bf16_split(make_float4(lo.x, lo.y, hi.x, hi.y), p);
+        uint2 *o = reinterpret_cast<uint2 *>(rec + ru * tc_rec_per_unit<WT>());
+#pragma unroll
+        for (int s = 0; s < 3; s++)
+            o[(ks * 3 + s) * 4 + tq] = p[s];
+    } else {
+        constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+        size_t items = pairs * 4 * FG;
+        if ((i & ~(size_t)31) >= items) /* whole warps: the rest take part in the shuffles */
+            return;
+        size_t ru = min(i / (4 * FG), pairs - 1);
+        int tq = (int)(i & 3), f = (int)(i >> 2) % FG, row = (int)(ru / units), u = (int)(ru % units);
+        const float *xp =
+            x + (size_t)(xrow ? __ldg(xrow + row) : row) * cols + u * 128 + f * (128 / FG) + tq * GC;
+        float v[GC];
+#pragma unroll
+        for (int c4 = 0; c4 < GC / 4; c4++) {
+            float4 t = __ldg(reinterpret_cast<const float4 *>(xp) + c4);
+            v[4 * c4] = t.x;
+            v[4 * c4 + 1] = t.y;
+            v[4 * c4 + 2] = t.z;
+            v[4 * c4 + 3] = t.w;
+        }
+        uint4 r[KPG];
+        float scale;
+        h16_split<WT>(v, r, &scale);
+        if (i < items) {
+#pragma unroll
+            for (int k = 0; k < KPG; k++)
+                rec[ru * tc_rec_per_unit<WT>() + (f * KPG + k) * 4 + tq] = r[k];
+            if (tq == 0 && f == 0)
+                rs[ru] = scale;
+        }
+    }
+}
+
+/* Whether a launch of n tokens in tiles of NT token groups of 8 takes x split ahead: fp8 and
+ * fp4 weights.  Not bf16: there the MMA's A operand is four words of two rows' 16-byte chunks,
+ * moved into place before each MMA, and with the records' copies in the loop the compiler
+ * moves them again for every MMA (1041 -> 1314 instructions a unit at four tiles, sm_90a). */
+template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n)
+{
+    int min_n = c->tc_presplit ? c->tc_presplit : TC_PRESPLIT_MIN_N;
+    return WT != WT_BF16 && tc_traits<WT>::STAGES == 2 && nt > 1 && min_n > 0 && n >= min_n;
+}
+
+/* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
+ * buffer and point a at it. */
+template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
+{
+    size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
+    size_t rec_bytes = duet_round_up(pairs * tc_rec_per_unit<WT>() * 16, 256);
+    size_t sc_bytes = WT == WT_BF16 ? 0 : pairs * sizeof(float);
+    DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, rec_bytes + sc_bytes));
+    uint4 *rec = (uint4 *)c->tc_xrec;
+    float *rs = WT == WT_BF16 ? NULL : (float *)((uint8_t *)c->tc_xrec + rec_bytes);
+    size_t threads = pairs * (WT == WT_BF16 ? 32 : 4 * h16_traits<WT>::FG);
+    tc_presplit_kernel<WT><<<(unsigned)duet_cdiv(threads, 256), 256, 0, c->stream>>>(a.x, xrow, rows, a.cols, rec, rs);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    a.xrec = rec;
+    a.xrec_scale = rs;
+    return DUET_OK;
+}
+
+extern "C" void duet_cuda_tc_presplit(duet_cuda_t *c, int min_n)
+{
+    c->tc_presplit = min_n < 0 ? 0 : min_n == 0 ? -1 : min_n;
+}
+
+/* tc_smem's bit for a kernel taking x split ahead: the second word */
+#define TC_PRE_BIT 64
 template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
@@ -1051,7 +1257,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args 
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += po;
-    gemv_tc_body<WT, NT>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, false>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a, multi_args &m)
@@ -1376,7 +1582,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
 #ifndef TC_GROUP_MIN_BLOCKS
 #define TC_GROUP_MIN_BLOCKS 4
 #endif
-template <int WT, int NT>
+template <int WT, int NT, bool PRE>
 __global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 && WT == WT_F4 ? TC_GROUP_MIN_BLOCKS : 1)
     gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
@@ -1389,7 +1595,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, NT == 1 && WT == WT_F4 ? TC_GRO
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += (size_t)mi * s.chunks * a.n * (a.row_end - a.row_begin);
-    gemv_tc_body<WT, NT>(a, tm, rt * TC_BLOCK_ROWS, t0, s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, PRE>(a, tm, rt * TC_BLOCK_ROWS, t0, s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 static int grouped_kind(const duet_weight_t *w, const float *x)
@@ -1468,12 +1674,18 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
 #define TC_GROUP(W)                                                                                                \
     do {                                                                                                           \
         if (nt == 1) {                                                                                             \
-            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1>, tc_smem_bytes<W, 1>(), 32 + W * 8 + 1));               \
-            gemv_tc_group_kernel<W, 1><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp);       \
+            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, false>, tc_smem_bytes<W, 1>(), 32 + W * 8 + 1));        \
+            gemv_tc_group_kernel<W, 1, false><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp); \
+        } else if (tc_presplit_on<W>(c, nt, n)) { /* records by position: x's row xrow[p] */                      \
+            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));                                                             \
+            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, true>, tc_smem_bytes<W, TC_MAX_NT>(),           \
+                             TC_PRE_BIT + 32 + W * 8 + TC_MAX_NT));                                                \
+            gemv_tc_group_kernel<W, TC_MAX_NT, true>                                                               \
+                <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g, sp);                     \
         } else {                                                                                                   \
-            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT>, tc_smem_bytes<W, TC_MAX_NT>(),                 \
+            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, false>, tc_smem_bytes<W, TC_MAX_NT>(),          \
                              32 + W * 8 + TC_MAX_NT));                                                             \
-            gemv_tc_group_kernel<W, TC_MAX_NT>                                                                     \
+            gemv_tc_group_kernel<W, TC_MAX_NT, false>                                                              \
                 <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g, sp);                     \
         }                                                                                                          \
     } while (0)
