@@ -1092,9 +1092,10 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
  * position ahead into records in the layout the blocks' shared memory holds (16 bytes a lane
  * and k-step; the token's scale a unit), which the blocks copy with cp.async beside the
  * weights.  The arithmetic is the same function (h16_split), so the results are the same bits
- * either way.  The dense and multi launches do not take it: measured slower there (decode
- * steps at batch 32 and 128, docs/PERF.md), where a row block's x comes from L1 that the
- * tile's other row blocks on the SM filled, and the extra launch costs a few microseconds. */
+ * either way.  The dense and multi launches do not take it: with records their decode steps
+ * at batch 32 and 128 measured 2-3% slower (docs/PERF.md; not analysed further: the extra
+ * launch a call, and records read from L2 where the f32 x of a tile is shared in L1 by the row
+ * blocks on an SM, are the suspects). */
 #ifndef TC_PRESPLIT_MIN_N
 #define TC_PRESPLIT_MIN_N 9
 #endif
