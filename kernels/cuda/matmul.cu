@@ -1092,12 +1092,21 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
  * position ahead into records in the layout the blocks' shared memory holds (16 bytes a lane
  * and k-step; the token's scale a unit), which the blocks copy with cp.async beside the
  * weights.  The arithmetic is the same function (h16_split), so the results are the same bits
- * either way.  The dense and multi launches do not take it: with records their decode steps
+ * either way.  Decode steps' grouped launches (one-token tiles) take it too, from
+ * TC_PRESPLIT_MIN_N1 positions: there it spares the block's first warp the split that the
+ * other three waited for at the unit's barrier.  The dense and multi launches do not take it: with records their decode steps
  * at batch 32 and 128 measured 2-3% slower (docs/PERF.md; not analysed further: the extra
  * launch a call, and records read from L2 where the f32 x of a tile is shared in L1 by the row
  * blocks on an SM, are the suspects). */
 #ifndef TC_PRESPLIT_MIN_N
 #define TC_PRESPLIT_MIN_N 9
+#endif
+/* The same for the grouped launch of one-token tiles (decode steps' experts), from this many
+ * positions (0: never).  Measured on the H200 at V4-Flash widths: the decode step at batch 32
+ * (192 positions) 4% faster, the launch at 48 positions 3% faster, batch 1 (6 positions) no
+ * different; at small widths (512 x 256 experts) the extra launch costs more than it saves. */
+#ifndef TC_PRESPLIT_MIN_N1
+#define TC_PRESPLIT_MIN_N1 32
 #endif
 
 /* One thread per item of a row's unit: bf16 four columns (a k-step's lane), fp8/fp4 a fold
@@ -1159,8 +1168,8 @@ __global__ void __launch_bounds__(256)
  * moves them again for every MMA (1041 -> 1314 instructions a unit at four tiles, sm_90a). */
 template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n)
 {
-    int min_n = c->tc_presplit ? c->tc_presplit : TC_PRESPLIT_MIN_N;
-    return WT != WT_BF16 && tc_traits<WT>::STAGES == 2 && nt > 1 && min_n > 0 && n >= min_n;
+    int min_n = c->tc_presplit ? c->tc_presplit : nt > 1 ? TC_PRESPLIT_MIN_N : TC_PRESPLIT_MIN_N1;
+    return WT != WT_BF16 && tc_traits<WT>::STAGES == 2 && min_n > 0 && n >= min_n;
 }
 
 /* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
@@ -1674,7 +1683,11 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         grid.z = sp.chunks;
 #define TC_GROUP(W)                                                                                                \
     do {                                                                                                           \
-        if (nt == 1) {                                                                                             \
+        if (nt == 1 && tc_presplit_on<W>(c, nt, n)) {                                                              \
+            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));                                                             \
+            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, true>, tc_smem_bytes<W, 1>(), TC_PRE_BIT + 32 + W * 8 + 1)); \
+            gemv_tc_group_kernel<W, 1, true><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp); \
+        } else if (nt == 1) {                                                                                      \
             DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, false>, tc_smem_bytes<W, 1>(), 32 + W * 8 + 1));        \
             gemv_tc_group_kernel<W, 1, false><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp); \
         } else if (tc_presplit_on<W>(c, nt, n)) { /* records by position: x's row xrow[p] */                      \

@@ -135,10 +135,10 @@ int duet_cuda_weight_tile_ok(const duet_weight_t *w);
  * otherwise. */
 duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                        const float *x, int n, float *y);
-/* Grouped expert launches of 32-token tiles (fp8 and fp4 weights) from min_n positions on
- * split x into its MMA parts once a position, ahead, instead of in every row block (the same
- * bits either way): min_n > 0 that threshold, 0 never, < 0 the build's default
- * (TC_PRESPLIT_MIN_N in matmul.cu). */
+/* Grouped expert launches (fp8 and fp4 weights) from min_n positions on split x into its MMA
+ * parts once a position, ahead, instead of in every row block (the same bits either way):
+ * min_n > 0 that threshold, 0 never, < 0 the build's defaults (TC_PRESPLIT_MIN_N for 32-token
+ * tiles, TC_PRESPLIT_MIN_N1 for one-token tiles, in matmul.cu). */
 void duet_cuda_tc_presplit(duet_cuda_t *c, int min_n);
 /* The output type cuBLASLt accepted for the fp8 GEMM so far (for reports):
  * 0 not used yet, 1 fp32, 2 bf16 (then converted to fp32: ~3e-3 more error). */
