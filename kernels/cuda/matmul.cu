@@ -444,10 +444,17 @@ __device__ __forceinline__ int tc_xcol(int tq, int ks)
  * multiplies by: 2^e, and for fp4 the 2^14 its fp16 weights lack.  The kernels' own split and
  * tc_presplit_kernel both come here, so their records are the same bits. */
 template <int WT>
-__device__ __forceinline__ void h16_split(const float (&v)[h16_traits<WT>::GC], uint4 (&rec)[h16_traits<WT>::KPG],
-                                          float *scale)
+__device__ __forceinline__ void h16_split(const float4 *v4, uint4 (&rec)[h16_traits<WT>::KPG], float *scale)
 {
     constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+    float v[GC];
+#pragma unroll
+    for (int c = 0; c < GC / 4; c++) {
+        v[4 * c] = v4[c].x;
+        v[4 * c + 1] = v4[c].y;
+        v[4 * c + 2] = v4[c].z;
+        v[4 * c + 3] = v4[c].w;
+    }
     float mx = 0.0f;
 #pragma unroll
     for (int j = 0; j < GC; j++)
@@ -663,18 +670,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 int tq, f, tok, nt;
                 h16_item<WT>(q, tq, f, tok, nt);
                 int ln = 4 * tok + tq; /* its lane in the B fragments */
-                float v[GC];
-#pragma unroll
-                for (int c = 0; c < GC / 4; c++) {
-                    float4 t = src[i * (GC / 4) + c];
-                    v[4 * c] = t.x;
-                    v[4 * c + 1] = t.y;
-                    v[4 * c + 2] = t.z;
-                    v[4 * c + 3] = t.w;
-                }
                 uint4 rec[KPG];
                 float scale;
-                h16_split<WT>(v, rec, &scale);
+                h16_split<WT>(&src[i * (GC / 4)], rec, &scale);
 #pragma unroll
                 for (int k = 0; k < KPG; k++)
                     reinterpret_cast<uint4 *>(dst)[(nt * 8 + f * KPG + k) * 32 + (ln ^ h16_swizzle<WT>(f * KPG + k))] =
@@ -1140,15 +1138,10 @@ __global__ void __launch_bounds__(256)
         int tq = (int)(i & 3), f = (int)(i >> 2) % FG, row = (int)(ru / units), u = (int)(ru % units);
         const float *xp =
             x + (size_t)(xrow ? __ldg(xrow + row) : row) * cols + u * 128 + f * (128 / FG) + tq * GC;
-        float v[GC];
+        float4 v[GC / 4];
 #pragma unroll
-        for (int c4 = 0; c4 < GC / 4; c4++) {
-            float4 t = __ldg(reinterpret_cast<const float4 *>(xp) + c4);
-            v[4 * c4] = t.x;
-            v[4 * c4 + 1] = t.y;
-            v[4 * c4 + 2] = t.z;
-            v[4 * c4 + 3] = t.w;
-        }
+        for (int c4 = 0; c4 < GC / 4; c4++)
+            v[c4] = __ldg(reinterpret_cast<const float4 *>(xp) + c4);
         uint4 r[KPG];
         float scale;
         h16_split<WT>(v, r, &scale);
