@@ -1166,7 +1166,8 @@ template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n
 }
 
 /* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
- * buffer and point a at it. */
+ * buffer and point a at it.  The buffer (516 bytes a row and unit) is grown on demand and kept:
+ * a grouped launch's rows are its sorted positions, top_k a token. */
 template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
 {
     size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
