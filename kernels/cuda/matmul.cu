@@ -502,9 +502,9 @@ __device__ __forceinline__ void bf16_split(const float4 &x, uint2 (&p)[3])
         p[s] = make_uint2(q[s][0], q[s][1]);
 }
 
-/* x split ahead, a record of 16 bytes per (k-step, lane quad position) of a row's unit:
- * fp16 kinds [k-step][tq] (both parts), bf16 [k-step][part][tq / 2] (two lanes' parts). */
-template <int WT> __host__ __device__ constexpr int tc_rec_per_unit() { return WT == WT_BF16 ? 48 : 32; }
+/* x split ahead (fp8/fp4 weights), a record of 16 bytes per (k-step, lane quad position) of a
+ * row's unit, [k-step][tq], both fp16 parts. */
+template <int WT> __host__ __device__ constexpr int tc_rec_per_unit() { return 32; }
 
 /* f(mt, nt, e) for each accumulator value of a warp's 2 x NT m16n8 tiles (e: the four values
  * of a lane's fragment: row half e >> 1, token e & 1). */
@@ -693,59 +693,38 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     /* PRE: the tile's tokens' records of unit u (tc_presplit_kernel: x split once a row instead
      * of by every row block) copied into x slot `slot` where split_x would have written them;
      * absent tokens' fragments stay stale, as there.  Both token maps give consecutive tokens
-     * consecutive record rows (yrow(t0 + k) = yrow(t0) + k).  fp8/fp4: a warp copies a token's
-     * 32 records (512 contiguous bytes) a round, token 4 it + warp, so that its shared-memory
-     * offsets are the round's constants on one base; bf16 (48 records a token): each thread's
-     * rounds' offsets are worked out once. */
+     * consecutive record rows (yrow(t0 + k) = yrow(t0) + k).  A warp copies a token's 32 records
+     * (512 contiguous bytes) a round, token 4 it + warp, so that its shared-memory offsets are
+     * the round's constants on one base. */
     static_assert(!PRE || S == 2, "records share the x slots' double buffer with the weight stages");
+    static_assert(!PRE || H16, "x is split ahead for fp8 and fp4 weights only");
     constexpr int RU = tc_rec_per_unit<WT>(), NI = NT * 8 * RU / (TC_WARPS * 32);
     static_assert(NT * 8 * RU % (TC_WARPS * 32) == 0 && TC_WARPS == 4, "whole rounds of records, token 4 it + warp");
     const int units_all = a.cols / 128;
-    /* fp8/fp4: the thread's record of its first round and the rounds present (bit it); bf16:
-     * each round's shared-memory record and its offset past the tile's first token's unit */
+    /* the thread's record of its first round, and the rounds present (bit it) */
     const char *xr_g = NULL;
     size_t xr_step = 0;
     unsigned xr_s = 0, xr_ok = 0;
-    unsigned xr_so[H16 ? 1 : NI];
-    int xr_go[H16 ? 1 : NI];
     if constexpr (PRE) {
-        xr_s = (unsigned)__cvta_generic_to_shared(xsm);
-        if constexpr (H16) {
-            int ks = lane >> 2;
-            xr_s += 16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks)));
-            xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)(tm.yrow(t0) + warp) * units_all + ub) * RU + lane);
-            xr_step = (size_t)4 * units_all * RU * 16;
+        int ks = lane >> 2;
+        xr_s = (unsigned)__cvta_generic_to_shared(xsm) +
+               16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks)));
+        xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)(tm.yrow(t0) + warp) * units_all + ub) * RU + lane);
+        xr_step = (size_t)4 * units_all * RU * 16;
 #pragma unroll
-            for (int it = 0; it < NI; it++)
-                xr_ok |= (unsigned)tm.ok(t0 + 4 * it + warp) << it;
-        } else {
-            xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)tm.yrow(t0) * units_all + ub) * RU);
-#pragma unroll
-            for (int it = 0; it < NI; it++) {
-                int q = it * (TC_WARPS * 32) + threadIdx.x;
-                int tk = q / RU, j = q % RU, ks = j / 6, part = j / 2 % 3;
-                xr_so[it] = xr_s + 16 * ((((tk >> 3) * 8 + ks) * 3 + part) * 16 + 2 * (tk & 7) + (j & 1));
-                xr_go[it] = tm.ok(t0 + tk) ? 16 * (tk * units_all * RU + j) : -1;
-            }
-        }
+        for (int it = 0; it < NI; it++)
+            xr_ok |= (unsigned)tm.ok(t0 + 4 * it + warp) << it;
     }
     auto load_xr = [&](int u, int slot) {
         const char *g = xr_g + (size_t)(u - ub) * (RU * 16);
         unsigned so = slot * XSPLIT;
-        if constexpr (H16) {
 #pragma unroll
-            for (int it = 0; it < NI; it++)
-                if (xr_ok >> it & 1)
-                    cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), g + it * xr_step);
-            if (threadIdx.x < NT * 8 && tm.ok(t0 + threadIdx.x))
-                cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x,
-                          a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + u);
-        } else {
-#pragma unroll
-            for (int it = 0; it < NI; it++)
-                if (xr_go[it] >= 0)
-                    cp_async16_s(xr_so[it] + so, g + xr_go[it]);
-        }
+        for (int it = 0; it < NI; it++)
+            if (xr_ok >> it & 1)
+                cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), g + it * xr_step);
+        if (threadIdx.x < NT * 8 && tm.ok(t0 + threadIdx.x))
+            cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x,
+                      a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + u);
     };
 
     float pc[2][NT][4], tot[2][NT][4];
@@ -1107,8 +1086,8 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
 #define TC_PRESPLIT_MIN_N1 32
 #endif
 
-/* One thread per item of a row's unit: bf16 four columns (a k-step's lane), fp8/fp4 a fold
- * group's GC columns (the 4 FG items of a unit in consecutive lanes, for h16_split's shuffles).
+/* One thread per item of a row's unit: a fold group's GC columns (the 4 FG items of a unit in
+ * consecutive lanes, for h16_split's shuffles).
  * Row r is x's row xrow[r] (or r); records [row][unit][tc_rec_per_unit], scales [row][unit]. */
 template <int WT>
 __global__ void __launch_bounds__(256)
@@ -1116,42 +1095,28 @@ __global__ void __launch_bounds__(256)
 {
     int units = cols / 128;
     size_t pairs = (size_t)rows * units, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if constexpr (WT == WT_BF16) {
-        if (i >= pairs * 32)
-            return;
-        size_t ru = i >> 5;
-        int tq = (int)(i & 3), ks = (int)(i >> 2) & 7, row = (int)(ru / units), u = (int)(ru % units);
-        const float *xp = x + (size_t)(xrow ? __ldg(xrow + row) : row) * cols + u * 128 + tc_xcol(tq, ks);
-        float2 lo = __ldg(reinterpret_cast<const float2 *>(xp)), hi = __ldg(reinterpret_cast<const float2 *>(xp + 2));
-        uint2 p[3];
-        bf16_split(make_float4(lo.x, lo.y, hi.x, hi.y), p);
-        uint2 *o = reinterpret_cast<uint2 *>(rec + ru * tc_rec_per_unit<WT>());
+    static_assert(WT != WT_BF16, "bf16 weights take x split in the block");
+    constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+    size_t items = pairs * 4 * FG;
+    if ((i & ~(size_t)31) >= items) /* whole warps: the rest take part in the shuffles */
+        return;
+    size_t ru = min(i / (4 * FG), pairs - 1);
+    int tq = (int)(i & 3), f = (int)(i >> 2) % FG, row = (int)(ru / units), u = (int)(ru % units);
+    const float *xp =
+        x + (size_t)(xrow ? __ldg(xrow + row) : row) * cols + u * 128 + f * (128 / FG) + tq * GC;
+    float4 v[GC / 4];
 #pragma unroll
-        for (int s = 0; s < 3; s++)
-            o[(ks * 3 + s) * 4 + tq] = p[s];
-    } else {
-        constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
-        size_t items = pairs * 4 * FG;
-        if ((i & ~(size_t)31) >= items) /* whole warps: the rest take part in the shuffles */
-            return;
-        size_t ru = min(i / (4 * FG), pairs - 1);
-        int tq = (int)(i & 3), f = (int)(i >> 2) % FG, row = (int)(ru / units), u = (int)(ru % units);
-        const float *xp =
-            x + (size_t)(xrow ? __ldg(xrow + row) : row) * cols + u * 128 + f * (128 / FG) + tq * GC;
-        float4 v[GC / 4];
+    for (int c4 = 0; c4 < GC / 4; c4++)
+        v[c4] = __ldg(reinterpret_cast<const float4 *>(xp) + c4);
+    uint4 r[KPG];
+    float scale;
+    h16_split<WT>(v, r, &scale);
+    if (i < items) {
 #pragma unroll
-        for (int c4 = 0; c4 < GC / 4; c4++)
-            v[c4] = __ldg(reinterpret_cast<const float4 *>(xp) + c4);
-        uint4 r[KPG];
-        float scale;
-        h16_split<WT>(v, r, &scale);
-        if (i < items) {
-#pragma unroll
-            for (int k = 0; k < KPG; k++)
-                rec[ru * tc_rec_per_unit<WT>() + (f * KPG + k) * 4 + tq] = r[k];
-            if (tq == 0 && f == 0)
-                rs[ru] = scale;
-        }
+        for (int k = 0; k < KPG; k++)
+            rec[ru * tc_rec_per_unit<WT>() + (f * KPG + k) * 4 + tq] = r[k];
+        if (tq == 0 && f == 0)
+            rs[ru] = scale;
     }
 }
 
@@ -1172,11 +1137,11 @@ template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a,
 {
     size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
     size_t rec_bytes = duet_round_up(pairs * tc_rec_per_unit<WT>() * 16, 256);
-    size_t sc_bytes = WT == WT_BF16 ? 0 : pairs * sizeof(float);
+    size_t sc_bytes = pairs * sizeof(float);
     DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, rec_bytes + sc_bytes));
     uint4 *rec = (uint4 *)c->tc_xrec;
-    float *rs = WT == WT_BF16 ? NULL : (float *)((uint8_t *)c->tc_xrec + rec_bytes);
-    size_t threads = pairs * (WT == WT_BF16 ? 32 : 4 * h16_traits<WT>::FG);
+    float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
+    size_t threads = pairs * 4 * h16_traits<WT>::FG;
     tc_presplit_kernel<WT><<<(unsigned)duet_cdiv(threads, 256), 256, 0, c->stream>>>(a.x, xrow, rows, a.cols, rec, rs);
     DUET_CUDA_CHECK_LAUNCH(c);
     a.xrec = rec;
@@ -1629,6 +1594,40 @@ extern "C" int duet_cuda_matmul_grouped_ok(const duet_weight_t *proto, const flo
     return grouped_kind(proto, x) >= 0;
 }
 
+/* The grouped tensor-core launch of one-token (nt 1) or four-token-group tiles, x split ahead
+ * where it pays (fp8/fp4: tc_presplit_on; a record a sorted position, reading x through the
+ * row list). */
+template <int W>
+static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_args &g, const tc_split &sp, dim3 grid,
+                                     int nt, int n)
+{
+    if constexpr (W != WT_BF16) {
+        if (tc_presplit_on<W>(c, nt, n)) {
+            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
+            if (nt == 1) {
+                constexpr int smem = tc_smem_bytes<W, 1>();
+                DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, true>, smem, TC_PRE_BIT + 32 + W * 8 + 1));
+                gemv_tc_group_kernel<W, 1, true><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
+            } else {
+                constexpr int smem = tc_smem_bytes<W, TC_MAX_NT>();
+                DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, true>, smem, TC_PRE_BIT + 32 + W * 8 + TC_MAX_NT));
+                gemv_tc_group_kernel<W, TC_MAX_NT, true><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
+            }
+            return DUET_OK;
+        }
+    }
+    if (nt == 1) {
+        constexpr int smem = tc_smem_bytes<W, 1>();
+        DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, false>, smem, 32 + W * 8 + 1));
+        gemv_tc_group_kernel<W, 1, false><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
+    } else {
+        constexpr int smem = tc_smem_bytes<W, TC_MAX_NT>();
+        DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, false>, smem, 32 + W * 8 + TC_MAX_NT));
+        gemv_tc_group_kernel<W, TC_MAX_NT, false><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
+    }
+    return DUET_OK;
+}
+
 extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cuda_expert_mats_t *ma,
                                                   const duet_cuda_expert_mats_t *mb, const duet_cuda_moe_plan_t *p,
                                                   const float *x, int use_xrow, float *ya, float *yb)
@@ -1675,35 +1674,12 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         DUET_TRY(tc_split_plan(c, w->cols, (long)grid.x * grid.y, TC_GROUP_SPLIT_WAVES, (size_t)n_mat * n * w->rows,
                                &sp));
         grid.z = sp.chunks;
-#define TC_GROUP(W)                                                                                                \
-    do {                                                                                                           \
-        if (nt == 1 && tc_presplit_on<W>(c, nt, n)) {                                                              \
-            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));                                                             \
-            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, true>, tc_smem_bytes<W, 1>(), TC_PRE_BIT + 32 + W * 8 + 1)); \
-            gemv_tc_group_kernel<W, 1, true><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp); \
-        } else if (nt == 1) {                                                                                      \
-            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, false>, tc_smem_bytes<W, 1>(), 32 + W * 8 + 1));        \
-            gemv_tc_group_kernel<W, 1, false><<<grid, TC_WARPS * 32, tc_smem_bytes<W, 1>(), c->stream>>>(a, g, sp); \
-        } else if (tc_presplit_on<W>(c, nt, n)) { /* records by position: x's row xrow[p] */                      \
-            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));                                                             \
-            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, true>, tc_smem_bytes<W, TC_MAX_NT>(),           \
-                             TC_PRE_BIT + 32 + W * 8 + TC_MAX_NT));                                                \
-            gemv_tc_group_kernel<W, TC_MAX_NT, true>                                                               \
-                <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g, sp);                     \
-        } else {                                                                                                   \
-            DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, false>, tc_smem_bytes<W, TC_MAX_NT>(),          \
-                             32 + W * 8 + TC_MAX_NT));                                                             \
-            gemv_tc_group_kernel<W, TC_MAX_NT, false>                                                              \
-                <<<grid, TC_WARPS * 32, tc_smem_bytes<W, TC_MAX_NT>(), c->stream>>>(a, g, sp);                     \
-        }                                                                                                          \
-    } while (0)
         if (wt == WT_BF16)
-            TC_GROUP(WT_BF16);
+            DUET_TRY(tc_group_launch<WT_BF16>(c, a, g, sp, grid, nt, n));
         else if (wt == WT_F8)
-            TC_GROUP(WT_F8);
+            DUET_TRY(tc_group_launch<WT_F8>(c, a, g, sp, grid, nt, n));
         else
-            TC_GROUP(WT_F4);
-#undef TC_GROUP
+            DUET_TRY(tc_group_launch<WT_F4>(c, a, g, sp, grid, nt, n));
     } else {
         g.tiles = p->tiles;
         g.row_tiles = duet_cdiv(w->rows, GEMV_ROWS_PER_WARP);
