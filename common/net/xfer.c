@@ -131,7 +131,7 @@ typedef struct peer {
     uint64_t dead_since_ns;
     uint32_t refs;            /* sends and receives bound to it */
     int rma_host, rma_cuda;   /* UCX gave the endpoint an RMA lane for host / GPU memory */
-    int am_tcp;               /* its active messages go over tcp (am_data_param) */
+    int am_tcp;               /* its active messages go over tcp (am_data) */
     int graceful;             /* close with a flush (engine shutdown), not FORCE */
 } peer_t;
 
@@ -144,6 +144,13 @@ typedef struct {
     uint32_t layer;
 } job_t;
 
+/* Bytes an active message sends by copy over tcp (am_data): the packed datatype's buffer and
+ * state, kept by the operation that sends them until it completes. */
+typedef struct {
+    const void *p;
+    size_t n;
+} packed_t;
+
 struct send;
 /* One data operation in flight: an AM_DATA header must stay valid until the
  * send completes (UCX 1.13 has no COPY_HEADER), so each lives here. */
@@ -154,6 +161,7 @@ typedef struct dop {
     uint32_t slot;            /* staging slot holding the payload (device pools), or NO_STG_SLOT */
     const uint8_t *src;       /* staged AM data: the device bytes and their length */
     uint64_t len;
+    packed_t pk;              /* the payload when it goes by copy (am_data) */
 } dop_t;
 
 typedef enum {
@@ -192,6 +200,7 @@ typedef struct send {
     int use_am;               /* pages go as AM_DATA, not ucp_put_nbx (send_start) */
     uint8_t *begin_buf, *msg_buf;
     size_t begin_len, msg_len;
+    packed_t msg_pk;          /* msg_buf when it goes by copy (am_data) */
 } send_t;
 
 typedef struct inmsg {
@@ -252,7 +261,7 @@ struct duet_xfer {
     uint64_t id;
     ucp_context_h ctx;
     ucp_worker_h worker;
-    ucp_datatype_t packed_dt; /* bytes packed by copy (am_data_param); 0 until created, or not wanted */
+    ucp_datatype_t packed_dt; /* bytes packed by copy (am_data); 0 until created, or not wanted */
     ucp_address_t *addr;
     size_t addr_len;
     int cuda_capable;
@@ -513,15 +522,13 @@ static void ep_lanes(ucp_ep_h ep, int *host, int *cuda, int *am_tcp)
  * completion messages to a peer reached over tcp therefore go through a packed datatype,
  * which UCX can only send by copy: the same bytes, one more copy, on the slowest transport
  * (DUET_XFER_TCP_COPY=0 in the environment keeps zero-copy, for a UCX without the defect). */
+/* The buffer UCX is handed is the operation's packed_t, which is also the pack state: no
+ * allocation a message. */
 static void *packed_start(void *ctx, const void *buf, size_t count)
 {
     (void)ctx;
-    size_t *st = malloc(2 * sizeof *st);
-    if (st) {
-        st[0] = (size_t)(uintptr_t)buf;
-        st[1] = count;
-    }
-    return st;
+    (void)count;
+    return (void *)(uintptr_t)buf;
 }
 
 static void *packed_start_unpack(void *ctx, void *buf, size_t count)
@@ -529,26 +536,26 @@ static void *packed_start_unpack(void *ctx, void *buf, size_t count)
     return packed_start(ctx, buf, count); /* never received this way: receivers take bytes */
 }
 
-static size_t packed_size(void *state) { return ((size_t *)state)[1]; }
+static size_t packed_size(void *state) { return ((const packed_t *)state)->n; }
 
 static size_t packed_pack(void *state, size_t offset, void *dest, size_t max)
 {
-    const size_t *st = state;
-    size_t n = st[1] - offset < max ? st[1] - offset : max;
-    memcpy(dest, (const uint8_t *)(uintptr_t)st[0] + offset, n);
+    const packed_t *pk = state;
+    size_t n = pk->n - offset < max ? pk->n - offset : max;
+    memcpy(dest, (const uint8_t *)pk->p + offset, n);
     return n;
 }
 
 static ucs_status_t packed_unpack(void *state, size_t offset, const void *src, size_t len)
 {
-    size_t *st = state;
-    if (offset + len > st[1])
+    const packed_t *pk = state;
+    if (offset + len > pk->n)
         return UCS_ERR_MESSAGE_TRUNCATED;
-    memcpy((uint8_t *)(uintptr_t)st[0] + offset, src, len);
+    memcpy((uint8_t *)(uintptr_t)pk->p + offset, src, len);
     return UCS_OK;
 }
 
-static void packed_finish(void *state) { free(state); }
+static void packed_finish(void *state) { (void)state; }
 
 static const ucp_generic_dt_ops_t packed_ops = {
     .start_pack = packed_start,
@@ -559,15 +566,19 @@ static const ucp_generic_dt_ops_t packed_ops = {
     .finish = packed_finish,
 };
 
-/* An active message's data parameters for peer p: as given, or packed by copy over tcp (the
- * memory handle and type then do not apply: the copy reads host memory). */
-static void am_data_param(duet_xfer_t *x, const peer_t *p, ucp_request_param_t *prm)
+/* The data to hand ucp_am_send_nbx for buf (len bytes) to peer p: buf itself, or over tcp pk
+ * (kept by the caller's operation until it completes) packed by copy, the memory handle and
+ * type then not applying (the copy reads host memory). */
+static const void *am_data(duet_xfer_t *x, const peer_t *p, ucp_request_param_t *prm, packed_t *pk,
+                           const void *buf, size_t len)
 {
     if (!p->am_tcp || !x->packed_dt)
-        return;
+        return buf;
     prm->op_attr_mask &= ~(uint32_t)(UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_MEMORY_TYPE);
     prm->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     prm->datatype = x->packed_dt;
+    *pk = (packed_t){buf, len};
+    return pk;
 }
 
 /* Find the live peer at `addr` or connect to it (error-handling mode PEER).
@@ -1031,9 +1042,8 @@ static void send_issue_staged(duet_xfer_t *x, send_t *t, uint32_t n)
             .user_data = o,
             .memory_type = UCS_MEMORY_TYPE_HOST, /* the pinned bounce buffer: no detection */
         };
-        am_data_param(x, p, &prm);
-        ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, stg_slot_addr(x, o->slot),
-                                              len, &prm);
+        const void *data = am_data(x, p, &prm, &o->pk, stg_slot_addr(x, o->slot), len);
+        ucs_status_ptr_t sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, data, len, &prm);
         int tr = send_track(x, t, sp, 1, "page message");
         if (tr <= 0)
             dop_put(x, o);
@@ -1117,8 +1127,8 @@ static void send_issue(duet_xfer_t *x, send_t *t)
                 .user_data = o,
                 .memh = r->memh,
             };
-            am_data_param(x, p, &prm);
-            sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, laddr, len, &prm);
+            const void *data = am_data(x, p, &prm, &o->pk, laddr, len);
+            sp = ucp_am_send_nbx(p->ep, AM_DATA, &o->hdr, sizeof o->hdr, data, len, &prm);
         } else {
             uint64_t raddr = pd->remote_base + ((uint64_t)j->layer * pd->n_units + rn->remote) * pb +
                              t->cur_off;
@@ -1236,9 +1246,9 @@ static int send_advance(duet_xfer_t *x, send_t *t, uint64_t now)
             .cb.send = msg_cb,
             .user_data = t,
         };
-        am_data_param(x, p, &prm);
+        const void *data = am_data(x, p, &prm, &t->msg_pk, t->msg_buf, t->msg_len);
         t->stage = ST_MSG;
-        int r = send_track(x, t, ucp_am_send_nbx(p->ep, id, NULL, 0, t->msg_buf, t->msg_len, &prm), 0,
+        int r = send_track(x, t, ucp_am_send_nbx(p->ep, id, NULL, 0, data, t->msg_len, &prm), 0,
                            "completion message");
         if (r == 0)
             t->stage = ST_MSG_DONE;
