@@ -191,17 +191,25 @@ static void put_layerwise(sender_t *s, uint64_t tid, int skip_one)
     }
 }
 
+/* A receiver process with ra, and a sender of kv/idx and seed that has its descriptor in *d. */
+static pid_t pair_open(const recv_args_t *ra, duet_cache_dtype_t kv, duet_cache_dtype_t idx, uint64_t seed,
+                       sender_t *s, int *fd, duet_xfer_desc_t *d)
+{
+    pid_t r = xh_spawn(receiver_main, ra, fd);
+    sender_init(s, kv, idx, seed, "sender");
+    read_desc(*fd, d);
+    return r;
+}
+
 /* ---------------------------------------------------------------- cases */
 
 static void roundtrip(duet_cache_dtype_t kv, duet_cache_dtype_t idx, int skip_one)
 {
     recv_args_t ra = {.kv = kv, .idx = idx, .seed = 11, .n_pages = 40, .deadline_ms = 15000, .verify = 1};
     int fd;
-    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
-    sender_init(&s, kv, idx, 22, "sender");
     duet_xfer_desc_t d;
-    read_desc(fd, &d);
+    pid_t r = pair_open(&ra, kv, idx, 22, &s, &fd, &d);
     sender_info_t si;
     uint64_t tid = begin(&s, fd, &d, &si, !skip_one);
     put_layerwise(&s, tid, skip_one);
@@ -247,11 +255,9 @@ static void case_foreign_pages_refused(void)
     recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_FP8, .seed = 71, .n_pages = 40,
                       .deadline_ms = 15000, .verify = 1};
     int fd;
-    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
-    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 72, "sender");
     duet_xfer_desc_t d;
-    read_desc(fd, &d);
+    pid_t r = pair_open(&ra, DUET_CACHE_FP8, DUET_CACHE_FP8, 72, &s, &fd, &d);
     uint8_t used[N_PAGES] = {0};
     for (uint32_t i = 0; i < d.n_pages; i++)
         used[d.page_ids[i]] = 1;
@@ -282,11 +288,9 @@ static void case_layout_mismatch(void)
     recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_BF16, .seed = 31, .n_pages = 24,
                       .deadline_ms = 1500, .verify = 1};
     int fd;
-    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
-    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 32, "sender");
     duet_xfer_desc_t d;
-    read_desc(fd, &d);
+    pid_t r = pair_open(&ra, DUET_CACHE_FP8, DUET_CACHE_FP8, 32, &s, &fd, &d);
     sender_info_t si = {.seed = 32, .n_pages = 0};
     uint32_t pages[N_PAGES];
     xh_pick_pages(1, pages, d.n_pages);
@@ -328,11 +332,9 @@ static void case_abort_ack(void)
     recv_args_t ra = {.kv = DUET_CACHE_FP8, .idx = DUET_CACHE_FP8, .seed = 41, .n_pages = 16,
                       .deadline_ms = 10000, .verify = 1};
     int fd;
-    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
-    sender_init(&s, DUET_CACHE_FP8, DUET_CACHE_FP8, 42, "sender");
     duet_xfer_desc_t d;
-    read_desc(fd, &d);
+    pid_t r = pair_open(&ra, DUET_CACHE_FP8, DUET_CACHE_FP8, 42, &s, &fd, &d);
     sender_info_t si;
     uint64_t tid = begin(&s, fd, &d, &si, 0);
     CHECK(duet_xfer_send_put(s.x, tid, DUET_POOL_SWA_KV, DUET_XFER_ALL_LAYERS) == DUET_OK, "put");
@@ -458,11 +460,9 @@ static void case_tcp_write_reset(void)
     recv_args_t ra = {.kv = DUET_CACHE_BF16, .idx = DUET_CACHE_BF16, .seed = 61, .n_pages = N_PAGES,
                       .deadline_ms = 30000, .verify = 1, .hold = 1};
     int fd;
-    pid_t r = xh_spawn(receiver_main, &ra, &fd);
     sender_t s;
-    sender_init(&s, DUET_CACHE_BF16, DUET_CACHE_BF16, 62, "sender");
     duet_xfer_desc_t d;
-    read_desc(fd, &d);
+    pid_t r = pair_open(&ra, DUET_CACHE_BF16, DUET_CACHE_BF16, 62, &s, &fd, &d);
     sender_info_t si;
     uint64_t tid = begin(&s, fd, &d, &si, 0);
     sock_fault_arm();
