@@ -120,17 +120,16 @@ static inline size_t duet_round_up(size_t a, size_t b) { return (a + b - 1) / b 
 
 /* cp.async: global -> shared copies the thread issues and waits for in groups (sm_80+);
  * 16 bytes bypassing L1, or 4 through it. */
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-/* The same with the destination as a shared-window address (__cvta_generic_to_shared), for
- * callers that keep one base and add constant offsets. */
+/* 16 bytes to a shared-window address (__cvta_generic_to_shared), for callers that keep one
+ * base and add constant offsets; cp_async16 with a generic pointer. */
 __device__ __forceinline__ void cp_async16_s(unsigned s, const void *gmem)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem)
+{
+    cp_async16_s((unsigned)__cvta_generic_to_shared(smem), gmem);
 }
 
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)

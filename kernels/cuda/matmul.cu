@@ -504,7 +504,7 @@ __device__ __forceinline__ void bf16_split(const float4 &x, uint2 (&p)[3])
 
 /* x split ahead (fp8/fp4 weights), a record of 16 bytes per (k-step, lane quad position) of a
  * row's unit, [k-step][tq], both fp16 parts. */
-template <int WT> __host__ __device__ constexpr int tc_rec_per_unit() { return 32; }
+#define TC_REC_PER_UNIT 32
 
 /* f(mt, nt, e) for each accumulator value of a warp's 2 x NT m16n8 tiles (e: the four values
  * of a lane's fragment: row half e >> 1, token e & 1). */
@@ -698,7 +698,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * the round's constants on one base. */
     static_assert(!PRE || S == 2, "records share the x slots' double buffer with the weight stages");
     static_assert(!PRE || H16, "x is split ahead for fp8 and fp4 weights only");
-    constexpr int RU = tc_rec_per_unit<WT>(), NI = NT * 8 * RU / (TC_WARPS * 32);
+    constexpr int RU = TC_REC_PER_UNIT, NI = NT * 8 * RU / (TC_WARPS * 32);
     static_assert(NT * 8 * RU % (TC_WARPS * 32) == 0 && TC_WARPS == 4, "whole rounds of records, token 4 it + warp");
     const int units_all = a.cols / 128;
     /* the thread's record of its first round, and the rounds present (bit it) */
@@ -1114,7 +1114,7 @@ __global__ void __launch_bounds__(256)
     if (i < items) {
 #pragma unroll
         for (int k = 0; k < KPG; k++)
-            rec[ru * tc_rec_per_unit<WT>() + (f * KPG + k) * 4 + tq] = r[k];
+            rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
         if (tq == 0 && f == 0)
             rs[ru] = scale;
     }
@@ -1136,7 +1136,7 @@ template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n
 template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
 {
     size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
-    size_t rec_bytes = duet_round_up(pairs * tc_rec_per_unit<WT>() * 16, 256);
+    size_t rec_bytes = duet_round_up(pairs * TC_REC_PER_UNIT * 16, 256);
     size_t sc_bytes = pairs * sizeof(float);
     DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, rec_bytes + sc_bytes));
     uint4 *rec = (uint4 *)c->tc_xrec;
