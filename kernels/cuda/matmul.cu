@@ -1088,7 +1088,7 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
 
 /* One thread per item of a row's unit: a fold group's GC columns (the 4 FG items of a unit in
  * consecutive lanes, for h16_split's shuffles).
- * Row r is x's row xrow[r] (or r); records [row][unit][tc_rec_per_unit], scales [row][unit]. */
+ * Row r is x's row xrow[r] (or r); records [row][unit][TC_REC_PER_UNIT], scales [row][unit]. */
 template <int WT>
 __global__ void __launch_bounds__(256)
     tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
