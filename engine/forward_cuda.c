@@ -167,8 +167,8 @@ static duet_status_t upload_moe_tables(duet_model_cuda_t *mc, int l, duet_err_t 
             ok &= same_shape(&d->experts[3 * e + k], &x0[k]);
     if (!ok)
         return DUET_OK; /* the per-expert path */
-    /* fp4 experts in the tiled layout the grouped kernel streams at full speed (the pointers stay;
-     * the per-expert path of DUET_MOE_HOST reads them through the same kernels) */
+    /* fp4 (and bf16) experts in the tiled layouts the grouped kernel streams at full speed (the
+     * pointers stay; the per-expert path of DUET_MOE_HOST reads them through the same kernels) */
     for (int k = 0; k < 3 && !mc->no_tile; k++)
         if (duet_cuda_weight_tile_ok(&x0[k]))
             for (int e = mc->e0; e < mc->e1; e++) {
@@ -355,6 +355,13 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         (st = dev_floats(mc, m->hc_head_fn, (size_t)hc * hc * D, &mc->hc_head_fn, err)) != DUET_OK ||
         (st = dev_floats(mc, m->hc_head_base, hc, &mc->hc_head_base, err)) != DUET_OK)
         goto fail;
+    /* a bf16 output head in the tiled layout the tensor-core kernel loads its MMA operands from
+     * whole (the same bits; the head is only ever multiplied from row 0) */
+    if (!mc->no_tile && mc->head.data && duet_cuda_weight_tile_ok(&mc->head) &&
+        (st = duet_cuda_weight_tile(c, &mc->head)) != DUET_OK) {
+        st = cuda_fail(c, st, err);
+        goto fail;
+    }
     {
         int H = cfg->num_attention_heads;
         float *ninf = duet_malloc_array((size_t)H, sizeof(float));

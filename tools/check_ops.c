@@ -681,24 +681,28 @@ out:
     weight_free(ck, &W);
 }
 
-/* An fp4 weight in the tiled layout (duet_cuda_weight_tile) against the same weight untiled:
+/* A weight in a tiled layout (duet_cuda_weight_tile: fp4, bf16) against the same weight untiled:
  * duet_cuda_matmul (the engine's entry, batch-invariant) must give the same bytes for n
  * tokens over rows [rb, re); the entry points that do not read the layout refuse it. */
-static void case_matmul_tiled(ck_t *ck, int rows, int cols, int rb, int re, int n)
+static void case_matmul_tiled(ck_t *ck, duet_dtype_t wdt, int rows, int cols, int rb, int re, int n)
 {
     rng_t r;
     char tag[96];
-    snprintf(tag, sizeof tag, "matmul_tiled/%d/%d/%d/%d/%d", rows, cols, rb, re, n);
+    if (wdt == DUET_DT_F4_E2M1X2) /* the seeds the fp4 cases had before bf16 was tiled too */
+        snprintf(tag, sizeof tag, "matmul_tiled/%d/%d/%d/%d/%d", rows, cols, rb, re, n);
+    else
+        snprintf(tag, sizeof tag, "matmul_tiled/%d/%d/%d/%d/%d/%d", (int)wdt, rows, cols, rb, re, n);
     rng_init(&r, ck->seed, tag);
-    row_t row = row_new("matmul", "fp4 %dx%d r%d:%d n=%d tiled", rows, cols, rb, re, n);
+    row_t row = row_new("matmul", "%s %dx%d r%d:%d n=%d tiled", wdt == DUET_DT_F4_E2M1X2 ? "fp4" : "bf16", rows, cols,
+                        rb, re, n);
     const char *only = getenv("DUET_CHECK_CASE");
     if (only && *only && !strstr(row.shape, only))
         return;
     weight_t W, T;
-    weight_make(ck, &r, &W, DUET_DT_F4_E2M1X2, rows, cols, DUET_DT_F8_E8M0);
+    weight_make(ck, &r, &W, wdt, rows, cols, DUET_DT_F8_E8M0);
     T = W; /* a second device copy of the same bytes, tiled */
     T.d_data = dupload(ck, W.h_data, W.data_bytes);
-    T.d_scale = dupload(ck, W.h_scale, W.scale_bytes);
+    T.d_scale = W.h_scale ? dupload(ck, W.h_scale, W.scale_bytes) : NULL;
     T.dw.data = T.d_data;
     T.dw.scale = T.d_scale;
     int m = re - rb;
@@ -783,8 +787,13 @@ static void group_matmul(ck_t *ck)
     /* fp4 in the tiled layout: bit for bit the checkpoint layout's results */
     static const int tiled_n[] = {1, 2, 8, 20, 32, 40};
     for (size_t i = 0; i < sizeof tiled_n / sizeof tiled_n[0]; i++)
-        case_matmul_tiled(ck, 2048, 4096, 0, 2048, tiled_n[i]);
-    case_matmul_tiled(ck, 4096, 2048, 96, 4000, 3); /* a row range on tiles, ending inside one */
+        case_matmul_tiled(ck, DUET_DT_F4_E2M1X2, 2048, 4096, 0, 2048, tiled_n[i]);
+    case_matmul_tiled(ck, DUET_DT_F4_E2M1X2, 4096, 2048, 96, 4000, 3); /* a row range on tiles, ending inside one */
+    /* bf16 in its tiled layout (the output head's): bit for bit the same */
+    for (size_t i = 0; i < sizeof tiled_n / sizeof tiled_n[0]; i++)
+        case_matmul_tiled(ck, DUET_DT_BF16, 4096, 4096, 0, 4096, tiled_n[i]);
+    case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4224, 32, 1000, 13); /* 33 units, split along the columns */
+    case_matmul_tiled(ck, DUET_DT_BF16, 129280 / 8, 4096, 0, 129280 / 8, 128); /* a slice of the head, four tiles */
 }
 
 /* Several weights times one x in one launch (duet_cuda_matmul_multi): each part against the

@@ -296,6 +296,12 @@ template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STA
  * (rt * units + u) times its size. */
 #define TC_F4_TILE_BYTES (TC_ROWS * 64)
 #define TC_F4_TILE_SCALE_BYTES (TC_ROWS * 4)
+/* The bf16 tiled layout: a tile is a warp's TC_ROWS rows of one unit (8 KB), as 16-byte records
+ * [k-step][row half mt][lane], each the A operand of that lane's MMA for rows 16 mt + (g, g+8)
+ * over the k-step's columns (tc_xcol: the untiled kernel's own, so the same bits): the words
+ * (row g: c, c+1), (row g+8: c, c+1), (row g: c+2, c+3), (row g+8: c+2, c+3); tile (rt, u) at
+ * (rt * units + u) times its size, the same bytes as rows 32 rt .. 32 rt + 31 untiled. */
+#define TC_BF16_TILE_BYTES (TC_ROWS * 256)
 template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
     return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 4 * tc_traits<WT>::CPR * 32 * 16;
@@ -563,6 +569,10 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * scales; tiled, the warp's 32 rows are one tile a unit (whole: the rows are a multiple of
      * 32 and r0 is on a tile), 2 KB and 128 bytes of scales on from the last */
     const uint8_t *srow = NULL, *frow[4];
+    const uint8_t *btile = NULL; /* bf16 tiled: the lane's first record of the warp's tile for unit 0 */
+    if constexpr (WT == WT_BF16)
+        if (a.tiled)
+            btile = a.w + (size_t)(r0 / TC_ROWS) * (a.cols / 128) * TC_BF16_TILE_BYTES + 16 * lane;
     if constexpr (WT == WT_F4) {
         if (a.tiled) {
             size_t t0 = (size_t)(r0 / TC_ROWS) * (a.cols / 128);
@@ -601,6 +611,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), frow[j] + (size_t)u * 64);
             }
             cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + (size_t)u * (a.tiled ? TC_F4_TILE_SCALE_BYTES : 4));
+        } else if (WT == WT_BF16 && a.tiled) { /* the tile's records in order: one run */
+            const uint8_t *tp = btile + (size_t)u * TC_BF16_TILE_BYTES;
+#pragma unroll
+            for (int i = 0; i < TC_BF16_TILE_BYTES / 512; i++)
+                cp_async16(st + 16 * (32 * i + lane), tp + 512 * i);
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
@@ -901,9 +916,20 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         }
                 }
             } else {
+                if (a.tiled) { /* each MMA's A operand one record: no moves into place */
+                    static_assert(tc_wwarp_bytes<WT_BF16>() == TC_BF16_TILE_BYTES, "a warp's stage is its tile");
+                    const uint4 *rec = reinterpret_cast<const uint4 *>(wwarp) + lane;
 #pragma unroll
-                for (int j = 0; j < CPR; j++)
-                    chunk_mmas(j);
+                    for (int ks = 0; ks < CPR * QPC; ks++) {
+                        uint4 h0 = rec[(2 * ks) * 32], h1 = rec[(2 * ks + 1) * 32]; /* rows 0-15, 16-31 */
+                        const uint32_t wa[4][2] = {{h0.x, h0.z}, {h0.y, h0.w}, {h1.x, h1.z}, {h1.y, h1.w}};
+                        mmas(ks, wa);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CPR; j++)
+                        chunk_mmas(j);
+                }
                 const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
                 tc_fold<NT>(pc, part, one);
             }
@@ -992,7 +1018,7 @@ static int tc_eligible(const gemv_args &a, int wt)
 {
     if (wt == WT_F32 || a.cols % 128 || a.row_begin % 16)
         return 0;
-    if (a.tiled && (wt != WT_F4 || a.row_begin % TC_ROWS))
+    if (a.tiled && ((wt != WT_F4 && wt != WT_BF16) || a.row_begin % TC_ROWS))
         return 0;
     if (wt == WT_F4 && (a.scale_f32 || a.scale_cols % 4 || (uintptr_t)a.scale % 4))
         return 0; /* fp4: ue8m0 group scales (powers of two), a word of four a row and unit */
@@ -1450,20 +1476,66 @@ __global__ void f4_tile_scale_kernel(const uint8_t *src, uint8_t *dst, int scale
     }
 }
 
+/* A thread a 16-byte record of the bf16 tiled layout (TC_BF16_TILE_BYTES), of the row tiles that
+ * src holds (rows 32 rt0 on, row_bytes apart). */
+__global__ void bf16_tile_kernel(const uint8_t *src, uint8_t *dst, size_t row_bytes, int units, size_t records)
+{
+    constexpr int TR = TC_BF16_TILE_BYTES / 16;
+    for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < records; q += (size_t)gridDim.x * blockDim.x) {
+        size_t t = q / TR, rt = t / units, u = t % units;
+        int rc = (int)(q % TR), ks = rc >> 6, mt = (rc >> 5) & 1, lane = rc & 31;
+        size_t c = u * 128 + tc_xcol(lane & 3, ks);
+        const uint8_t *r0 = src + (rt * TC_ROWS + 16 * mt + (lane >> 2)) * row_bytes + 2 * c, *r1 = r0 + 8 * row_bytes;
+        *reinterpret_cast<uint4 *>(dst + 16 * q) =
+            make_uint4(*reinterpret_cast<const uint32_t *>(r0), *reinterpret_cast<const uint32_t *>(r1),
+                       *reinterpret_cast<const uint32_t *>(r0 + 4), *reinterpret_cast<const uint32_t *>(r1 + 4));
+    }
+}
+
 extern "C" int duet_cuda_weight_tile_ok(const duet_weight_t *w)
 {
-    return w->dtype == DUET_DT_F4_E2M1X2 && !w->tiled && w->data && w->scale && w->scale_dtype == DUET_DT_F8_E8M0 &&
-           w->rows > 0 && w->rows % TC_ROWS == 0 && w->cols > 0 && w->cols % 128 == 0 && w->scale_cols == w->cols / 32 &&
-           (uintptr_t)w->data % 16 == 0 && (uintptr_t)w->scale % 4 == 0;
+    if (w->tiled || !w->data || w->rows <= 0 || w->rows % TC_ROWS || w->cols <= 0 || w->cols % 128 ||
+        (uintptr_t)w->data % 16)
+        return 0;
+    if (w->dtype == DUET_DT_BF16)
+        return 1;
+    return w->dtype == DUET_DT_F4_E2M1X2 && w->scale && w->scale_dtype == DUET_DT_F8_E8M0 &&
+           w->scale_cols == w->cols / 32 && (uintptr_t)w->scale % 4 == 0;
+}
+
+/* bf16 tiles in place, a run of row tiles at a time through a scratch copy of at most
+ * TILE_CHUNK_BYTES (a tiled run of row tiles takes the same bytes as the rows did). */
+#define TILE_CHUNK_BYTES ((size_t)64 << 20)
+static duet_status_t bf16_tile(duet_cuda_t *c, duet_weight_t *w)
+{
+    size_t row_bytes = row_bytes_of(w), tile_rows_bytes = row_bytes * TC_ROWS;
+    size_t per = TILE_CHUNK_BYTES / tile_rows_bytes;
+    per = per < 1 ? 1 : per;
+    int row_tiles = w->rows / TC_ROWS, units = w->cols / 128;
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, per * tile_rows_bytes, &scr));
+    for (int rt = 0; rt < row_tiles; rt += (int)per) {
+        size_t n = (size_t)(row_tiles - rt) < per ? (size_t)(row_tiles - rt) : per;
+        uint8_t *d = (uint8_t *)w->data + (size_t)rt * tile_rows_bytes;
+        size_t bytes = n * tile_rows_bytes;
+        DUET_CUDA_CHECK(c, cudaMemcpyAsync(scr, d, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        bf16_tile_kernel<<<grid_for(bytes / 16, 256), 256, 0, c->stream>>>((const uint8_t *)scr, d, row_bytes, units,
+                                                                            bytes / 16);
+        DUET_CUDA_CHECK_LAUNCH(c);
+    }
+    w->tiled = 1;
+    return DUET_OK;
 }
 
 extern "C" duet_status_t duet_cuda_weight_tile(duet_cuda_t *c, duet_weight_t *w)
 {
     if (!duet_cuda_weight_tile_ok(w))
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
-                               "weight_tile: %s weight %dx%d%s (needs fp4 with ue8m0 scales, rows a multiple of 32, "
-                               "columns of 128, not tiled yet)",
+                               "weight_tile: %s weight %dx%d%s (needs bf16, or fp4 with ue8m0 scales; rows a "
+                               "multiple of 32, columns of 128, not tiled yet)",
                                duet_dtype_name(w->dtype), w->rows, w->cols, w->tiled ? ", tiled" : "");
+    if (w->dtype == DUET_DT_BF16)
+        return bf16_tile(c, w);
     size_t data_bytes = row_bytes_of(w) * (size_t)w->rows, scale_bytes = (size_t)w->rows * w->scale_cols;
     size_t off = duet_round_up(data_bytes, 256);
     void *scr;

@@ -111,18 +111,21 @@ duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cuda_expert_ma
 /* 1 when duet_cuda_matmul_grouped takes experts shaped like proto with activations x. */
 int duet_cuda_matmul_grouped_ok(const duet_weight_t *proto, const float *x);
 
-/* The fp4 tiled layout (duet_weight_t.tiled = 1), made on the device from the usual one by
- * duet_cuda_weight_tile, in place: the same bytes in tiles of 32 rows by 128 columns (2 KB,
- * row r of the tile at 64 r), tile (rt, u) at (rt * cols/128 + u) * 2048, and the ue8m0 scales
- * likewise, 32 rows by 4 bytes a tile (128 B) at (rt * cols/128 + u) * 128.  A warp of the
- * tensor-core kernel reads a unit of its 32 rows as one 2 KB run instead of 32 runs of 64
+/* The tiled layouts (duet_weight_t.tiled = 1), made on the device from the usual one by
+ * duet_cuda_weight_tile, in place.  fp4: the same bytes in tiles of 32 rows by 128 columns
+ * (2 KB, row r of the tile at 64 r), tile (rt, u) at (rt * cols/128 + u) * 2048, and the ue8m0
+ * scales likewise, 32 rows by 4 bytes a tile (128 B) at (rt * cols/128 + u) * 128.  A warp of
+ * the tensor-core kernel reads a unit of its 32 rows as one 2 KB run instead of 32 runs of 64
  * bytes 2 KB apart, a pattern the H200's memory serves at about 2.7 of 4.6 TB/s (docs/PERF.md).
+ * bf16: tiles of 32 rows by 128 columns (8 KB) as 16-byte records, each an MMA's A operand for
+ * one lane (rows g and g + 8, two column pairs), so that the kernel loads it whole instead of
+ * moving four words of two rows into place (matmul.cu, TC_BF16_TILE_BYTES).
  * Only the tensor-core kernels read it: duet_cuda_matmul, _invariant, _gemv_tc and _grouped
  * take a tiled weight at any n from a row_begin on a 32-row boundary; _gemv, _lt, _fp8_act and
  * _multi refuse it (DUET_ERR_UNSUPPORTED).  The results are the untiled weight's, bit for bit. */
 duet_status_t duet_cuda_weight_tile(duet_cuda_t *c, duet_weight_t *w);
-/* 1 when duet_cuda_weight_tile takes w: fp4 with ue8m0 scales, rows a multiple of 32, columns of
- * 128, on the device and not tiled yet. */
+/* 1 when duet_cuda_weight_tile takes w: bf16, or fp4 with ue8m0 scales; rows a multiple of 32,
+ * columns of 128, on the device and not tiled yet. */
 int duet_cuda_weight_tile_ok(const duet_weight_t *w);
 
 /* fp8 weights on the fp8 tensor cores (prefill): each row of x is quantized
