@@ -1465,6 +1465,89 @@ static duet_status_t route_call(ck_t *ck, void *p)
     return duet_cuda_moe_route(ck->c, &a->p, a->dlogit, a->rows, a->dsel, a->dwt);
 }
 
+typedef struct {
+    const int32_t *sel;
+    int rows, K, E;
+    int32_t *offs, *tiles, *xrow, *pos;
+} sort_arg_t;
+
+static duet_status_t sort_call(ck_t *ck, void *p)
+{
+    sort_arg_t *a = p;
+    return duet_cuda_moe_sort(ck->c, a->sel, a->rows, a->K, a->E, a->offs, a->tiles, a->xrow, a->pos);
+}
+
+/* moe_sort against a stable counting sort on the host: offsets, both tile prefix sums, each
+ * sorted position's row and each assignment's position, exactly (ascending rows within an
+ * expert); `bad` ids (-1 and E) sprinkled in get position -1 and no place. */
+static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "moe_sort %d %d %d %d", rows, K, E, bad);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("moe_sort", "r%d k%d E%d%s", rows, K, E, bad ? " bad ids" : "");
+    int n = rows * K;
+    int32_t *sel = xmalloc(4 * (size_t)n);
+    for (int i = 0; i < n; i++) { /* skewed: half the assignments on an eighth of the experts */
+        uint64_t u = rng_u64(&r);
+        sel[i] = (int32_t)((u & 1) ? (u >> 8) % (uint64_t)(E / 8 > 0 ? E / 8 : 1) : (u >> 8) % (uint64_t)E);
+        if (bad && (u >> 40) % 17 == 0)
+            sel[i] = (u >> 50) & 1 ? -1 : E;
+    }
+    int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(8 * (size_t)(E + 1));
+    int32_t *xr = xmalloc(4 * (size_t)n), *pos = xmalloc(4 * (size_t)n);
+    int32_t *g_offs = xmalloc(4 * (size_t)(E + 1)), *g_tiles = xmalloc(8 * (size_t)(E + 1));
+    int32_t *g_xr = xmalloc(4 * (size_t)n), *g_pos = xmalloc(4 * (size_t)n);
+    memset(offs, 0, 4 * (size_t)(E + 1));
+    for (int i = 0; i < n; i++)
+        if (sel[i] >= 0 && sel[i] < E)
+            offs[sel[i] + 1]++;
+    tiles[0] = tiles[E + 1] = 0;
+    for (int e = 0; e < E; e++) {
+        int c = offs[e + 1];
+        tiles[e + 1] = tiles[e] + (c + 7) / 8;
+        tiles[E + 2 + e] = tiles[E + 1 + e] + (c + 31) / 32;
+        offs[e + 1] += offs[e];
+    }
+    int *next = xmalloc(sizeof(int) * (size_t)E);
+    for (int e = 0; e < E; e++)
+        next[e] = offs[e];
+    memset(xr, 0xff, 4 * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        int e = sel[i];
+        pos[i] = e >= 0 && e < E ? next[e]++ : -1;
+        if (pos[i] >= 0)
+            xr[pos[i]] = i / K;
+    }
+    int32_t *dsel = dupload(ck, sel, 4 * (size_t)n);
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 8 * (size_t)(E + 1));
+    int32_t *dxr = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
+    dpoison(ck, dxr, 4 * (size_t)n);
+    dpoison(ck, dpos, 4 * (size_t)n);
+    sort_arg_t sa = {dsel, rows, K, E, doffs, dtiles, dxr, dpos};
+    CK(sort_call(ck, &sa));
+    ddownload(ck, g_offs, doffs, 4 * (size_t)(E + 1));
+    ddownload(ck, g_tiles, dtiles, 8 * (size_t)(E + 1));
+    ddownload(ck, g_xr, dxr, 4 * (size_t)n);
+    ddownload(ck, g_pos, dpos, 4 * (size_t)n);
+    int placed = offs[E];
+    size_t diff = (size_t)(memcmp(g_offs, offs, 4 * (size_t)(E + 1)) != 0) +
+                  (size_t)(memcmp(g_tiles, tiles, 8 * (size_t)(E + 1)) != 0) +
+                  (size_t)(memcmp(g_xr, xr, 4 * (size_t)placed) != 0) + (size_t)(memcmp(g_pos, pos, 4 * (size_t)n) != 0);
+    row.exact = 1;
+    row.err = (double)diff;
+    row.pass = diff == 0;
+    if (diff)
+        snprintf(row.note, sizeof row.note, "%zu of offsets, tiles, rows, positions differ", diff);
+    bench_row(ck, &row, sort_call, &sa, 4.0 * 3 * n + 12.0 * (E + 1), 0, BOUND_MEM);
+    print_row(ck, &row);
+    free(sel); free(offs); free(tiles); free(xr); free(pos); free(next);
+    free(g_offs); free(g_tiles); free(g_xr); free(g_pos);
+    duet_cuda_free(ck->c, dsel); duet_cuda_free(ck->c, doffs); duet_cuda_free(ck->c, dtiles);
+    duet_cuda_free(ck->c, dxr); duet_cuda_free(ck->c, dpos);
+}
+
 static void case_moe_route(ck_t *ck, int rows, int E, int K, int scoring, int hash, int ties)
 {
     rng_t r;
@@ -1805,6 +1888,11 @@ static void group_moe(ck_t *ck)
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SIGMOID, 0, 0);
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SOFTMAX, 0, 0);
     case_moe_route(ck, 20, 8, 2, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
+    case_moe_sort(ck, 1, 6, 256, 0);
+    case_moe_sort(ck, 32, 6, 256, 0);   /* a decode step */
+    case_moe_sort(ck, 33, 6, 256, 1);   /* past a warp's 32, with ids out of range */
+    case_moe_sort(ck, 4096, 6, 256, 0); /* a prefill of 4096 tokens */
+    case_moe_sort(ck, 500, 8, 384, 1);
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1, 0);   /* V4-Flash widths, decode */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1, 1);   /* the same, tiled (the engine's) */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1, 1);   /* batch 1: the launch split along the columns */

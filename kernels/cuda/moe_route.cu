@@ -11,7 +11,6 @@
 #define ROUTE_THREADS 256
 #define SORT_THREADS 1024
 static_assert(SORT_THREADS % 32 == 0 && SORT_THREADS <= 1024, "moe_sort scans whole warps, at most 32");
-#define SORT_CHUNK 4096
 
 __device__ __forceinline__ float expf_cr(float x) { return (float)exp((double)x); }
 
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
                                                                  int32_t *pos)
 {
     extern __shared__ int32_t si[];
-    int *cnt = si, *off = si + E, *buf = si + 2 * E + 1;
+    int *cnt = si, *off = si + E;
     int tid = threadIdx.x, bd = blockDim.x;
     for (int e = tid; e < E; e += bd)
         cnt[e] = 0;
@@ -228,23 +227,26 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
         tiles[E] = c8;
         tiles[2 * E + 1] = c32;
     }
-    /* placement: each expert's thread walks the assignments in order */
-    for (int base = 0; base < n; base += SORT_CHUNK) {
-        int len = n - base < SORT_CHUNK ? n - base : SORT_CHUNK;
-        __syncthreads();
-        for (int i = tid; i < len; i += bd)
-            buf[i] = sel[base + i];
-        __syncthreads();
-        for (int e = tid; e < E; e += bd) {
-            int f = off[e];
-            for (int i = 0; i < len; i++)
-                if (buf[i] == e) {
-                    xrow[f] = (base + i) / K;
-                    pos[base + i] = f;
-                    f++;
-                }
-            off[e] = f;
+    /* placement, stable: warp 0 walks the assignments 32 at a time, in order; a lane's place is
+     * its expert's next one plus the lanes before it with the same expert (__match_any_sync),
+     * and the last of them moves the expert's next place on once all have read it */
+    __syncthreads();
+    if (warp != 0)
+        return;
+    for (int base = 0; base < n; base += 32) {
+        int i = base + lane;
+        int e = i < n ? sel[i] : -1;
+        bool ok = e >= 0 && e < E;
+        unsigned peers = __match_any_sync(0xffffffffu, ok ? e : -1);
+        int f = ok ? off[e] + __popc(peers & ((1u << lane) - 1)) : -1;
+        __syncwarp();
+        if (ok) {
+            xrow[f] = i / K;
+            pos[i] = f;
+            if (lane == 31 - __clz(peers)) /* the last lane of its expert */
+                off[e] = f + 1;
         }
+        __syncwarp();
     }
 }
 
@@ -310,7 +312,7 @@ extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, 
 {
     if (n_experts <= 0 || top_k <= 0)
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_sort: %d experts, top-%d", n_experts, top_k);
-    size_t smem = ((size_t)2 * n_experts + 1 + SORT_CHUNK) * sizeof(int32_t);
+    size_t smem = ((size_t)2 * n_experts + 1) * sizeof(int32_t);
     if (smem > 48 * 1024)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_sort: %d experts (shared memory)", n_experts);
     moe_sort_kernel<<<1, SORT_THREADS, smem, c->stream>>>(sel, n_rows * top_k, top_k, n_experts, offs, tiles, xrow,
