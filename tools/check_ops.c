@@ -1903,6 +1903,8 @@ static void group_moe(ck_t *ck)
     case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1, 0);
     case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 1, 0);  /* 32-token tiles, x split ahead */
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 0);      /* 32-token tiles */
+    case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 1);      /* the same, bf16 tiled */
+    case_moe_experts(ck, DUET_DT_BF16, 64, 6, 256, 128, 16, 1, 1);        /* one-token tiles, bf16 tiled */
     case_moe_experts(ck, DUET_DT_BF16, 8, 2, 128, 64, 20, 1, 0);          /* the tiny fixture: w2 on the fp32 units */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 8, 2, 128, 64, 20, 1, 1);     /* w1, w3 tiled, w2 (64 columns) not */
 }
