@@ -673,29 +673,18 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
 
 /* ---- the per-call plan ---------------------------------------------------
  * Index lists built on the host in one buffer (offsets), copied to the device
- * once; every layer of a kind uses the same lists. */
+ * once; every layer of a kind uses the same lists.  The offsets are laid out
+ * first (hb_alloc: no memory yet), then the lists are written straight into the
+ * model's pinned staging buffer, which the one copy reads. */
 
 typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-    int oom;
+    uint8_t *p; /* the pinned staging buffer, once the layout is known */
+    size_t n;
 } hbuf_t;
 
 static size_t hb_alloc(hbuf_t *b, size_t bytes)
 {
     size_t off = (b->n + 255) & ~(size_t)255;
-    if (off + bytes > b->cap) {
-        size_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < off + bytes)
-            cap *= 2;
-        uint8_t *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return 0;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
     b->n = off + bytes;
     return off;
 }
@@ -914,10 +903,23 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
         F->o_wo_xrow = hb_alloc(b, 4 * (size_t)Gl * R);
         F->o_wo_yrow = hb_alloc(b, 4 * (size_t)Gl * R);
     }
-    if (b->oom) {
-        free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
-        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory for the forward plan");
+    /* the pinned staging and its device copy, grown for this layout (a call ends with its stream
+     * drained, so the previous call's copy out of the staging has finished) */
+    duet_model_cuda_t *mc = F->mc;
+    if (b->n > mc->plan_bytes) {
+        duet_cuda_host_free(mc->c, mc->plan_host);
+        duet_cuda_free(mc->c, mc->plan_dev);
+        mc->plan_host = mc->plan_dev = NULL;
+        mc->plan_bytes = 0;
+        size_t want = b->n + b->n / 2 + (1 << 20);
+        if (duet_cuda_host_alloc(mc->c, (void **)&mc->plan_host, want) != DUET_OK ||
+            duet_cuda_malloc(mc->c, (void **)&mc->plan_dev, want) != DUET_OK) {
+            free(r_item); free(r_nwin); free(r_nsel); free(r_n128);
+            return cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        }
+        mc->plan_bytes = want;
     }
+    b->p = mc->plan_host;
 
     /* fill */
 #define HB(T, off) ((T *)(b->p + (off)))
@@ -1800,24 +1802,9 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     int R = F->R, D = c->hidden_size, hc = c->hc_mult;
     hbuf_t hb = {0};
     double t0 = duet_time_s();
-    duet_status_t st = build_plan(F, &hb, err);
+    duet_status_t st = build_plan(F, &hb, err); /* written into mc->plan_host */
     if (st != DUET_OK)
         goto out;
-    /* the plan: pinned staging, one copy */
-    if (hb.n > mc->plan_bytes) {
-        duet_cuda_host_free(mc->c, mc->plan_host);
-        duet_cuda_free(mc->c, mc->plan_dev);
-        mc->plan_host = mc->plan_dev = NULL;
-        mc->plan_bytes = 0;
-        size_t want = hb.n + hb.n / 2 + (1 << 20);
-        if (duet_cuda_host_alloc(mc->c, (void **)&mc->plan_host, want) != DUET_OK ||
-            duet_cuda_malloc(mc->c, (void **)&mc->plan_dev, want) != DUET_OK) {
-            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
-            goto out;
-        }
-        mc->plan_bytes = want;
-    }
-    memcpy(mc->plan_host, hb.p, hb.n);
     if (duet_cuda_phase(mc->c, DUET_FP_EMBED) != DUET_OK) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
@@ -1928,7 +1915,6 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     for (int i = 0; i < F->n_items && !F->no_advance; i++)
         F->items[i].seq->n_past += F->items[i].n_tokens;
 out:
-    free(hb.p);
     return st;
 }
 
