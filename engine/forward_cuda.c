@@ -724,6 +724,11 @@ typedef struct {
     int wo_group;
     int hc_fused; /* hyper-connection pre-mixes fused with their norms (hc_fused) */
     size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;
+    /* the index-K list is written on the device (duet_cuda_kv_entries) from the page table and a
+     * run an item (o_ik_runs: page offset, list offset, count), past the plan's copied part */
+    size_t o_ik_runs, plan_copy;
+    int ik_max;
+    uint32_t eppi;
     uint8_t *pd; /* device plan */
     /* device workspace */
     float *h, *x, *xn, *f, *post, *comb, *qlora, *q, *kv, *att, *ckv, *cg, *ikv, *ig, *iq, *iw;
@@ -753,6 +758,7 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
         epp4 = duet_kv_cache_layout(hc, DUET_POOL_C4_KV)->entries_per_page;
         eppi = duet_kv_cache_layout(hc, DUET_POOL_C4_INDEX_K)->entries_per_page;
     }
+    F->eppi = eppi;
     if (F->has128)
         epp128 = duet_kv_cache_layout(hc, DUET_POOL_C128_KV)->entries_per_page;
 
@@ -866,8 +872,7 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     F->o_st_idx = hb_alloc(b, 4 * F->NS);
     F->o_c128_unit = hb_alloc(b, 4 * F->N128e);
     F->o_c128_idx = hb_alloc(b, 4 * F->N128e);
-    F->o_ik_unit = hb_alloc(b, 4 * F->NIK);
-    F->o_ik_idx = hb_alloc(b, 4 * F->NIK);
+    F->o_ik_runs = hb_alloc(b, 4 * 3 * (size_t)F->n_items);
     F->o_ikoff = hb_alloc(b, 4 * R_);
     F->o_nv = hb_alloc(b, 4 * R_);
     F->o_score_off = hb_alloc(b, 4 * R_);
@@ -903,6 +908,9 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
         F->o_wo_xrow = hb_alloc(b, 4 * (size_t)Gl * R);
         F->o_wo_yrow = hb_alloc(b, 4 * (size_t)Gl * R);
     }
+    F->plan_copy = b->n; /* the host writes up to here; the index-K list past it is the device's */
+    F->o_ik_unit = hb_alloc(b, 4 * F->NIK);
+    F->o_ik_idx = hb_alloc(b, 4 * F->NIK);
     /* the pinned staging and its device copy, grown for this layout (a call ends with its stream
      * drained, so the previous call's copy out of the staging has finished) */
     duet_model_cuda_t *mc = F->mc;
@@ -931,7 +939,7 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     int32_t *st_row = HB(int32_t, F->o_st_row);
     uint32_t *st_unit = HB(uint32_t, F->o_st_unit), *st_idx = HB(uint32_t, F->o_st_idx);
     uint32_t *c128_unit = HB(uint32_t, F->o_c128_unit), *c128_idx = HB(uint32_t, F->o_c128_idx);
-    uint32_t *ik_unit = HB(uint32_t, F->o_ik_unit), *ik_idx = HB(uint32_t, F->o_ik_idx);
+    int32_t *ik_runs = HB(int32_t, F->o_ik_runs);
     int32_t *ikoff = HB(int32_t, F->o_ikoff), *nvr = HB(int32_t, F->o_nv), *score_off = HB(int32_t, F->o_score_off);
     uint32_t *w4kv_unit = HB(uint32_t, F->o_w4kv_unit), *w4kv_idx = HB(uint32_t, F->o_w4kv_idx);
     uint32_t *w4ik_unit = HB(uint32_t, F->o_w4ik_unit), *w4ik_idx = HB(uint32_t, F->o_w4ik_idx);
@@ -1017,8 +1025,12 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
                 sw128[nsw128] = (duet_comp_slot_t){r0 + i, (int32_t)s->slot, (int32_t)(P + i), 0};
         }
         ik_off[it] = nik;
+        ik_runs[3 * it] = (int32_t)pt_off[it];
+        ik_runs[3 * it + 1] = (int32_t)nik;
+        ik_runs[3 * it + 2] = F->has4 ? (int32_t)(total / 4) : 0;
+        if (F->has4 && total / 4 > F->ik_max)
+            F->ik_max = (int)(total / 4);
         if (F->has4) {
-            duet_kv_cache_entries(s->pages, 0, (size_t)(total / 4), eppi, ik_unit + nik, ik_idx + nik);
             nik += (size_t)(total / 4);
             for (int64_t p = P; p < total; p++) {
                 if ((p + 1) % 4)
@@ -1809,11 +1821,17 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
     }
-    if (duet_cuda_memcpy(mc->c, mc->plan_dev, mc->plan_host, hb.n) != DUET_OK) {
+    if (duet_cuda_memcpy(mc->c, mc->plan_dev, mc->plan_host, F->plan_copy) != DUET_OK) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
     }
     F->pd = mc->plan_dev;
+    if (F->NIK && duet_cuda_kv_entries(mc->c, PD(F, uint32_t, F->o_pt), PD(F, int32_t, F->o_ik_runs), F->n_items,
+                                       F->ik_max, F->eppi, PD(F, uint32_t, F->o_ik_unit),
+                                       PD(F, uint32_t, F->o_ik_idx)) != DUET_OK) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
+    }
     F->st.host_plan_s = duet_time_s() - t0;
     /* workspace */
     {

@@ -1196,6 +1196,70 @@ static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, u
     duet_cuda_free(ck->c, a.dvec);
 }
 
+/* duet_cuda_kv_entries against duet_kv_cache_entries on the host, exactly: n_runs sequences of
+ * random lengths (some empty) over one page table. */
+typedef struct {
+    const uint32_t *pages;
+    const int32_t *runs;
+    int n_runs, max_count;
+    uint32_t epp;
+    uint32_t *unit, *idx;
+} kve_arg_t;
+
+static duet_status_t kve_call(ck_t *ck, void *p)
+{
+    kve_arg_t *a = p;
+    return duet_cuda_kv_entries(ck->c, a->pages, a->runs, a->n_runs, a->max_count, a->epp, a->unit, a->idx);
+}
+
+static void case_kv_entries(ck_t *ck, int n_runs, int max_count, uint32_t epp)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "kv_entries/%d/%d/%u", n_runs, max_count, epp);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("kv_entries", "%d runs up to %d entries, %u a page", n_runs, max_count, epp);
+    int32_t *runs = xmalloc(sizeof(int32_t) * 3 * (size_t)n_runs);
+    size_t n_pages = 0, total = 0;
+    for (int i = 0; i < n_runs; i++) {
+        int count = i % 5 == 3 ? 0 : (int)(rng_u64(&r) % (uint64_t)(max_count + 1));
+        if (i == 0)
+            count = max_count;
+        runs[3 * i] = (int32_t)n_pages;
+        runs[3 * i + 1] = (int32_t)total;
+        runs[3 * i + 2] = count;
+        n_pages += ((size_t)count + epp - 1) / epp + 1;
+        total += (size_t)count;
+    }
+    uint32_t *pages = xmalloc(sizeof(uint32_t) * (n_pages ? n_pages : 1));
+    for (size_t i = 0; i < n_pages; i++)
+        pages[i] = (uint32_t)(rng_u64(&r) % 100000);
+    size_t nt = total ? total : 1;
+    uint32_t *unit = xmalloc(4 * nt), *idx = xmalloc(4 * nt), *g_unit = xmalloc(4 * nt), *g_idx = xmalloc(4 * nt);
+    for (int i = 0; i < n_runs; i++)
+        duet_kv_cache_entries(pages + runs[3 * i], 0, (size_t)runs[3 * i + 2], epp, unit + runs[3 * i + 1],
+                              idx + runs[3 * i + 1]);
+    kve_arg_t a = {dupload(ck, pages, sizeof(uint32_t) * (n_pages ? n_pages : 1)),
+                   dupload(ck, runs, sizeof(int32_t) * 3 * (size_t)n_runs), n_runs, max_count, epp,
+                   dmalloc(ck, 4 * nt), dmalloc(ck, 4 * nt)};
+    dpoison(ck, a.unit, 4 * nt);
+    dpoison(ck, a.idx, 4 * nt);
+    CK(kve_call(ck, &a));
+    ddownload(ck, g_unit, a.unit, 4 * nt);
+    ddownload(ck, g_idx, a.idx, 4 * nt);
+    size_t diff = (size_t)(memcmp(g_unit, unit, 4 * total) != 0) + (size_t)(memcmp(g_idx, idx, 4 * total) != 0);
+    row.exact = 1;
+    row.err = (double)diff;
+    row.pass = diff == 0;
+    if (diff)
+        snprintf(row.note, sizeof row.note, "page ids or in-page indices differ from the host's");
+    bench_row(ck, &row, kve_call, &a, 8.0 * (double)total, 0, BOUND_MEM);
+    print_row(ck, &row);
+    free(runs); free(pages); free(unit); free(idx); free(g_unit); free(g_idx);
+    duet_cuda_free(ck->c, (void *)a.pages); duet_cuda_free(ck->c, (void *)a.runs);
+    duet_cuda_free(ck->c, a.unit); duet_cuda_free(ck->c, a.idx);
+}
+
 static void group_cache(ck_t *ck)
 {
     case_cache(ck, DUET_POOL_C4_KV, DUET_CACHE_FP8, 4096);
@@ -1204,6 +1268,11 @@ static void group_cache(ck_t *ck)
     case_cache(ck, DUET_POOL_C128_KV, DUET_CACHE_FP8, 37);
     case_cache(ck, DUET_POOL_C4_INDEX_K, DUET_CACHE_FP8, 8192);
     case_cache(ck, DUET_POOL_C4_INDEX_K, DUET_CACHE_BF16, 8192);
+    /* index lists from page tables (the forward's index-K list) */
+    case_kv_entries(ck, 1, 1, 64);
+    case_kv_entries(ck, 32, 1024, 64);   /* batch 32 at 4k context */
+    case_kv_entries(ck, 128, 8192, 256); /* batch 128 at 32k context */
+    case_kv_entries(ck, 7, 1000, 37);
 }
 
 /* ---- compress_pool ---- */

@@ -250,3 +250,31 @@ extern "C" duet_status_t duet_cuda_cache_load_bf16(duet_cuda_t *c, const duet_ca
 {
     return load(c, "cache_load_bf16", l, base, unit, idx, vec, n);
 }
+
+/* A run a grid row, its entries over the row's blocks. */
+__global__ void kv_entries_kernel(const uint32_t *pages, const int32_t *runs, uint32_t epp, uint32_t *unit,
+                                  uint32_t *idx)
+{
+    const int32_t *r = runs + 3 * (size_t)blockIdx.y;
+    int32_t page_off = r[0], out = r[1], count = r[2];
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < count; e += gridDim.x * blockDim.x) {
+        unit[out + e] = pages[page_off + e / epp];
+        idx[out + e] = (uint32_t)e % epp;
+    }
+}
+
+extern "C" duet_status_t duet_cuda_kv_entries(duet_cuda_t *c, const uint32_t *pages, const int32_t *runs,
+                                              int n_runs, int max_count, uint32_t epp, uint32_t *unit,
+                                              uint32_t *idx)
+{
+    if (epp == 0 || n_runs < 0 || n_runs > 65535 || max_count < 0)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "kv_entries: %d runs of up to %d entries, %u entries a page",
+                               n_runs, max_count, epp);
+    if (!n_runs || !max_count)
+        return DUET_OK;
+    unsigned bx = duet_cdiv((size_t)max_count, 256);
+    dim3 grid(bx < 64 ? bx : 64, (unsigned)n_runs);
+    kv_entries_kernel<<<grid, 256, 0, c->stream>>>(pages, runs, epp, unit, idx);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}

@@ -32,6 +32,13 @@ duet_status_t duet_cuda_cache_load_sel(duet_cuda_t *c, const duet_cache_layout_t
                                        const uint32_t *pages, const int32_t *page_off, const int32_t *dst_off,
                                        float *out);
 
+/* duet_kv_cache_entries on the device, for n_runs sequences at once: run r (runs[3r .. 3r+2] =
+ * page offset, output offset, entry count) writes, for its entries e from 0, unit[out + e] =
+ * pages[page_off + e / epp] and idx[out + e] = e % epp.  runs, pages, unit, idx: device arrays;
+ * max_count bounds every run's count. */
+duet_status_t duet_cuda_kv_entries(duet_cuda_t *c, const uint32_t *pages, const int32_t *runs, int n_runs,
+                                   int max_count, uint32_t epp, uint32_t *unit, uint32_t *idx);
+
 /* The two loads into bf16 bits (2 bytes a value), where bf16 holds every value exactly: the KV
  * pools (SWA, C4, C128: bf16, or e4m3 times a power of two) and bf16 index-K; fp8 index-K (e4m3
  * times an fp32 scale) is refused. */
