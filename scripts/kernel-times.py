@@ -6,7 +6,8 @@ Input: the output of
         --print-kernel-base function --cache-control none --clock-control none \
         duet-check-forward --bench --decode-only --batches B1,B2,...
 (duet-check-forward profiles one decode step a batch size, in the order of --batches).
-Each step starts at its embedding kernel (embed_kernel).  For each step, prints the kernel
+Each step starts at its embedding kernel (embed_kernel), or at the index-K entry list's
+expansion (kv_entries_kernel) launched just before it.  For each step, prints the kernel
 count, the sum of the kernels' durations (the device's busy time: the step's time less this
 is the gaps between kernels, launch latency and host work), and the kernels by total time.
 
@@ -49,7 +50,11 @@ def main():
     rows = read_rows(a.csv)
     steps = []
     for name, us, grid, block in rows:
-        if name.startswith("embed_kernel") or not steps:
+        # a step opens with kv_entries_kernel (when it has an index-K list) then embed_kernel
+        opens = name.startswith("kv_entries_kernel") or (
+            name.startswith("embed_kernel")
+            and not (steps and len(steps[-1]) == 1 and steps[-1][0][0].startswith("kv_entries_kernel")))
+        if opens or not steps:
             steps.append([])
         steps[-1].append((name, us, grid, block))
     labels = a.labels.split(",") if a.labels else [str(i) for i in range(len(steps))]
