@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """scripts/kernel-times.py on a made-up Nsight Compute CSV: the steps split at each embedding
-kernel, durations in any of ncu's units (thousands separators included) summed, the busy share
+kernel (or at the index-K list's expansion launched just before it), durations in any of ncu's units (thousands separators included) summed, the busy share
 against the step times given, the launch list, and a clear error for a file with no table."""
 import sys
 
@@ -36,6 +36,16 @@ def main():
           not any("#2 " in ln and "rmsnorm" in ln for ln in out.splitlines()),
           "the 0.5 us launch in the totals, not in the launch list")
     check("3.0 us  75.0%" in out.split("kernels step 32")[1], "per-kernel totals with their share of the busy time")
+    # a step that expands its index-K list first opens at kv_entries_kernel, and its embedding
+    # right after does not open another; a step without the list opens at its embedding
+    csv = HEAD + row(0, "kv_entries_kernel", "us", "2") + row(1, "embed_kernel", "us", "1")
+    csv += row(2, "rmsnorm_kernel", "us", "1") + row(3, "embed_kernel", "us", "3")
+    csv += row(4, "kv_entries_kernel", "us", "1") + row(5, "embed_kernel", "us", "1")
+    p = run("kernel-times.py", ["--labels", "a,b,c"], csv)
+    out = p.stdout
+    check(p.returncode == 0 and "kernels step a: 3 kernels, 0.004 ms busy" in out and
+          "kernels step b: 1 kernels, 0.003 ms busy" in out and "kernels step c: 2 kernels, 0.002 ms busy" in out,
+          "steps open at kv_entries_kernel, or at embed_kernel without one before it")
     p = run("kernel-times.py", [], "no table here\n")
     check(p.returncode != 0 and "no CSV header" in p.stderr, "a file without the table: an error that says so")
     p = run("kernel-times.py", [], HEAD + row(0, "embed_kernel", "furlong", "3"))
