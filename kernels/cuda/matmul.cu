@@ -278,10 +278,20 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  * STAGES: units in shared memory.  Measured on the H200 (with the bf16 split and again with
  * the fp16 one): two stages (one computed, one in flight) beat deeper pipelines and fetches
  * of several units a row, which cost blocks an SM; with one token tile, four or five stages
- * (a decode step's whole chunk in flight at once) measured no faster. */
+ * (a decode step's whole chunk in flight at once) measured no faster.  TC_BF16_STAGES,
+ * TC_F8_STAGES and TC_F4_STAGES set them at build time, for timing variants (at four token
+ * tiles, where a decode step's dense fp8 launches are latency-bound at two blocks an SM, three
+ * stages fit those two blocks without spilling: 236 registers, sm_90a); the grouped launches
+ * take x split ahead only with two. */
 template <int WT> struct tc_traits;
-template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = 2; };
-template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = 2; };
+#ifndef TC_BF16_STAGES
+#define TC_BF16_STAGES 2
+#endif
+#ifndef TC_F8_STAGES
+#define TC_F8_STAGES 2
+#endif
+template <> struct tc_traits<WT_BF16> { static constexpr int CPR = 4, QPC = 2, STAGES = TC_BF16_STAGES; };
+template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STAGES = TC_F8_STAGES; };
 #ifndef TC_F4_STAGES
 #define TC_F4_STAGES 2
 #endif
@@ -1679,7 +1689,7 @@ template <int W>
 static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_args &g, const tc_split &sp, dim3 grid,
                                      int nt, int n)
 {
-    if constexpr (W != WT_BF16) {
+    if constexpr (W != WT_BF16 && tc_traits<W>::STAGES == 2) { /* records: two stages only */
         if (tc_presplit_on<W>(c, nt, n)) {
             DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
             if (nt == 1) {
