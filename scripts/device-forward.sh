@@ -75,6 +75,11 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# the slice's timings, phases, kernels and stalls all run on the slice fixture, which --no-bench skips
+if [ "$bench" = 0 ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ] || [ "$phases" = 1 ] || [ "$moe_host" = 1 ]; }; then
+  echo "scripts/device-forward.sh: --kernels, --stalls, --phases and --moe-host need the slice bench; drop --no-bench (--batches and --long-ctx 0 shorten it)" >&2
+  exit 2
+fi
 
 mkdir -p "$RES" "$FIX"
 if [ -f "$TGZ" ]; then # the binaries this call carried packed, over any an earlier call left
