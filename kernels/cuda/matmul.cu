@@ -779,15 +779,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     for (int u = ub; u < ue; u++) {
         int i = u - ub;
         uint2 *xs = xsm + (i & 1) * (XSPLIT / 8);
-        if constexpr (PRE) {
-        } else if (XD == 1 || !(i & 1)) {
-            split_x(xr[0], xs);
-            if (u + XD < ue)
-                load_x(xr[0], u + XD);
-        } else {
-            split_x(xr[XD - 1], xs);
-            if (u + XD < ue)
-                load_x(xr[XD - 1], u + XD);
+        if constexpr (!PRE) { /* PRE: the records came with the weights */
+            if (XD == 1 || !(i & 1)) {
+                split_x(xr[0], xs);
+                if (u + XD < ue)
+                    load_x(xr[0], u + XD);
+            } else {
+                split_x(xr[XD - 1], xs);
+                if (u + XD < ue)
+                    load_x(xr[XD - 1], u + XD);
+            }
         }
         cp_wait<S - 2>();
         __syncthreads();
@@ -1634,7 +1635,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
 #define TC_GROUP_MIN_BLOCKS 4
 #endif
 /* The same for it with x split ahead (TC_PRESPLIT_MIN_N1), which needs fewer registers: five
- * blocks an SM fit it in 96 without spilling (sm_90a), not yet timed. */
+ * blocks an SM fit it in 96 without spilling (sm_90a), and timed within noise of four on the
+ * H200 (docs/PERF.md). */
 #ifndef TC_GROUP_PRE_MIN_BLOCKS
 #define TC_GROUP_PRE_MIN_BLOCKS TC_GROUP_MIN_BLOCKS
 #endif
@@ -1689,31 +1691,23 @@ template <int W>
 static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_args &g, const tc_split &sp, dim3 grid,
                                      int nt, int n)
 {
+    auto launch = [&](auto nt_c, auto pre_c) -> duet_status_t {
+        constexpr int NT = decltype(nt_c)::value;
+        constexpr bool PRE = decltype(pre_c)::value;
+        constexpr int smem = tc_smem_bytes<W, NT>();
+        DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, NT, PRE>, smem, (PRE ? TC_PRE_BIT : 0) + 32 + W * 8 + NT));
+        gemv_tc_group_kernel<W, NT, PRE><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
+        return DUET_OK;
+    };
+    using one = std::integral_constant<int, 1>;
+    using all = std::integral_constant<int, TC_MAX_NT>;
     if constexpr (W != WT_BF16 && tc_traits<W>::STAGES == 2) { /* records: two stages only */
         if (tc_presplit_on<W>(c, nt, n)) {
             DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
-            if (nt == 1) {
-                constexpr int smem = tc_smem_bytes<W, 1>();
-                DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, true>, smem, TC_PRE_BIT + 32 + W * 8 + 1));
-                gemv_tc_group_kernel<W, 1, true><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
-            } else {
-                constexpr int smem = tc_smem_bytes<W, TC_MAX_NT>();
-                DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, true>, smem, TC_PRE_BIT + 32 + W * 8 + TC_MAX_NT));
-                gemv_tc_group_kernel<W, TC_MAX_NT, true><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
-            }
-            return DUET_OK;
+            return nt == 1 ? launch(one(), std::true_type()) : launch(all(), std::true_type());
         }
     }
-    if (nt == 1) {
-        constexpr int smem = tc_smem_bytes<W, 1>();
-        DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, 1, false>, smem, 32 + W * 8 + 1));
-        gemv_tc_group_kernel<W, 1, false><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
-    } else {
-        constexpr int smem = tc_smem_bytes<W, TC_MAX_NT>();
-        DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, TC_MAX_NT, false>, smem, 32 + W * 8 + TC_MAX_NT));
-        gemv_tc_group_kernel<W, TC_MAX_NT, false><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
-    }
-    return DUET_OK;
+    return nt == 1 ? launch(one(), std::false_type()) : launch(all(), std::false_type());
 }
 
 extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cuda_expert_mats_t *ma,
