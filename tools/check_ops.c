@@ -266,6 +266,31 @@ static void row_i32(row_t *row, const int32_t *gpu, const int32_t *ref, size_t n
         snprintf(row->note, sizeof row->note, "first [%zu]: gpu %d cpu %d", first, gpu[first], ref[first]);
 }
 
+/* row_i32 over several arrays that one operation writes (n parts: name[i], n_el[i] values of
+ * gpu[i] against ref[i]); the note names the first part and index that differ. */
+static void row_i32_parts(row_t *row, int n, const char *const *name, const int32_t *const *gpu,
+                          const int32_t *const *ref, const size_t *n_el)
+{
+    size_t diff = 0;
+    int fp = -1;
+    size_t fi = 0;
+    for (int p = 0; p < n; p++)
+        for (size_t i = 0; i < n_el[p]; i++)
+            if (gpu[p][i] != ref[p][i]) {
+                if (fp < 0) {
+                    fp = p;
+                    fi = i;
+                }
+                diff++;
+            }
+    row->exact = 1;
+    row->tol = 0;
+    row->err = (double)diff;
+    row->pass = diff == 0;
+    if (diff && !row->note[0])
+        snprintf(row->note, sizeof row->note, "first %s[%zu]: gpu %d cpu %d", name[fp], fi, gpu[fp][fi], ref[fp][fi]);
+}
+
 /* ---- output ---- */
 
 static void print_header(const ck_t *ck)
@@ -1247,12 +1272,11 @@ static void case_kv_entries(ck_t *ck, int n_runs, int max_count, uint32_t epp)
     CK(kve_call(ck, &a));
     ddownload(ck, g_unit, a.unit, 4 * nt);
     ddownload(ck, g_idx, a.idx, 4 * nt);
-    size_t diff = (size_t)(memcmp(g_unit, unit, 4 * total) != 0) + (size_t)(memcmp(g_idx, idx, 4 * total) != 0);
-    row.exact = 1;
-    row.err = (double)diff;
-    row.pass = diff == 0;
-    if (diff)
-        snprintf(row.note, sizeof row.note, "page ids or in-page indices differ from the host's");
+    static const char *const parts[] = {"unit", "idx"};
+    const int32_t *gp[] = {(const int32_t *)g_unit, (const int32_t *)g_idx};
+    const int32_t *rp[] = {(const int32_t *)unit, (const int32_t *)idx};
+    const size_t np[] = {total, total};
+    row_i32_parts(&row, 2, parts, gp, rp, np);
     bench_row(ck, &row, kve_call, &a, 8.0 * (double)total, 0, BOUND_MEM);
     print_row(ck, &row);
     free(runs); free(pages); free(unit); free(idx); free(g_unit); free(g_idx);
@@ -1600,15 +1624,10 @@ static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
     ddownload(ck, g_tiles, dtiles, 8 * (size_t)(E + 1));
     ddownload(ck, g_xr, dxr, 4 * (size_t)n);
     ddownload(ck, g_pos, dpos, 4 * (size_t)n);
-    int placed = offs[E];
-    size_t diff = (size_t)(memcmp(g_offs, offs, 4 * (size_t)(E + 1)) != 0) +
-                  (size_t)(memcmp(g_tiles, tiles, 8 * (size_t)(E + 1)) != 0) +
-                  (size_t)(memcmp(g_xr, xr, 4 * (size_t)placed) != 0) + (size_t)(memcmp(g_pos, pos, 4 * (size_t)n) != 0);
-    row.exact = 1;
-    row.err = (double)diff;
-    row.pass = diff == 0;
-    if (diff)
-        snprintf(row.note, sizeof row.note, "%zu of offsets, tiles, rows, positions differ", diff);
+    static const char *const parts[] = {"offsets", "tiles", "rows", "positions"};
+    const int32_t *gp[] = {g_offs, g_tiles, g_xr, g_pos}, *rp[] = {offs, tiles, xr, pos};
+    const size_t np[] = {(size_t)E + 1, 2 * ((size_t)E + 1), (size_t)offs[E], (size_t)n};
+    row_i32_parts(&row, 4, parts, gp, rp, np);
     bench_row(ck, &row, sort_call, &sa, 4.0 * 3 * n + 12.0 * (E + 1), 0, BOUND_MEM);
     print_row(ck, &row);
     free(sel); free(offs); free(tiles); free(xr); free(pos); free(next);
