@@ -49,14 +49,14 @@ def main():
     a = ap.parse_args()
     rows = read_rows(a.csv)
     steps = []
+    prev = ""
     for name, us, grid, block in rows:
-        # a step opens with kv_entries_kernel (when it has an index-K list) then embed_kernel
-        opens = name.startswith("kv_entries_kernel") or (
-            name.startswith("embed_kernel")
-            and not (steps and len(steps[-1]) == 1 and steps[-1][0][0].startswith("kv_entries_kernel")))
-        if opens or not steps:
+        # a step opens at kv_entries_kernel (when it has an index-K list), else at embed_kernel
+        if (not steps or name.startswith("kv_entries_kernel")
+                or (name.startswith("embed_kernel") and not prev.startswith("kv_entries_kernel"))):
             steps.append([])
         steps[-1].append((name, us, grid, block))
+        prev = name
     labels = a.labels.split(",") if a.labels else [str(i) for i in range(len(steps))]
     step_ms = [float(x) for x in a.step_ms.split(",")] if a.step_ms else []
     for i, st in enumerate(steps):

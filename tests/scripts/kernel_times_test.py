@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/kernel-times.py on a made-up Nsight Compute CSV: the steps split at each embedding
-kernel (or at the index-K list's expansion launched just before it), durations in any of ncu's units (thousands separators included) summed, the busy share
-against the step times given, the launch list, and a clear error for a file with no table."""
+kernel (or at the index-K list's expansion launched just before it), durations in any of ncu's
+units (thousands separators included) summed, the busy share against the step times given, the
+launch list, and a clear error for a file with no table."""
 import sys
 
 from scripttest import Checks, run
