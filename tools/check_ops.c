@@ -196,6 +196,25 @@ static uint8_t *rand_bytes(rng_t *r, size_t n)
     return p;
 }
 
+/* n distinct (unit, idx) slots of units pages of epp entries, in random order (n <= units * epp) */
+static void random_slots(rng_t *r, uint32_t units, uint32_t epp, size_t n, uint32_t *unit, uint32_t *idx)
+{
+    uint32_t total = units * epp;
+    uint32_t *perm = xmalloc(sizeof(uint32_t) * total);
+    for (uint32_t i = 0; i < total; i++)
+        perm[i] = i;
+    for (uint32_t i = total - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(rng_u64(r) % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unit[i] = perm[i] / epp;
+        idx[i] = perm[i] % epp;
+    }
+    free(perm);
+}
+
 /* ---- comparisons ---- */
 
 static double nerr(const float *a, const float *ref, size_t n, size_t *worst)
@@ -1141,21 +1160,8 @@ static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, u
     uint32_t epp = l.entries_per_page;
     uint32_t units = (n_entries + epp - 1) / epp + 3;
     size_t pool_bytes = (size_t)units * l.page_bytes;
-    /* distinct (unit, idx) slots in random order */
-    uint32_t total = units * epp;
-    uint32_t *perm = xmalloc(sizeof(uint32_t) * total);
-    for (uint32_t i = 0; i < total; i++)
-        perm[i] = i;
-    for (uint32_t i = total - 1; i > 0; i--) {
-        uint32_t j = (uint32_t)(rng_u64(&r) % (i + 1)), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
     uint32_t *unit = xmalloc(4 * (size_t)n_entries), *idx = xmalloc(4 * (size_t)n_entries);
-    for (uint32_t i = 0; i < n_entries; i++) {
-        unit[i] = perm[i] / epp;
-        idx[i] = perm[i] % epp;
-    }
+    random_slots(&r, units, epp, n_entries, unit, idx);
     size_t nv = (size_t)n_entries * l.vec_dim;
     float *vec = rand_f32(&r, nv, 2.0f);
     /* a few all-zero nope blocks and extreme values exercise the scale corner cases */
@@ -1216,7 +1222,7 @@ static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, u
     }
     print_row(ck, &row);
     free(g16); free(c16);
-    free(perm); free(unit); free(idx); free(vec); free(pool); free(gpool); free(gv); free(cv);
+    free(unit); free(idx); free(vec); free(pool); free(gpool); free(gv); free(cv);
     duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
     duet_cuda_free(ck->c, a.dvec);
 }
