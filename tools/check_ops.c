@@ -268,24 +268,7 @@ static void row_bytes(row_t *row, const void *gpu, const void *ref, size_t n)
         snprintf(row->note, sizeof row->note, "first byte %zu: gpu 0x%02x cpu 0x%02x", first, a[first], b[first]);
 }
 
-static void row_i32(row_t *row, const int32_t *gpu, const int32_t *ref, size_t n)
-{
-    size_t diff = 0, first = (size_t)-1;
-    for (size_t i = 0; i < n; i++)
-        if (gpu[i] != ref[i]) {
-            if (first == (size_t)-1)
-                first = i;
-            diff++;
-        }
-    row->exact = 1;
-    row->tol = 0;
-    row->err = (double)diff;
-    row->pass = diff == 0;
-    if (diff && !row->note[0])
-        snprintf(row->note, sizeof row->note, "first [%zu]: gpu %d cpu %d", first, gpu[first], ref[first]);
-}
-
-/* row_i32 over several arrays that one operation writes (n parts: name[i], n_el[i] values of
+/* Exact int32 results: several arrays one operation writes (n parts: name[i], n_el[i] values of
  * gpu[i] against ref[i]); the note names the first part and index that differ. */
 static void row_i32_parts(row_t *row, int n, const char *const *name, const int32_t *const *gpu,
                           const int32_t *const *ref, const size_t *n_el)
@@ -308,6 +291,12 @@ static void row_i32_parts(row_t *row, int n, const char *const *name, const int3
     row->pass = diff == 0;
     if (diff && !row->note[0])
         snprintf(row->note, sizeof row->note, "first %s[%zu]: gpu %d cpu %d", name[fp], fi, gpu[fp][fi], ref[fp][fi]);
+}
+
+static void row_i32(row_t *row, const int32_t *gpu, const int32_t *ref, size_t n)
+{
+    static const char *const whole[] = {""};
+    row_i32_parts(row, 1, whole, &gpu, &ref, &n);
 }
 
 /* ---- output ---- */
