@@ -5,21 +5,40 @@
  * each thread accumulates a 4 heads × 4 keys tile.  Then relu, × scale ×
  * w[h], and a sum over the heads (across the 16 head-tiles through shared
  * memory).  Bytes: keys once (q, 32 KB a row, is re-read from L2 per tile);
- * FLOPs: 2*heads*dim per key. */
+ * FLOPs: 2*heads*dim per key.
+ *
+ * The staging is double buffered: the next chunk is copied into the other
+ * buffer with cp.async while the current one is multiplied (one barrier a
+ * chunk, no registers held for it).  A warp stages 4 rows × 8 columns at a
+ * time, so that its transposed writes fall in 32 distinct banks (row stride
+ * 68 floats: bank 4 d + r) and its reads are whole 32-byte sectors.  Each
+ * (head, key) product is still summed over the columns in order, and the
+ * heads in the same order, so the scores are the same bits as with one
+ * buffer. */
 #include "common.cuh"
 
 #define IS_KT 64
 #define IS_HT 64
 #define IS_DC 32
 #define IS_PAD 68
+#define IS_THREADS 256
+/* values a thread stages a chunk, of q and of the keys each: 64 rows × 32 columns / 256 */
+#define IS_SV (IS_HT * IS_DC / IS_THREADS)
+/* blocks an SM the registers are held to: five, as the single-buffered kernel had (48
+ * registers, no spill, 195 KB of shared memory; sm_90a) */
+#ifndef IS_MIN_BLOCKS
+#define IS_MIN_BLOCKS 5
+#endif
 
-__global__ void __launch_bounds__(256) index_score_kernel(const float *q, const float *w, int n_heads, int dim,
-                                                          const float *keys, const int32_t *key_off,
-                                                          const int32_t *n_keys, const int32_t *score_off,
-                                                          float scale, float *score)
+__global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(const float *q, const float *w, int n_heads, int dim,
+                                                                 const float *keys, const int32_t *key_off,
+                                                                 const int32_t *n_keys, const int32_t *score_off,
+                                                                 float scale, float *score)
 {
-    __shared__ __align__(16) float qT[IS_DC][IS_PAD];
-    __shared__ __align__(16) float kT[IS_DC][IS_PAD];
+    static_assert(IS_HT == IS_KT && IS_DC == 32 && IS_THREADS == 256 && IS_SV == 8,
+                  "a warp stages 4 rows x 8 columns, 8 warps x 8 rounds cover 64 rows x 32 columns");
+    __shared__ __align__(16) float qT[2][IS_DC][IS_PAD];
+    __shared__ __align__(16) float kT[2][IS_DC][IS_PAD];
     __shared__ float red[16][IS_KT + 1];
     int b = blockIdx.y, key0 = blockIdx.x * IS_KT;
     int nk = n_keys[b];
@@ -29,47 +48,72 @@ __global__ void __launch_bounds__(256) index_score_kernel(const float *q, const 
     const float *qb = q + (size_t)b * n_heads * dim;
     const float *wb = w + (size_t)b * n_heads;
     int t = threadIdx.x, tx = t & 15, ty = t >> 4;
+    int lane = t & 31, wp = t >> 5;
+    /* round it: rows 4 rg + (lane >> 3), columns 8 dg + (lane & 7) of the chunk, task 8 it + wp */
+    auto srow = [&](int it) { return 4 * ((8 * it + wp) >> 2) + (lane >> 3); };
+    auto scol = [&](int it) { return 8 * ((8 * it + wp) & 3) + (lane & 7); };
+    /* chunk (h0, c0) into buffer buf: cp.async, or 0 past the heads, keys or columns */
+    auto issue = [&](int buf, int h0, int c0) {
+#pragma unroll
+        for (int it = 0; it < IS_SV; it++) {
+            int r = srow(it), d = scol(it), cc = c0 + d;
+            int h = h0 + r, kk = key0 + r;
+            if (h < n_heads && cc < dim)
+                cp_async4(&qT[buf][d][r], qb + (size_t)h * dim + cc);
+            else
+                qT[buf][d][r] = 0.0f;
+            if (kk < nk && cc < dim)
+                cp_async4(&kT[buf][d][r], kb + (size_t)kk * dim + cc);
+            else
+                kT[buf][d][r] = 0.0f;
+        }
+        cp_commit();
+    };
+    int ncc = (dim + IS_DC - 1) / IS_DC, nch = ((n_heads + IS_HT - 1) / IS_HT) * ncc;
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int h0 = 0; h0 < n_heads; h0 += IS_HT) {
-        float acc[4][4];
+    float acc[4][4];
+    issue(0, 0, 0);
+    cp_wait<0>();
+    __syncthreads();
+    for (int ci = 0; ci < nch; ci++) {
+        int buf = ci & 1, h0 = (ci / ncc) * IS_HT, c0 = (ci % ncc) * IS_DC;
+        if (c0 == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                acc[i][j] = 0.0f;
-        for (int c0 = 0; c0 < dim; c0 += IS_DC) {
-            for (int e = t; e < IS_HT * IS_DC; e += 256) {
-                int r = e / IS_DC, d = e % IS_DC, cc = c0 + d;
-                int h = h0 + r, kk = key0 + r;
-                qT[d][r] = (h < n_heads && cc < dim) ? qb[(size_t)h * dim + cc] : 0.0f;
-                kT[d][r] = (kk < nk && cc < dim) ? kb[(size_t)kk * dim + cc] : 0.0f;
-            }
-            __syncthreads();
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] = 0.0f;
+        }
+        if (ci + 1 < nch) /* the other buffer, in flight while this chunk is multiplied (its last
+                           * readers passed the previous barrier) */
+            issue(buf ^ 1, ((ci + 1) / ncc) * IS_HT, ((ci + 1) % ncc) * IS_DC);
 #pragma unroll 8
-            for (int d = 0; d < IS_DC; d++) {
-                float4 qa = *(const float4 *)&qT[d][4 * ty];
-                float4 ka = *(const float4 *)&kT[d][4 * tx];
-                float qv[4] = {qa.x, qa.y, qa.z, qa.w}, kv[4] = {ka.x, ka.y, ka.z, ka.w};
+        for (int d = 0; d < IS_DC; d++) {
+            float4 qa = *(const float4 *)&qT[buf][d][4 * ty];
+            float4 ka = *(const float4 *)&kT[buf][d][4 * tx];
+            float qv[4] = {qa.x, qa.y, qa.z, qa.w}, kv[4] = {ka.x, ka.y, ka.z, ka.w};
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        acc[i][j] = fmaf(qv[i], kv[j], acc[i][j]);
-            }
-            __syncthreads();
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] = fmaf(qv[i], kv[j], acc[i][j]);
         }
+        if (c0 + IS_DC >= dim) { /* the head tile's last chunk: its heads into the keys' sums */
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int h = h0 + 4 * ty + i;
-            if (h >= n_heads)
-                continue;
-            float wh = wb[h];
+            for (int i = 0; i < 4; i++) {
+                int h = h0 + 4 * ty + i;
+                if (h >= n_heads)
+                    continue;
+                float wh = wb[h];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float d = acc[i][j] < 0.0f ? 0.0f : acc[i][j];
-                part[j] = __fadd_rn(part[j], __fmul_rn(__fmul_rn(d, scale), wh));
+                for (int j = 0; j < 4; j++) {
+                    float d = acc[i][j] < 0.0f ? 0.0f : acc[i][j];
+                    part[j] = __fadd_rn(part[j], __fmul_rn(__fmul_rn(d, scale), wh));
+                }
             }
         }
+        cp_wait<0>();
+        __syncthreads();
     }
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -101,7 +145,7 @@ extern "C" duet_status_t duet_cuda_index_score_rows(duet_cuda_t *c, const float 
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
     dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
-    index_score_kernel<<<grid, 256, 0, c->stream>>>(q, w, n_heads, dim, keys, key_off, n_keys, score_off, scale,
+    index_score_kernel<<<grid, IS_THREADS, 0, c->stream>>>(q, w, n_heads, dim, keys, key_off, n_keys, score_off, scale,
                                                               score);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
