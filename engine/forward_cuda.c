@@ -733,7 +733,7 @@ typedef struct {
     /* device workspace */
     float *h, *x, *xn, *f, *post, *comb, *qlora, *q, *kv, *att, *ckv, *cg, *ikv, *ig, *iq, *iw;
     uint8_t *rt_tmp;
-    float *src, *ikeys, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv, *wy;
+    float *src, *score, *kvg, *gg, *ent, *keys, *gx, *gy, *mid, *tmpv, *wy;
     uint16_t *keys16; /* the same buffer as bf16 keys, where attn_rows reads them (NULL otherwise) */
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
@@ -1166,7 +1166,6 @@ static void carve(fc_t *F, bump_t *b)
     F->iw = bump(b, F->has4 ? 4 * R * ih : 0);
     F->rt_tmp = bump(b, ((R + swa_epp - 1) / swa_epp) * swa_pb);
     F->src = bump(b, 4 * (F->NL + R + F->N128e) * hd);
-    F->ikeys = bump(b, 4 * F->NIK * id);
     F->score = bump(b, 4 * F->NSC);
     F->sel = bump(b, 4 * R * (size_t)(c->index_topk > 0 ? c->index_topk : 1));
     size_t nd = F->NW4 * 8 > F->NW128 * 128 ? F->NW4 * 8 : F->NW128 * 128;
@@ -1417,12 +1416,12 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     if (hw->ratio == 4 && F->NIK) {
         PH(DUET_FP_INDEX);
         const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_INDEX_K];
-        CU(duet_cuda_cache_load(F->cu, l, v.base[DUET_POOL_C4_INDEX_K], PD(F, uint32_t, F->o_ik_unit),
-                                PD(F, uint32_t, F->o_ik_idx), F->ikeys, (uint32_t)F->NIK));
+        /* the keys decoded from the pool as the scoring reads them (no fp32 copy of them) */
+        CU(duet_cuda_index_score_cache(F->cu, F->iq, F->iw, R, ih, id, l, v.base[DUET_POOL_C4_INDEX_K],
+                                       PD(F, uint32_t, F->o_ik_unit), PD(F, uint32_t, F->o_ik_idx),
+                                       PD(F, int32_t, F->o_ikoff), PD(F, int32_t, F->o_nv),
+                                       PD(F, int32_t, F->o_score_off), F->max_nv, 1.0f / sqrtf((float)id), F->score));
         F->st.cache_bytes += (double)F->NIK * l->entry_bytes;
-        CU(duet_cuda_index_score_rows(F->cu, F->iq, F->iw, R, ih, id, F->ikeys, PD(F, int32_t, F->o_ikoff),
-                                      PD(F, int32_t, F->o_nv), PD(F, int32_t, F->o_score_off), F->max_nv,
-                                      1.0f / sqrtf((float)id), F->score));
         F->st.flops += 2.0 * (double)F->NSC * ih * id;
         CU(duet_cuda_topk(F->cu, F->score, PD(F, int32_t, F->o_score_off), PD(F, int32_t, F->o_nv), R, F->max_nv,
                           c->index_topk, F->sel));

@@ -1460,12 +1460,121 @@ static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int
     duet_cuda_free(ck->c, a.didx);
 }
 
+/* The indexer reading the index-K pool itself (duet_cuda_index_score_cache) against the pool
+ * decoded into fp32 keys (duet_cuda_cache_load) then scored (duet_cuda_index_score_rows): the
+ * same bits.  Rows of different key counts over one entry list, each entry a random slot of a
+ * pool the CPU's codec wrote. */
+typedef struct {
+    const duet_cache_layout_t *l;
+    uint8_t *dpool;
+    uint32_t *dunit, *didx;
+    float *dq, *dw, *dkeys, *dscore;
+    int32_t *doff, *dn;
+    int rows, heads, dim, max_keys, total;
+    float scale;
+} isc_arg_t;
+
+static duet_status_t isc_fused_call(ck_t *ck, void *p)
+{
+    isc_arg_t *a = p;
+    return duet_cuda_index_score_cache(ck->c, a->dq, a->dw, a->rows, a->heads, a->dim, a->l, a->dpool, a->dunit,
+                                       a->didx, a->doff, a->dn, NULL, a->max_keys, a->scale, a->dscore);
+}
+
+static duet_status_t isc_two_call(ck_t *ck, void *p)
+{
+    isc_arg_t *a = p;
+    duet_status_t st = duet_cuda_cache_load(ck->c, a->l, a->dpool, a->dunit, a->didx, a->dkeys, (uint32_t)a->total);
+    if (st != DUET_OK)
+        return st;
+    return duet_cuda_index_score_rows(ck->c, a->dq, a->dw, a->rows, a->heads, a->dim, a->dkeys, a->doff, a->dn,
+                                      NULL, a->max_keys, a->scale, a->dscore);
+}
+
+static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int heads, int max_keys)
+{
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    duet_cache_opts_t opts = {256, dt, dt};
+    duet_cache_layout_t l;
+    duet_err_t err;
+    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_INDEX_K, &l, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
+        exit(2);
+    }
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "isc/%d/%d/%d/%d", (int)dt, rows, heads, max_keys);
+    rng_init(&r, ck->seed, tag);
+    int dim = (int)l.vec_dim;
+    int32_t *off = xmalloc(sizeof(int32_t) * (size_t)rows);
+    size_t total;
+    int32_t *nk = key_counts(rows, max_keys, off, &total);
+    uint32_t epp = l.entries_per_page, units = (uint32_t)((total + epp - 1) / epp) + 3, slots = units * epp;
+    size_t pool_bytes = (size_t)units * l.page_bytes;
+    uint32_t *perm = xmalloc(sizeof(uint32_t) * slots);
+    for (uint32_t i = 0; i < slots; i++)
+        perm[i] = i;
+    for (uint32_t i = slots - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(rng_u64(&r) % (i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    uint32_t *unit = xmalloc(4 * total), *idx = xmalloc(4 * total);
+    uint8_t *pool = rand_bytes(&r, pool_bytes);
+    float *vec = rand_f32(&r, (size_t)dim, 1.0f);
+    for (size_t i = 0; i < total; i++) {
+        unit[i] = perm[i] / epp;
+        idx[i] = perm[i] % epp;
+        for (int c = 0; c < dim; c++) /* a fresh key a slot, stored by the CPU's codec */
+            vec[c] = rng_normal(&r) * (i % 53 == 0 ? 40.0f : 1.0f);
+        duet_cache_entry_store(&l, pool + (size_t)unit[i] * l.page_bytes, idx[i], vec);
+    }
+    size_t nq = (size_t)rows * heads * dim;
+    float *q = rand_f32(&r, nq, 1.0f), *w = rand_f32(&r, (size_t)rows * heads, 0.125f);
+    isc_arg_t a = {&l, dupload(ck, pool, pool_bytes), dupload(ck, unit, 4 * total), dupload(ck, idx, 4 * total),
+                   dupload(ck, q, 4 * nq), dupload(ck, w, 4 * (size_t)rows * heads), dmalloc(ck, 4 * total * dim),
+                   dmalloc(ck, 4 * total), dupload(ck, off, 4 * (size_t)rows), dupload(ck, nk, 4 * (size_t)rows),
+                   rows, heads, dim, max_keys, (int)total, 1.0f / sqrtf((float)dim)};
+    float *two = xmalloc(4 * total), *fused = xmalloc(4 * total);
+    dpoison(ck, a.dscore, 4 * total);
+    CK(isc_two_call(ck, &a));
+    ddownload(ck, two, a.dscore, 4 * total);
+    dpoison(ck, a.dscore, 4 * total);
+    CK(isc_fused_call(ck, &a));
+    ddownload(ck, fused, a.dscore, 4 * total);
+    row_t row = row_new("index_score", "from the %s pool, rows=%d %dx%d keys<=%d", duet_cache_dtype_name(dt), rows,
+                        heads, dim, max_keys);
+    row_bytes(&row, fused, two, 4 * total);
+    bench_row(ck, &row, isc_fused_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total),
+              2.0 * heads * (double)dim * total, BOUND_FP32);
+    print_row(ck, &row);
+    /* the two launches it replaces, for the time */
+    row = row_new("index_score", "load + score, %s pool, rows=%d keys<=%d", duet_cache_dtype_name(dt), rows,
+                  max_keys);
+    row_bytes(&row, two, two, 4 * total);
+    bench_row(ck, &row, isc_two_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total) + 8.0 * total * dim,
+              2.0 * heads * (double)dim * total, BOUND_FP32);
+    print_row(ck, &row);
+    free(off); free(nk); free(perm); free(unit); free(idx); free(pool); free(vec); free(q); free(w); free(two);
+    free(fused);
+    duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
+    duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dw); duet_cuda_free(ck->c, a.dkeys);
+    duet_cuda_free(ck->c, a.dscore); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
+}
+
 static void group_index(ck_t *ck)
 {
     case_index(ck, 32, 64, 128, 8192, 512, 4);  /* 32k context, V4-Flash indexer */
     case_index(ck, 1, 64, 128, 32768, 512, 1);  /* 128k context, batch 1 */
     case_index(ck, 5, 4, 64, 40, 8, 5);         /* tiny fixture widths, partial tiles */
     case_index(ck, 3, 70, 48, 100, 16, 3);      /* heads beyond one tile */
+    /* from the pool: batch 32 at 4k and 32k context, both encodings; a partial tile */
+    case_index_cache(ck, DUET_CACHE_BF16, 32, 64, 1024);
+    case_index_cache(ck, DUET_CACHE_FP8, 32, 64, 1024);
+    case_index_cache(ck, DUET_CACHE_BF16, 32, 64, 8192);
+    case_index_cache(ck, DUET_CACHE_FP8, 32, 64, 8192);
+    case_index_cache(ck, DUET_CACHE_FP8, 3, 70, 100);
 }
 
 /* top-k alone on hard inputs: ties, NaN, -0/+0, k >= n. */

@@ -3,39 +3,11 @@
  * division and product is a single IEEE operation as in cache_layout.c, and
  * the e4m3 / ue8m0 / bf16 encoders are common.cuh's copies of dtype.h's, so
  * the bytes equal the CPU's. */
-#include "common.cuh"
+#include "cache_codec.cuh"
 
 #define ENTRY_THREADS 128
 #define KV_SCALE_BLOCK 64
 #define FP8_MAX 448.0f
-
-struct entry_geom {
-    uint64_t page_bytes;
-    uint32_t entry_data_bytes, entry_scale_bytes, scale_offset;
-    uint32_t vec_dim, nope_dim, rope_dim;
-    int mode; /* 0 bf16, 1 kv fp8, 2 index fp8 */
-};
-
-static int geom_of(const duet_cache_layout_t *l, entry_geom *g)
-{
-    if (l->kind != DUET_POOL_C4_KV && l->kind != DUET_POOL_C4_INDEX_K && l->kind != DUET_POOL_C128_KV &&
-        l->kind != DUET_POOL_SWA_KV)
-        return -1;
-    g->page_bytes = l->page_bytes;
-    g->entry_data_bytes = l->entry_data_bytes;
-    g->entry_scale_bytes = l->entry_scale_bytes;
-    g->scale_offset = l->scale_offset;
-    g->vec_dim = l->vec_dim;
-    g->nope_dim = l->nope_dim;
-    g->rope_dim = l->rope_dim;
-    if (l->dtype == DUET_CACHE_BF16)
-        g->mode = 0;
-    else if (l->kind == DUET_POOL_C4_INDEX_K)
-        g->mode = 2;
-    else
-        g->mode = 1;
-    return 0;
-}
 
 __device__ __forceinline__ void put_bf16(uint8_t *p, float v)
 {
@@ -44,7 +16,6 @@ __device__ __forceinline__ void put_bf16(uint8_t *p, float v)
     p[1] = (uint8_t)(h >> 8);
 }
 
-__device__ __forceinline__ float get_bf16(const uint8_t *p) { return duet_d_bf16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
 
 __device__ float block_max(float v, float *red)
 {
@@ -123,14 +94,10 @@ __device__ __forceinline__ void load_entry(const entry_geom &g, const uint8_t *p
     const uint8_t *row = page + (size_t)ix * g.entry_data_bytes;
     const uint8_t *srow = page + g.scale_offset + (size_t)ix * g.entry_scale_bytes;
     int t = threadIdx.x;
-    if (g.mode == 0) {
+    if (g.mode == 0 || g.mode == 2) {
+        float scale = g.mode == 2 ? index_entry_scale(g, page, ix) : 1.0f;
         for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
-            duet_d_store(vec + i, get_bf16(row + 2 * i));
-    } else if (g.mode == 2) {
-        float scale = __uint_as_float((uint32_t)srow[0] | ((uint32_t)srow[1] << 8) | ((uint32_t)srow[2] << 16) |
-                                      ((uint32_t)srow[3] << 24));
-        for (uint32_t i = t; i < g.vec_dim; i += blockDim.x)
-            duet_d_store(vec + i, __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale));
+            duet_d_store(vec + i, index_entry_value(g, row, scale, i));
     } else {
         uint32_t nope = g.nope_dim;
         for (uint32_t i = t; i < nope; i += blockDim.x)
@@ -178,7 +145,7 @@ static duet_status_t load_sel(duet_cuda_t *c, const char *name, const duet_cache
                               const int32_t *page_off, const int32_t *dst_off, O *out)
 {
     entry_geom g;
-    if (geom_of(l, &g) || !l->paged || (sizeof(O) == 2 && bf16_refused(g)))
+    if (entry_geom_of(l, &g) || !l->paged || (sizeof(O) == 2 && bf16_refused(g)))
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: pool %s is not a paged %s pool", name,
                                duet_pool_kind_name(l->kind), sizeof(O) == 2 ? "KV entry" : "entry");
     if (k <= 0 || n_rows <= 0)
@@ -213,7 +180,7 @@ extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_
                                                uint32_t n)
 {
     entry_geom g;
-    if (geom_of(l, &g))
+    if (entry_geom_of(l, &g))
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "cache_store: pool %s has no entry codec",
                                duet_pool_kind_name(l->kind));
     if (!n)
@@ -228,7 +195,7 @@ static duet_status_t load(duet_cuda_t *c, const char *name, const duet_cache_lay
                           const uint32_t *unit, const uint32_t *idx, O *vec, uint32_t n)
 {
     entry_geom g;
-    if (geom_of(l, &g) || (sizeof(O) == 2 && bf16_refused(g)))
+    if (entry_geom_of(l, &g) || (sizeof(O) == 2 && bf16_refused(g)))
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: pool %s has no %s codec", name,
                                duet_pool_kind_name(l->kind), sizeof(O) == 2 ? "KV entry" : "entry");
     if (!n)

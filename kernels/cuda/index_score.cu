@@ -15,7 +15,7 @@
  * (head, key) product is still summed over the columns in order, and the
  * heads in the same order, so the scores are the same bits as with one
  * buffer. */
-#include "common.cuh"
+#include "cache_codec.cuh"
 
 #define IS_KT 64
 #define IS_HT 64
@@ -29,12 +29,29 @@
 #ifndef IS_MIN_BLOCKS
 #define IS_MIN_BLOCKS 5
 #endif
+/* the same reading the index-K pool (its key values through registers): four, which it fits in
+ * 64 registers without spilling (48 spill a few bytes) */
+#ifndef IS_MIN_BLOCKS_CACHE
+#define IS_MIN_BLOCKS_CACHE 4
+#endif
 
-__global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(const float *q, const float *w, int n_heads, int dim,
-                                                                 const float *keys, const int32_t *key_off,
-                                                                 const int32_t *n_keys, const int32_t *score_off,
-                                                                 float scale, float *score)
+/* Where a row's keys come from: key kk of row b is key_off[b] + kk of an fp32 array (f32), or
+ * (CACHE) that entry of an index-K pool, page unit[e] at base and index idx[e], decoded as
+ * duet_cuda_cache_load does (index_entry_value: the same floats). */
+struct is_keys {
+    const float *f32;
+    entry_geom g;
+    const uint8_t *base;
+    const uint32_t *unit, *idx;
+};
+
+/* KS: the keys' source, 0 an fp32 array, 1 a bf16 index-K pool, 2 an fp8 one */
+template <int KS>
+__global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_BLOCKS)
+    index_score_kernel(const float *q, const float *w, int n_heads, int dim, is_keys ks, const int32_t *key_off,
+                       const int32_t *n_keys, const int32_t *score_off, float scale, float *score)
 {
+    constexpr bool CACHE = KS != 0;
     static_assert(IS_HT == IS_KT && IS_DC == 32 && IS_THREADS == 256 && IS_SV == 8,
                   "a warp stages 4 rows x 8 columns, 8 warps x 8 rounds cover 64 rows x 32 columns");
     __shared__ __align__(16) float qT[2][IS_DC][IS_PAD];
@@ -44,7 +61,7 @@ __global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(
     int nk = n_keys[b];
     if (key0 >= nk)
         return;
-    const float *kb = keys + (size_t)key_off[b] * dim;
+    const float *kb = CACHE ? NULL : ks.f32 + (size_t)key_off[b] * dim;
     const float *qb = q + (size_t)b * n_heads * dim;
     const float *wb = w + (size_t)b * n_heads;
     int t = threadIdx.x, tx = t & 15, ty = t >> 4;
@@ -62,6 +79,8 @@ __global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(
                 cp_async4(&qT[buf][d][r], qb + (size_t)h * dim + cc);
             else
                 qT[buf][d][r] = 0.0f;
+            if (CACHE)
+                continue; /* the keys come through registers (fetch_keys, stash_keys) */
             if (kk < nk && cc < dim)
                 cp_async4(&kT[buf][d][r], kb + (size_t)kk * dim + cc);
             else
@@ -69,10 +88,41 @@ __global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(
         }
         cp_commit();
     };
+    /* CACHE: chunk c0's key values decoded into registers, then stored transposed */
+    float pk[CACHE ? IS_SV : 1];
+    auto fetch_keys = [&](int c0) {
+#pragma unroll
+        for (int it = 0; it < IS_SV; it++) {
+            int r = srow(it), cc = c0 + scol(it), kk = key0 + r;
+            float v = 0.0f;
+            if (kk < nk && cc < dim) {
+                size_t e = (size_t)key_off[b] + kk;
+                const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
+                uint32_t ix = __ldg(ks.idx + e);
+                const uint8_t *row = page + (size_t)ix * ks.g.entry_data_bytes;
+                if (KS == 1) /* bf16 entries: a 2-byte aligned value (get_bf16's) */
+                    v = duet_d_bf16_to_f32(*reinterpret_cast<const uint16_t *>(row + 2 * cc));
+                else /* fp8: the entry's scale a 4-byte aligned float (index_entry_scale's bytes) */
+                    v = __fmul_rn(duet_d_e4m3_to_f32(row[cc]),
+                                  *reinterpret_cast<const float *>(page + ks.g.scale_offset +
+                                                                   (size_t)ix * ks.g.entry_scale_bytes));
+            }
+            pk[CACHE ? it : 0] = v;
+        }
+    };
+    auto stash_keys = [&](int buf) {
+#pragma unroll
+        for (int it = 0; it < IS_SV; it++)
+            kT[buf][scol(it)][srow(it)] = pk[CACHE ? it : 0];
+    };
     int ncc = (dim + IS_DC - 1) / IS_DC, nch = ((n_heads + IS_HT - 1) / IS_HT) * ncc;
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float acc[4][4];
     issue(0, 0, 0);
+    if (CACHE) {
+        fetch_keys(0);
+        stash_keys(0);
+    }
     cp_wait<0>();
     __syncthreads();
     for (int ci = 0; ci < nch; ci++) {
@@ -86,7 +136,11 @@ __global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(
         }
         if (ci + 1 < nch) /* the other buffer, in flight while this chunk is multiplied (its last
                            * readers passed the previous barrier) */
+        {
             issue(buf ^ 1, ((ci + 1) / ncc) * IS_HT, ((ci + 1) % ncc) * IS_DC);
+            if (CACHE)
+                fetch_keys(((ci + 1) % ncc) * IS_DC);
+        }
 #pragma unroll 8
         for (int d = 0; d < IS_DC; d++) {
             float4 qa = *(const float4 *)&qT[buf][d][4 * ty];
@@ -112,6 +166,8 @@ __global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(
                 }
             }
         }
+        if (CACHE && ci + 1 < nch)
+            stash_keys(buf ^ 1);
         cp_wait<0>();
         __syncthreads();
     }
@@ -127,6 +183,22 @@ __global__ void __launch_bounds__(IS_THREADS, IS_MIN_BLOCKS) index_score_kernel(
     }
 }
 
+template <int KS>
+static duet_status_t is_launch(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
+                               const is_keys &ks, const int32_t *key_off, const int32_t *n_keys,
+                               const int32_t *score_off, int max_keys, float scale, float *score)
+{
+    if (n_rows <= 0 || max_keys <= 0 || n_heads <= 0 || dim <= 0)
+        return DUET_OK;
+    if (n_rows > 65535)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
+    dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
+    index_score_kernel<KS><<<grid, IS_THREADS, 0, c->stream>>>(q, w, n_heads, dim, ks, key_off, n_keys, score_off,
+                                                                  scale, score);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 extern "C" duet_status_t duet_cuda_index_score(duet_cuda_t *c, const float *q, const float *w, int n_rows,
                                                int n_heads, int dim, const float *keys, const int32_t *key_off,
                                                const int32_t *n_keys, int max_keys, float scale, float *score)
@@ -140,13 +212,31 @@ extern "C" duet_status_t duet_cuda_index_score_rows(duet_cuda_t *c, const float 
                                                     const int32_t *n_keys, const int32_t *score_off, int max_keys,
                                                     float scale, float *score)
 {
-    if (n_rows <= 0 || max_keys <= 0 || n_heads <= 0 || dim <= 0)
-        return DUET_OK;
-    if (n_rows > 65535)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
-    dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
-    index_score_kernel<<<grid, IS_THREADS, 0, c->stream>>>(q, w, n_heads, dim, keys, key_off, n_keys, score_off, scale,
-                                                              score);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    is_keys ks = {};
+    ks.f32 = keys;
+    return is_launch<0>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
+}
+
+extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float *q, const float *w, int n_rows,
+                                                     int n_heads, int dim, const duet_cache_layout_t *l,
+                                                     const uint8_t *base, const uint32_t *unit, const uint32_t *idx,
+                                                     const int32_t *key_off, const int32_t *n_keys,
+                                                     const int32_t *score_off, int max_keys, float scale,
+                                                     float *score)
+{
+    is_keys ks = {};
+    if (entry_geom_of(l, &ks.g) || l->kind != DUET_POOL_C4_INDEX_K || (int)l->vec_dim != dim ||
+        (ks.g.mode == 0 && (ks.g.page_bytes % 2 || ks.g.entry_data_bytes % 2)) ||
+        (ks.g.mode == 2 && (ks.g.page_bytes % 4 || ks.g.scale_offset % 4 || ks.g.entry_scale_bytes != 4)) ||
+        (uintptr_t)base % 4)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "index_score_cache: pool %s of %u values an entry, keys of %d (needs the index-K pool "
+                               "of that width, its values and scales aligned)",
+                               duet_pool_kind_name(l->kind), l->vec_dim, dim);
+    ks.base = base;
+    ks.unit = unit;
+    ks.idx = idx;
+    if (ks.g.mode == 0)
+        return is_launch<1>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
+    return is_launch<2>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
 }

@@ -25,6 +25,17 @@ duet_status_t duet_cuda_index_score_rows(duet_cuda_t *c, const float *q, const f
                                          int dim, const float *keys, const int32_t *key_off, const int32_t *n_keys,
                                          const int32_t *score_off, int max_keys, float scale, float *score);
 
+/* duet_cuda_index_score_rows with the keys read from the index-K pool: key kk of row b is entry
+ * e = key_off[b] + kk of the lists unit and idx (device arrays: page unit[e] of l at base,
+ * index idx[e]), decoded as duet_cuda_cache_load decodes it, so the scores are the same bits as
+ * that load into an fp32 array followed by duet_cuda_index_score_rows, without the array.  dim
+ * must be the pool's vec_dim. */
+duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads,
+                                          int dim, const duet_cache_layout_t *l, const uint8_t *base,
+                                          const uint32_t *unit, const uint32_t *idx, const int32_t *key_off,
+                                          const int32_t *n_keys, const int32_t *score_off, int max_keys,
+                                          float scale, float *score);
+
 #ifdef __cplusplus
 }
 #endif
