@@ -1,6 +1,8 @@
-/* The cache entry geometry and the index-K value decode that the entry load
- * kernels (cache_entry.cu) and the indexer reading the pool directly
- * (index_score.cu) share, so that both produce the same floats. */
+/* The cache entry geometry, shared by the entry load and store kernels
+ * (cache_entry.cu) and the indexer reading the index-K pool directly
+ * (index_score.cu), and the index-K value decode: the load kernels call it;
+ * the indexer does the same operations on aligned words, so both produce the
+ * same floats. */
 #ifndef DUET_CUDA_CACHE_CODEC_CUH
 #define DUET_CUDA_CACHE_CODEC_CUH
 

@@ -14,7 +14,9 @@
  * 68 floats: bank 4 d + r) and its reads are whole 32-byte sectors.  Each
  * (head, key) product is still summed over the columns in order, and the
  * heads in the same order, so the scores are the same bits as with one
- * buffer. */
+ * buffer.  Reading an index-K pool directly (duet_cuda_index_score_cache),
+ * the keys' values are decoded into registers the same way ahead of their
+ * chunk and stored transposed after it. */
 #include "cache_codec.cuh"
 
 #define IS_KT 64
@@ -36,8 +38,9 @@
 #endif
 
 /* Where a row's keys come from: key kk of row b is key_off[b] + kk of an fp32 array (f32), or
- * (CACHE) that entry of an index-K pool, page unit[e] at base and index idx[e], decoded as
- * duet_cuda_cache_load does (index_entry_value: the same floats). */
+ * (CACHE) that entry of an index-K pool, page unit[e] at base and index idx[e], decoded with
+ * index_entry_value's operations (bf16 bits moved up; e4m3 times the entry's fp32 scale, one
+ * rounding), read as aligned 2- and 4-byte words: the floats duet_cuda_cache_load writes. */
 struct is_keys {
     const float *f32;
     entry_geom g;
@@ -134,9 +137,9 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
                 for (int j = 0; j < 4; j++)
                     acc[i][j] = 0.0f;
         }
-        if (ci + 1 < nch) /* the other buffer, in flight while this chunk is multiplied (its last
-                           * readers passed the previous barrier) */
-        {
+        /* the next chunk into the other buffer (its last readers passed the previous barrier),
+         * in flight while this one is multiplied */
+        if (ci + 1 < nch) {
             issue(buf ^ 1, ((ci + 1) / ncc) * IS_HT, ((ci + 1) % ncc) * IS_DC);
             if (CACHE)
                 fetch_keys(((ci + 1) % ncc) * IS_DC);
