@@ -1510,22 +1510,13 @@ static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int head
     int32_t *off = xmalloc(sizeof(int32_t) * (size_t)rows);
     size_t total;
     int32_t *nk = key_counts(rows, max_keys, off, &total);
-    uint32_t epp = l.entries_per_page, units = (uint32_t)((total + epp - 1) / epp) + 3, slots = units * epp;
+    uint32_t epp = l.entries_per_page, units = (uint32_t)((total + epp - 1) / epp) + 3;
     size_t pool_bytes = (size_t)units * l.page_bytes;
-    uint32_t *perm = xmalloc(sizeof(uint32_t) * slots);
-    for (uint32_t i = 0; i < slots; i++)
-        perm[i] = i;
-    for (uint32_t i = slots - 1; i > 0; i--) {
-        uint32_t j = (uint32_t)(rng_u64(&r) % (i + 1)), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
     uint32_t *unit = xmalloc(4 * total), *idx = xmalloc(4 * total);
+    random_slots(&r, units, epp, total, unit, idx);
     uint8_t *pool = rand_bytes(&r, pool_bytes);
     float *vec = rand_f32(&r, (size_t)dim, 1.0f);
     for (size_t i = 0; i < total; i++) {
-        unit[i] = perm[i] / epp;
-        idx[i] = perm[i] % epp;
         for (int c = 0; c < dim; c++) /* a fresh key a slot, stored by the CPU's codec */
             vec[c] = rng_normal(&r) * (i % 53 == 0 ? 40.0f : 1.0f);
         duet_cache_entry_store(&l, pool + (size_t)unit[i] * l.page_bytes, idx[i], vec);
@@ -1556,7 +1547,7 @@ static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int head
     bench_row(ck, &row, isc_two_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total) + 8.0 * total * dim,
               2.0 * heads * (double)dim * total, BOUND_FP32);
     print_row(ck, &row);
-    free(off); free(nk); free(perm); free(unit); free(idx); free(pool); free(vec); free(q); free(w); free(two);
+    free(off); free(nk); free(unit); free(idx); free(pool); free(vec); free(q); free(w); free(two);
     free(fused);
     duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
     duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dw); duet_cuda_free(ck->c, a.dkeys);
