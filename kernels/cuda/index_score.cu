@@ -91,6 +91,26 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
         }
         cp_commit();
     };
+    /* CACHE: each key's entry (and an fp8 entry's scale) found once, by its own thread, ahead of
+     * the chunks: the chunks' loads then wait on no other global load */
+    __shared__ const uint8_t *krow[CACHE ? IS_KT : 1];
+    __shared__ float kscale[CACHE ? IS_KT : 1];
+    if (CACHE && t < IS_KT) {
+        const uint8_t *row = NULL;
+        float sc = 0.0f;
+        if (key0 + t < nk) {
+            size_t e = (size_t)key_off[b] + key0 + t;
+            const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
+            uint32_t ix = __ldg(ks.idx + e);
+            row = page + (size_t)ix * ks.g.entry_data_bytes;
+            if (KS == 2) /* the entry's scale, a 4-byte aligned float (index_entry_scale's bytes) */
+                sc = *reinterpret_cast<const float *>(page + ks.g.scale_offset + (size_t)ix * ks.g.entry_scale_bytes);
+        }
+        krow[CACHE ? t : 0] = row;
+        kscale[CACHE ? t : 0] = sc;
+    }
+    if (CACHE)
+        __syncthreads();
     /* CACHE: chunk c0's key values decoded into registers, then stored transposed */
     float pk[CACHE ? IS_SV : 1];
     auto fetch_keys = [&](int c0) {
@@ -99,16 +119,11 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
             int r = srow(it), cc = c0 + scol(it), kk = key0 + r;
             float v = 0.0f;
             if (kk < nk && cc < dim) {
-                size_t e = (size_t)key_off[b] + kk;
-                const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
-                uint32_t ix = __ldg(ks.idx + e);
-                const uint8_t *row = page + (size_t)ix * ks.g.entry_data_bytes;
+                const uint8_t *row = krow[CACHE ? r : 0];
                 if (KS == 1) /* bf16 entries: a 2-byte aligned value (get_bf16's) */
                     v = duet_d_bf16_to_f32(*reinterpret_cast<const uint16_t *>(row + 2 * cc));
-                else /* fp8: the entry's scale a 4-byte aligned float (index_entry_scale's bytes) */
-                    v = __fmul_rn(duet_d_e4m3_to_f32(row[cc]),
-                                  *reinterpret_cast<const float *>(page + ks.g.scale_offset +
-                                                                   (size_t)ix * ks.g.entry_scale_bytes));
+                else /* fp8: e4m3 times the entry's scale, one rounding */
+                    v = __fmul_rn(duet_d_e4m3_to_f32(row[cc]), kscale[CACHE ? r : 0]);
             }
             pk[CACHE ? it : 0] = v;
         }
