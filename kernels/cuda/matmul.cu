@@ -281,8 +281,11 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
  * (a decode step's whole chunk in flight at once) measured no faster.  TC_BF16_STAGES,
  * TC_F8_STAGES and TC_F4_STAGES set them at build time, for timing variants (at four token
  * tiles, where a decode step's dense fp8 launches are latency-bound at two blocks an SM, three
- * stages fit those two blocks without spilling: 236 registers, sm_90a); the grouped launches
- * take x split ahead only with two. */
+ * stages fit those two blocks without spilling: 236 registers, sm_90a); x split ahead comes in
+ * as many slots as there are weight stages (tc_xslots).  Three and four fp4 stages with x split
+ * in the block (before the records took more than two) measured slower at batch 32 and 128
+ * (docs/PERF.md); TC_F4_STAGES1 sets the one-token-tile launches' alone (127 registers, no
+ * spill at three and four; four stages hold them to three blocks an SM). */
 template <int WT> struct tc_traits;
 #ifndef TC_BF16_STAGES
 #define TC_BF16_STAGES 2
@@ -296,6 +299,23 @@ template <> struct tc_traits<WT_F8> { static constexpr int CPR = 2, QPC = 4, STA
 #define TC_F4_STAGES 2
 #endif
 template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STAGES = TC_F4_STAGES; };
+/* The one-token-tile fp4 launches (decode steps' experts) on their own, for timing variants:
+ * their weight stages are the only bytes a warp has in flight */
+#ifndef TC_F4_STAGES1
+#define TC_F4_STAGES1 TC_F4_STAGES
+#endif
+/* the units a launch of WT weights in NT token tiles holds in shared memory */
+template <int WT, int NT> __host__ __device__ constexpr int tc_stages()
+{
+    return WT == WT_F4 && NT == 1 ? TC_F4_STAGES1 : tc_traits<WT>::STAGES;
+}
+/* x slots: the split x (or its records) of the unit being computed and the next ones, at least
+ * two (one written while the other is read), one a weight stage where records come with the
+ * weights */
+template <int WT, int NT> __host__ __device__ constexpr int tc_xslots()
+{
+    return tc_stages<WT, NT>() > 2 ? tc_stages<WT, NT>() : 2;
+}
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
  * (a warp's 4-byte reads, eight rows by four words, hit distinct banks), then the rows' scale
@@ -369,7 +389,8 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
 }
 template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
-    return tc_traits<WT>::STAGES * tc_wstage_bytes<WT>() + 2 * tc_split_bytes<WT, NT>() + tc_wscale_bytes<WT>() +
+    return tc_stages<WT, NT>() * tc_wstage_bytes<WT>() + tc_xslots<WT, NT>() * tc_split_bytes<WT, NT>() +
+           tc_wscale_bytes<WT>() +
            tc_tot_bytes<WT, NT>();
 }
 
@@ -557,7 +578,8 @@ template <int WT, int NT, bool PRE, class TM>
 __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
                                              int tile_id)
 {
-    constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_traits<WT>::STAGES;
+    constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_stages<WT, NT>();
+    constexpr unsigned XS = tc_xslots<WT, NT>();
     constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<WT, NT>();
     constexpr int NX = 2 * NT; /* bf16: x quads a thread splits per unit */
     extern __shared__ __align__(16) uint8_t tc_smem[];
@@ -721,7 +743,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * consecutive record rows (yrow(t0 + k) = yrow(t0) + k).  A warp copies a token's 32 records
      * (512 contiguous bytes) a round, token 4 it + warp, so that its shared-memory offsets are
      * the round's constants on one base. */
-    static_assert(!PRE || S == 2, "records share the x slots' double buffer with the weight stages");
+    static_assert(!PRE || XS == S, "records come with the weights: an x slot a weight stage");
     static_assert(!PRE || H16, "x is split ahead for fp8 and fp4 weights only");
     constexpr int RU = TC_REC_PER_UNIT, NI = NT * 8 * RU / (TC_WARPS * 32);
     static_assert(NT * 8 * RU % (TC_WARPS * 32) == 0 && TC_WARPS == 4, "whole rounds of records, token 4 it + warp");
@@ -754,7 +776,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 
     float pc[2][NT][4], tot[2][NT][4];
     constexpr bool TOT_SMEM = tc_tot_smem<WT, NT>();
-    float *tot_s = reinterpret_cast<float *>(tc_smem + S * WSTAGE + 2 * XSPLIT + tc_wscale_bytes<WT>()) +
+    float *tot_s = reinterpret_cast<float *>(tc_smem + S * WSTAGE + XS * XSPLIT + tc_wscale_bytes<WT>()) +
                    threadIdx.x; /* accumulator k at tot_s[k * blockDim] */
     tc_each<NT>([&](int mt, int nt, int e) {
         pc[mt][nt][e] = tot[mt][nt][e] = 0.0f;
@@ -778,7 +800,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     }
     for (int u = ub; u < ue; u++) {
         int i = u - ub;
-        uint2 *xs = xsm + (i & 1) * (XSPLIT / 8);
+        uint2 *xs = xsm + ((unsigned)i % XS) * (XSPLIT / 8);
         if constexpr (!PRE) { /* PRE: the records came with the weights */
             if (XD == 1 || !(i & 1)) {
                 split_x(xr[0], xs);
@@ -795,7 +817,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         if (u + S - 1 < ue) {
             load_w(u + S - 1, (i + S - 1) % S);
             if constexpr (PRE)
-                load_xr(u + S - 1, (i + S - 1) & 1);
+                load_xr(u + S - 1, (unsigned)(i + S - 1) % XS);
         }
         cp_commit();
         if (active) {
@@ -862,7 +884,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 const float *wsf = NULL;
                 if constexpr (WT == WT_F4) {
                     uint32_t sc = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE)[lane];
-                    float *own = reinterpret_cast<float *>(tc_smem + S * WSTAGE + 2 * XSPLIT) + warp * 32 * 4;
+                    float *own = reinterpret_cast<float *>(tc_smem + S * WSTAGE + XS * XSPLIT) + warp * 32 * 4;
                     __syncwarp(); /* the previous unit's scales are read */
                     reinterpret_cast<float4 *>(own)[lane] = duet_d_e8m0x4_to_f32(sc);
                     __syncwarp();
@@ -1164,7 +1186,7 @@ __global__ void __launch_bounds__(256)
 template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n)
 {
     int min_n = c->tc_presplit ? c->tc_presplit : nt > 1 ? TC_PRESPLIT_MIN_N : TC_PRESPLIT_MIN_N1;
-    return WT != WT_BF16 && tc_traits<WT>::STAGES == 2 && min_n > 0 && n >= min_n;
+    return WT != WT_BF16 && min_n > 0 && n >= min_n;
 }
 
 /* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
@@ -1701,7 +1723,7 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
     };
     using one = std::integral_constant<int, 1>;
     using all = std::integral_constant<int, TC_MAX_NT>;
-    if constexpr (W != WT_BF16 && tc_traits<W>::STAGES == 2) { /* records: two stages only */
+    if constexpr (W != WT_BF16) {
         if (tc_presplit_on<W>(c, nt, n)) {
             DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
             return nt == 1 ? launch(one(), std::true_type()) : launch(all(), std::true_type());
