@@ -271,7 +271,13 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_MAX_NT 4
 #define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
-#define TC_GROUP_SPLIT_WAVES 4 /* grouped launches of fewer blocks than this many an SM are split */
+/* grouped launches of fewer blocks than this many an SM are split along the columns; a build
+ * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
+ * experts: 4,320 working blocks of 32 units (w1 and w3) or 16 (w2), 8.2 rounds of 132 SMs'
+ * four blocks, the last a fifth full) */
+#ifndef TC_GROUP_SPLIT_WAVES
+#define TC_GROUP_SPLIT_WAVES 4
+#endif
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
