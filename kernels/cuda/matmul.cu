@@ -316,6 +316,12 @@ template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STA
 #ifndef TC_F4_L2_AHEAD
 #define TC_F4_L2_AHEAD 0
 #endif
+/* The same for fp8 weights (untiled: a 128-byte line a row and unit, four rows a lane quad's
+ * first lane), where a decode step's dense launches of four token tiles are latency-bound at
+ * two blocks an SM. */
+#ifndef TC_F8_L2_AHEAD
+#define TC_F8_L2_AHEAD 0
+#endif
 /* the units a launch of WT weights in NT token tiles holds in shared memory */
 template <int WT, int NT> __host__ __device__ constexpr int tc_stages()
 {
@@ -671,6 +677,18 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                 for (int j = 0; j < CPR; j++)
                     cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
+#if TC_F8_L2_AHEAD > 0
+            /* the lane quad's four rows TC_F8_L2_AHEAD units on into L2, a 128-byte line each
+             * (tq 0's pointers are the rows' starts) */
+            if constexpr (WT == WT_F8) {
+                if (tq == 0 && u + TC_F8_L2_AHEAD < ue) {
+#pragma unroll
+                    for (int r4 = 0; r4 < 4; r4++)
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(rp[r4] + (size_t)(u + TC_F8_L2_AHEAD) * 128)
+                                     : "memory");
+                }
+            }
+#endif
         }
     };
     /* x: the thread's row pointers once (a gathered row's index is read once), each unit's
