@@ -276,6 +276,40 @@ static void test_invalid_options(void **state)
     expect_invalid(&cfg, &o, DUET_POOL_SWA_KV, DUET_ERR_CONFIG);
 }
 
+/* What the GPU indexer's direct pool read (duet_cuda_index_score_cache) takes for granted of
+ * every index-K layout: bf16 values on 2-byte boundaries; fp8 scales 4-byte floats on 4-byte
+ * boundaries, in pages of whole words.  Across index widths and page sizes. */
+static void test_index_k_words(void **state)
+{
+    (void)state;
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    const int dims[] = {16, 32, 48, 64, 96, 128, 192, 256};
+    const int pts[] = {128, 256, 384, 512, 1024, 4096};
+    int checked = 0;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (size_t p = 0; p < sizeof pts / sizeof pts[0]; p++)
+            for (int fp8 = 0; fp8 < 2; fp8++) {
+                cfg.index_head_dim = dims[d];
+                duet_cache_opts_t o = opts_of(DUET_CACHE_FP8, fp8 ? DUET_CACHE_FP8 : DUET_CACHE_BF16);
+                o.page_tokens = pts[p];
+                duet_cache_layout_t l = layout_of(&cfg, &o, DUET_POOL_C4_INDEX_K);
+                assert_int_equal(l.vec_dim, dims[d]);
+                if (fp8) {
+                    assert_int_equal(l.entry_scale_bytes, 4);
+                    assert_int_equal(l.scale_offset % 4, 0);
+                    assert_int_equal(l.page_bytes % 4, 0);
+                    assert_int_equal(l.entry_data_bytes, dims[d]);
+                } else {
+                    assert_int_equal(l.entry_scale_bytes, 0);
+                    assert_int_equal(l.entry_data_bytes, 2 * dims[d]);
+                    assert_int_equal(l.page_bytes % 2, 0);
+                }
+                checked++;
+            }
+    assert_int_equal(checked, 96);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -471,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_flash_bf16_sizes),
         cmocka_unit_test(test_fingerprints),
         cmocka_unit_test(test_invalid_options),
+        cmocka_unit_test(test_index_k_words),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_kv_fp8_roundtrip),
         cmocka_unit_test(test_index_fp8_roundtrip),
