@@ -1114,6 +1114,22 @@ static void flash_config(duet_model_config_t *cfg)
     cfg->n_compress_ratios = 4;
 }
 
+/* The V4-Flash layout of pool `kind` with every cache in dt (256-token pages); a layout the
+ * library refuses ends the run (exit 2). */
+static duet_cache_layout_t flash_layout(duet_pool_kind_t kind, duet_cache_dtype_t dt)
+{
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    duet_cache_opts_t opts = {256, dt, dt};
+    duet_cache_layout_t l;
+    duet_err_t err;
+    if (duet_cache_layout_compute(&cfg, &opts, kind, &l, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
+        exit(2);
+    }
+    return l;
+}
+
 typedef struct {
     const duet_cache_layout_t *l;
     uint8_t *dpool;
@@ -1133,15 +1149,7 @@ static duet_status_t ce_call(ck_t *ck, void *p)
 
 static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, uint32_t n_entries)
 {
-    duet_model_config_t cfg;
-    flash_config(&cfg);
-    duet_cache_opts_t opts = {256, dt, dt};
-    duet_cache_layout_t l;
-    duet_err_t err;
-    if (duet_cache_layout_compute(&cfg, &opts, kind, &l, &err) != DUET_OK) {
-        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
-        exit(2);
-    }
+    duet_cache_layout_t l = flash_layout(kind, dt);
     rng_t r;
     char tag[64];
     snprintf(tag, sizeof tag, "cache/%d/%d/%u", (int)kind, (int)dt, n_entries);
@@ -1493,15 +1501,7 @@ static duet_status_t isc_two_call(ck_t *ck, void *p)
 
 static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int heads, int max_keys)
 {
-    duet_model_config_t cfg;
-    flash_config(&cfg);
-    duet_cache_opts_t opts = {256, dt, dt};
-    duet_cache_layout_t l;
-    duet_err_t err;
-    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_INDEX_K, &l, &err) != DUET_OK) {
-        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
-        exit(2);
-    }
+    duet_cache_layout_t l = flash_layout(DUET_POOL_C4_INDEX_K, dt);
     rng_t r;
     char tag[64];
     snprintf(tag, sizeof tag, "isc/%d/%d/%d/%d", (int)dt, rows, heads, max_keys);
@@ -2570,17 +2570,9 @@ static void case_pages(ck_t *ck, const char *what, uint64_t page_bytes, uint32_t
 
 static void group_pages(ck_t *ck)
 {
-    duet_model_config_t cfg;
-    flash_config(&cfg);
-    duet_cache_opts_t opts = {256, DUET_CACHE_FP8, DUET_CACHE_FP8};
-    duet_cache_layout_t kv, ik, swa;
-    duet_err_t err;
-    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_KV, &kv, &err) != DUET_OK ||
-        duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_INDEX_K, &ik, &err) != DUET_OK ||
-        duet_cache_layout_compute(&cfg, &opts, DUET_POOL_SWA_KV, &swa, &err) != DUET_OK) {
-        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
-        exit(2);
-    }
+    duet_cache_layout_t kv = flash_layout(DUET_POOL_C4_KV, DUET_CACHE_FP8),
+                        ik = flash_layout(DUET_POOL_C4_INDEX_K, DUET_CACHE_FP8),
+                        swa = flash_layout(DUET_POOL_SWA_KV, DUET_CACHE_FP8);
     case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 0, 0);
     case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 1, 0);
     case_pages(ck, "c4kv", kv.page_bytes, 8192, 2048, 2, 0);
@@ -2697,15 +2689,7 @@ static void case_copy_list(ck_t *ck, const char *what, uint32_t n, size_t lo, si
 
 static void group_copy_list(ck_t *ck)
 {
-    duet_model_config_t cfg;
-    flash_config(&cfg);
-    duet_cache_opts_t opts = {256, DUET_CACHE_FP8, DUET_CACHE_FP8};
-    duet_cache_layout_t kv;
-    duet_err_t err;
-    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_KV, &kv, &err) != DUET_OK) {
-        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
-        exit(2);
-    }
+    duet_cache_layout_t kv = flash_layout(DUET_POOL_C4_KV, DUET_CACHE_FP8);
     size_t pb = (size_t)kv.page_bytes;
     case_copy_list(ck, "c4kv", 2048, pb, pb, 0, 0);
     case_copy_list(ck, "c4kv", 2048, pb, pb, 0, 1);
