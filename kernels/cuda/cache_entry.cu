@@ -16,7 +16,6 @@ __device__ __forceinline__ void put_bf16(uint8_t *p, float v)
     p[1] = (uint8_t)(h >> 8);
 }
 
-
 __device__ float block_max(float v, float *red)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

@@ -408,8 +408,7 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
 template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
     return tc_stages<WT, NT>() * tc_wstage_bytes<WT>() + tc_xslots<WT, NT>() * tc_split_bytes<WT, NT>() +
-           tc_wscale_bytes<WT>() +
-           tc_tot_bytes<WT, NT>();
+           tc_wscale_bytes<WT>() + tc_tot_bytes<WT, NT>();
 }
 
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -684,8 +683,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 if (tq == 0 && u + TC_F8_L2_AHEAD < ue) {
 #pragma unroll
                     for (int r4 = 0; r4 < 4; r4++)
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(rp[r4] + (size_t)(u + TC_F8_L2_AHEAD) * 128)
-                                     : "memory");
+                        l2_prefetch_line(rp[r4] + (size_t)(u + TC_F8_L2_AHEAD) * 128);
                 }
             }
 #endif
