@@ -2076,6 +2076,8 @@ static void group_moe(ck_t *ck)
     case_moe_sort(ck, 33, 6, 256, 1);   /* past a warp's 32, with ids out of range */
     case_moe_sort(ck, 4096, 6, 256, 0); /* a prefill of 4096 tokens */
     case_moe_sort(ck, 500, 8, 384, 1);
+    case_moe_sort(ck, 1000, 6, 256, 1); /* 23 segments, the last one short, with ids out of range */
+    case_moe_sort(ck, 2048, 8, 1024, 0); /* 11 segments, as many as shared memory holds */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1, 0);   /* V4-Flash widths, decode */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 8, 1, 1);   /* the same, tiled (the engine's) */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1, 1);   /* batch 1: the launch split along the columns */

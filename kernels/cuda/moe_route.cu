@@ -10,6 +10,9 @@
 
 #define ROUTE_THREADS 256
 #define SORT_THREADS 1024
+#define SORT_SEGMENT 256
+/* static shared memory of moe_sort_kernel: the warps' totals of its three scans */
+#define SORT_STATIC_SMEM (3 * (SORT_THREADS / 32) * sizeof(int))
 static_assert(SORT_THREADS % 32 == 0 && SORT_THREADS <= 1024, "moe_sort scans whole warps, at most 32");
 
 __device__ __forceinline__ float expf_cr(float x) { return (float)exp((double)x); }
@@ -154,20 +157,23 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
     }
 }
 
-__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *sel, int n, int K, int E,
-                                                                 int32_t *offs, int32_t *tiles, int32_t *xrow,
-                                                                 int32_t *pos)
+/* The assignments are cut into ns segments of seg in order, one a warp (ns <= 32): cnt[s][e]
+ * counts expert e in segment s, then becomes the place of segment s's first assignment to e
+ * (the expert's offset plus its counts in the segments before), so every warp places its own
+ * segment at once and the order within an expert stays the assignments' order. */
+__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *sel, int n, int K, int E, int ns,
+                                                                 int seg, int32_t *offs, int32_t *tiles,
+                                                                 int32_t *xrow, int32_t *pos)
 {
-    extern __shared__ int32_t si[];
-    int *cnt = si, *off = si + E;
+    extern __shared__ int32_t cnt[]; /* [ns][E] */
     int tid = threadIdx.x, bd = blockDim.x;
-    for (int e = tid; e < E; e += bd)
-        cnt[e] = 0;
+    for (int i = tid; i < ns * E; i += bd)
+        cnt[i] = 0;
     __syncthreads();
     for (int i = tid; i < n; i += bd) {
         int e = sel[i];
         if (e >= 0 && e < E)
-            atomicAdd(&cnt[e], 1);
+            atomicAdd(&cnt[(i / seg) * E + e], 1);
         else
             pos[i] = -1;
     }
@@ -178,7 +184,10 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
     int lane = tid & 31, warp = tid >> 5, nw = bd >> 5;
     int c0 = 0, c8 = 0, c32 = 0; /* the passes before */
     for (int e0 = 0; e0 < E; e0 += bd) {
-        int e = e0 + tid, c = e < E ? cnt[e] : 0;
+        int e = e0 + tid, c = 0;
+        if (e < E)
+            for (int s = 0; s < ns; s++)
+                c += cnt[s * E + e];
         int v[3] = {c, (c + 7) / 8, (c + 31) / 32};
 #pragma unroll
         for (int k = 0; k < 3; k++)
@@ -211,10 +220,14 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
             b32 = c32 + (warp ? wsum[2][warp - 1] : 0);
         if (e < E) {
             int o = b0 + v[0] - c;
-            off[e] = o;
             offs[e] = o;
             tiles[e] = b8 + v[1] - (c + 7) / 8;
             tiles[E + 1 + e] = b32 + v[2] - (c + 31) / 32;
+            for (int s = 0; s < ns; s++) {
+                int t = cnt[s * E + e];
+                cnt[s * E + e] = o;
+                o += t;
+            }
         }
         c0 += wsum[0][nw - 1];
         c8 += wsum[1][nw - 1];
@@ -222,29 +235,29 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
         __syncthreads(); /* wsum is read before the next pass writes it */
     }
     if (tid == 0) {
-        off[E] = c0;
         offs[E] = c0;
         tiles[E] = c8;
         tiles[2 * E + 1] = c32;
     }
-    /* placement, stable: warp 0 walks the assignments 32 at a time, in order; a lane's place is
-     * its expert's next one plus the lanes before it with the same expert (__match_any_sync),
-     * and the last of them moves the expert's next place on once all have read it */
+    /* placement, stable: warp s walks segment s 32 assignments at a time, in order; a lane's
+     * place is its expert's next one in the segment plus the lanes before it with the same expert
+     * (__match_any_sync), and the last of them moves that next place on once all have read it */
     __syncthreads();
-    if (warp != 0)
+    if (warp >= ns)
         return;
-    for (int base = 0; base < n; base += 32) {
+    int *next = cnt + warp * E, end = min(n, (warp + 1) * seg);
+    for (int base = warp * seg; base < end; base += 32) {
         int i = base + lane;
-        int e = i < n ? sel[i] : -1;
+        int e = i < end ? sel[i] : -1;
         bool ok = e >= 0 && e < E;
         unsigned peers = __match_any_sync(0xffffffffu, ok ? e : -1);
-        int f = ok ? off[e] + __popc(peers & ((1u << lane) - 1)) : -1;
+        int f = ok ? next[e] + __popc(peers & ((1u << lane) - 1)) : -1;
         __syncwarp();
         if (ok) {
             xrow[f] = i / K;
             pos[i] = f;
             if (lane == 31 - __clz(peers)) /* the last lane of its expert */
-                off[e] = f + 1;
+                next[e] = f + 1;
         }
         __syncwarp();
     }
@@ -312,11 +325,18 @@ extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, 
 {
     if (n_experts <= 0 || top_k <= 0)
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_sort: %d experts, top-%d", n_experts, top_k);
-    size_t smem = ((size_t)2 * n_experts + 1) * sizeof(int32_t);
-    if (smem > 48 * 1024)
+    const size_t smem_max = 48 * 1024 - SORT_STATIC_SMEM, row = (size_t)n_experts * sizeof(int32_t);
+    if (row > smem_max)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_sort: %d experts (shared memory)", n_experts);
-    moe_sort_kernel<<<1, SORT_THREADS, smem, c->stream>>>(sel, n_rows * top_k, top_k, n_experts, offs, tiles, xrow,
-                                                          pos);
+    /* a segment a warp, each of at least SORT_SEGMENT assignments (fewer and the segments'
+     * counts cost more than the walk they save), as many as shared memory holds */
+    int n = n_rows * top_k, ns = n / SORT_SEGMENT;
+    ns = ns < SORT_THREADS / 32 ? ns : SORT_THREADS / 32;
+    ns = (size_t)ns * row <= smem_max ? ns : (int)(smem_max / row);
+    ns = ns > 1 ? ns : 1;
+    int seg = (n + ns - 1) / ns;
+    moe_sort_kernel<<<1, SORT_THREADS, (size_t)ns * row, c->stream>>>(sel, n, top_k, n_experts, ns, seg, offs, tiles,
+                                                                      xrow, pos);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
