@@ -2116,32 +2116,43 @@ extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w
 
 /* ---- fp8 activations ---- */
 
-/* One warp per (row, 128-column block) of x(n, k): scale amax/448 (1 for an all-zero block),
- * e4m3 codes as duet_f32_to_e4m3.  Rows n..n_pad get code 0 and scale 1.
- * xq(n_pad, k) bytes; sx(k/128, n_pad) floats, row index fastest (cuBLASLt's VEC128 layout). */
+/* One warp per 128-column block of four consecutive rows of x(n, k), its four loads issued
+ * before any is used: scale amax/448 (1 for an all-zero block), e4m3 codes as
+ * duet_f32_to_e4m3.  Rows n..n_pad (n_pad % 4 == 0) get code 0 and scale 1.  xq(n_pad, k)
+ * bytes; sx(k/128, n_pad) floats, row index fastest (cuBLASLt's VEC128 layout), or
+ * (n_pad, k/128) when row_major. */
+#define ACT_QUANT_ROWS 4
 __global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_t *xq, float *sx, int row_major)
 {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     int kb = k / 128;
-    if (warp >= n_pad * kb)
+    if (warp >= n_pad / ACT_QUANT_ROWS * kb)
         return;
-    int row = warp / kb, b = warp % kb;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row < n)
-        v = *(const float4 *)(x + (size_t)row * k + b * 128 + lane * 4);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    amax = duet_warp_max(amax);
-    float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-    /* |x/s| <= 448 here, where the hardware's round-to-nearest-even with saturation gives
-     * duet_f32_to_e4m3's codes */
-    __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)),
-                                                       __NV_SATFINITE, __NV_E4M3);
-    __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)),
-                                                       __NV_SATFINITE, __NV_E4M3);
-    *(uint32_t *)(xq + (size_t)row * k + b * 128 + lane * 4) = (uint32_t)lo | ((uint32_t)hi << 16);
-    if (lane == 0)
-        sx[row_major ? (size_t)row * kb + b : (size_t)b * n_pad + row] = s;
+    int row0 = warp / kb * ACT_QUANT_ROWS, b = warp % kb;
+    float4 v[ACT_QUANT_ROWS];
+#pragma unroll
+    for (int i = 0; i < ACT_QUANT_ROWS; i++)
+        v[i] = row0 + i < n ? *(const float4 *)(x + (size_t)(row0 + i) * k + b * 128 + lane * 4)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float s[ACT_QUANT_ROWS];
+#pragma unroll
+    for (int i = 0; i < ACT_QUANT_ROWS; i++) {
+        float amax = duet_warp_max(fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+        s[i] = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+        /* |x/s| <= 448 here, where the hardware's round-to-nearest-even with saturation gives
+         * duet_f32_to_e4m3's codes */
+        __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
+            make_float2(__fdiv_rn(v[i].x, s[i]), __fdiv_rn(v[i].y, s[i])), __NV_SATFINITE, __NV_E4M3);
+        __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+            make_float2(__fdiv_rn(v[i].z, s[i]), __fdiv_rn(v[i].w, s[i])), __NV_SATFINITE, __NV_E4M3);
+        *(uint32_t *)(xq + (size_t)(row0 + i) * k + b * 128 + lane * 4) = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    if (lane < ACT_QUANT_ROWS) { /* the column layout's four scales are one 16-byte line */
+        float si = lane == 0 ? s[0] : lane == 1 ? s[1] : lane == 2 ? s[2] : s[3];
+        sx[row_major ? (size_t)(row0 + lane) * kb + b : (size_t)b * n_pad + row0 + lane] = si;
+    }
 }
+static_assert(ACT_QUANT_ROWS == 4, "act_quant_kernel picks its scales for four rows");
 
 /* Weight block scales of rows [row_begin, row_end) -> f32 [m/128][kb_pad] (cuBLASLt's BLK128x128 layout). */
 __global__ void wscale_kernel(const void *scale, int f32, int scale_cols, int block_row0, int n_brows, int kb,
@@ -2196,7 +2207,7 @@ extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_wei
 
     if (((uintptr_t)x % 16) != 0)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_fp8_act: x not 16-byte aligned");
-    unsigned warps = (unsigned)(n_pad * kb);
+    unsigned warps = (unsigned)(n_pad / ACT_QUANT_ROWS * kb);
     int lay = c->fp8_scale_layout;
     act_quant_kernel<<<duet_cdiv((size_t)warps * 32, 256), 256, 0, c->stream>>>(x, n, n_pad, k, xq, sx, lay & 1);
     DUET_CUDA_CHECK_LAUNCH(c);
