@@ -1163,10 +1163,11 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
  * weights.  The arithmetic is the same function (h16_split), so the results are the same bits
  * either way.  Decode steps' grouped launches (one-token tiles) take it too, from
  * TC_PRESPLIT_MIN_N1 positions: there it spares the block's first warp the split that the
- * other three waited for at the unit's barrier.  The dense and multi launches do not take it: with records their decode steps
- * at batch 32 and 128 measured 2-3% slower (docs/PERF.md; not analysed further: the extra
- * launch a call, and records read from L2 where the f32 x of a tile is shared in L1 by the row
- * blocks on an SM, are the suspects). */
+ * other three waited for at the unit's barrier.  The dense and multi launches do not take it:
+ * with records their decode steps at batch 32 and 128 measured 2-3% slower, and from 256
+ * tokens on they slowed a 4096-token prefill by 4% (docs/PERF.md; not analysed further: the
+ * extra launch a call, and records read from L2 where the f32 x of a tile is shared in L1 by
+ * the row blocks on an SM, are the suspects). */
 #ifndef TC_PRESPLIT_MIN_N
 #define TC_PRESPLIT_MIN_N 9
 #endif
