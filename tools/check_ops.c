@@ -2071,6 +2071,8 @@ static void group_moe(ck_t *ck)
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SIGMOID, 0, 0);
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SOFTMAX, 0, 0);
     case_moe_route(ck, 20, 8, 2, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
+    case_moe_route(ck, 4096, 256, 6, DUET_SCORE_SQRTSOFTPLUS, 0, 0); /* a prefill of 4096 tokens */
+    case_moe_route(ck, 37, 1024, 8, DUET_SCORE_SOFTMAX, 0, 1); /* five rows a block (shared memory), ties */
     case_moe_sort(ck, 1, 6, 256, 0);
     case_moe_sort(ck, 32, 6, 256, 0);   /* a decode step */
     case_moe_sort(ck, 33, 6, 256, 1);   /* past a warp's 32, with ids out of range */

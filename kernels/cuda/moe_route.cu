@@ -34,6 +34,27 @@ __device__ __forceinline__ bool better(float av, int ai, float bv, int bi)
     return av > bv || (av == bv && ai < bi);
 }
 
+/* Row r's weights from its scores and picks (ascending ids): summed, normalized and scaled in
+ * the CPU's order. */
+__device__ void route_weights(const duet_cuda_moe_route_t &p, const float *sc, const int *chosen, int r, int32_t *sel,
+                              float *wt)
+{
+    int E = p.n_experts, K = p.top_k;
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) {
+        int e = chosen[j];
+        sum = __fadd_rn(sum, e >= 0 && e < E ? sc[e] : 0.0f);
+    }
+    for (int j = 0; j < K; j++) {
+        int e = chosen[j];
+        float w = e >= 0 && e < E ? sc[e] : 0.0f;
+        if (p.norm_topk_prob)
+            w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+        sel[(size_t)r * K + j] = e;
+        wt[(size_t)r * K + j] = __fmul_rn(w, p.routed_scale);
+    }
+}
+
 __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_route_t p, const float *logits,
                                                                   int32_t *sel, float *wt)
 {
@@ -42,7 +63,6 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
     float *sc = sm, *bv = sm + E;
     unsigned char *taken = (unsigned char *)(sm + 2 * E);
     __shared__ float rv[ROUTE_THREADS / 32];
-    __shared__ int ri[ROUTE_THREADS / 32];
     __shared__ int chosen[DUET_CUDA_MOE_MAX_K];
     __shared__ float s_red;
     int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
@@ -88,6 +108,9 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
         int t = p.tok[r];
         if (tid < K)
             chosen[tid] = (t >= 0 && t < p.vocab) ? p.tid2eid[(size_t)t * K + tid] : -1;
+        __syncthreads();
+        if (tid == 0)
+            route_weights(p, sc, chosen, r, sel, wt);
     } else {
         for (int e = tid; e < E; e += blockDim.x) {
             float b = __fadd_rn(sc[e], p.bias ? p.bias[e] : 0.0f);
@@ -95,10 +118,14 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
             taken[e] = 0;
         }
         __syncthreads();
+        /* the top-k by warp 0 alone: K picks of the best (value, then lowest index) untaken
+         * expert, a total order, so the picks are the CPU's whichever lane sees which expert */
+        if (warp != 0)
+            return;
         for (int k = 0; k < K; k++) {
             float v = -INFINITY;
             int vi = INT_MAX;
-            for (int e = tid; e < E; e += blockDim.x)
+            for (int e = lane; e < E; e += 32)
                 if (!taken[e] && better(bv[e], e, v, vi)) {
                     v = bv[e];
                     vi = e;
@@ -112,22 +139,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
                 }
             }
             if (lane == 0) {
-                rv[warp] = v;
-                ri[warp] = vi;
+                chosen[k] = vi;
+                taken[vi] = 1;
             }
-            __syncthreads();
-            if (tid == 0) {
-                float bvv = rv[0];
-                int bi = ri[0];
-                for (int w = 1; w < nw; w++)
-                    if (better(rv[w], ri[w], bvv, bi)) {
-                        bvv = rv[w];
-                        bi = ri[w];
-                    }
-                chosen[k] = bi;
-                taken[bi] = 1;
-            }
-            __syncthreads();
+            __syncwarp();
         }
         if (tid == 0) /* ascending ids, as duet_cpu_topk */
             for (int i = 1; i < K; i++) {
@@ -138,22 +153,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
                 }
                 chosen[j + 1] = v;
             }
-    }
-    __syncthreads();
-    if (tid == 0) {
-        float sum = 0.0f;
-        for (int j = 0; j < K; j++) {
-            int e = chosen[j];
-            sum = __fadd_rn(sum, e >= 0 && e < E ? sc[e] : 0.0f);
-        }
-        for (int j = 0; j < K; j++) {
-            int e = chosen[j];
-            float w = e >= 0 && e < E ? sc[e] : 0.0f;
-            if (p.norm_topk_prob)
-                w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
-            sel[(size_t)r * K + j] = e;
-            wt[(size_t)r * K + j] = __fmul_rn(w, p.routed_scale);
-        }
+        if (tid == 0)
+            route_weights(p, sc, chosen, r, sel, wt);
     }
 }
 
