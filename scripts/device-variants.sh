@@ -169,13 +169,17 @@ for v in "${names[@]}"; do
 done
 
 # One row per timed case: "op shape" (the text before the check columns), the time (the first
-# field after '|'), a column per variant.
+# field after '|'), a column per variant.  duet-check-ops prints a shape's first 30 characters,
+# so two cases can print the same text: the second and later of a variant's file get " #2",
+# " #3" (the variants run the same cases in the same order, new ones after).
 table() {
   local v
   for v in "${ok[@]}"; do
     for op in $ops; do cat "$RES/bench-$v-$op.txt"; done 2>/dev/null |
       awk -F'|' -v v="$v" 'NF >= 2 { split($2, t, " "); k = $1; sub(/ +[a-z]+ +[^ ]+ +[^ ]+ +(ok|FAIL) *$/, "", k)
-                                  if (t[1] ~ /^[0-9.]+$/) print v "\t" k "\t" t[1] }'
+                                  if (t[1] !~ /^[0-9.]+$/) next
+                                  if (++seen[k] > 1) k = k " #" seen[k]
+                                  print v "\t" k "\t" t[1] }'
   done | awk -F'\t' -v order="${ok[*]}" '
     BEGIN { n = split(order, vs, " ") }
     { if (!(($2) in seen)) { seen[$2] = 1; keys[++nk] = $2 } t[$2, $1] = $3 }
