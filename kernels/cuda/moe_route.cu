@@ -9,6 +9,10 @@
 #define SCORE_SQRTSOFTPLUS 2
 
 #define ROUTE_THREADS 256
+/* at least the static shared memory of moe_route_kernel (the warps' maxima, the picks and one
+ * float: 176 bytes on sm_90a), which leaves the scores that much less of the 48 KB a launch may
+ * take without opting in */
+#define ROUTE_STATIC_SMEM 256
 #define SORT_THREADS 1024
 #define SORT_SEGMENT 256
 /* static shared memory of moe_sort_kernel: the warps' totals of its three scans */
@@ -313,7 +317,7 @@ extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe
     if (n_rows <= 0)
         return DUET_OK;
     size_t smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
-    if (smem > 48 * 1024)
+    if (smem > 48 * 1024 - ROUTE_STATIC_SMEM)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_route: %d experts (shared memory)", p->n_experts);
     moe_route_kernel<<<n_rows, ROUTE_THREADS, smem, c->stream>>>(*p, logits, sel, wt);
     DUET_CUDA_CHECK_LAUNCH(c);
