@@ -1393,6 +1393,26 @@ static int32_t *key_counts(int rows, int max_keys, int32_t *off, size_t *total)
     return nk;
 }
 
+/* The CPU's scores of sampled rows (the first, the last, and evenly between; at most
+ * check_rows) over keys (fp32, row b's at off[b]) into rs, the GPU's of the same rows from
+ * score into gs, one after another; returns how many values, and the rows in *n_checked. */
+static size_t index_ref_rows(const float *q, const float *w, int rows, int heads, int dim, const float *keys,
+                             const int32_t *off, const int32_t *nk, float scale, int check_rows, const float *score,
+                             float *gs, float *rs, int *n_checked)
+{
+    int nr = rows < check_rows ? rows : check_rows;
+    size_t ncmp = 0;
+    for (int i = 0; i < nr; i++) {
+        int b = nr == rows ? i : (int)((int64_t)i * (rows - 1) / (nr - 1 > 0 ? nr - 1 : 1));
+        duet_cpu_index_score(q + (size_t)b * heads * dim, w + (size_t)b * heads, heads, dim,
+                             keys + (size_t)off[b] * dim, nk[b], scale, rs + ncmp);
+        memcpy(gs + ncmp, score + off[b], 4 * (size_t)nk[b]);
+        ncmp += (size_t)nk[b];
+    }
+    *n_checked = nr;
+    return ncmp;
+}
+
 static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int k, int check_rows)
 {
     rng_t r;
@@ -1405,7 +1425,7 @@ static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int
     size_t nq = (size_t)rows * heads * dim;
     float *q = rand_f32(&r, nq, 1.0f), *w = rand_f32(&r, (size_t)rows * heads, 0.125f);
     float *keys = rand_f32(&r, total * dim, 1.0f);
-    float *score = xmalloc(4 * total), *ref = xmalloc(4 * total);
+    float *score = xmalloc(4 * total);
     is_arg_t a;
     memset(&a, 0, sizeof a);
     a.dq = dupload(ck, q, 4 * nq);
@@ -1425,18 +1445,9 @@ static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int
     dpoison(ck, a.dscore, 4 * total);
     CK(is_call(ck, &a));
     ddownload(ck, score, a.dscore, 4 * total);
-    /* sampled rows: the first, the last, and evenly between */
-    int nr = rows < check_rows ? rows : check_rows;
-    size_t ncmp = 0;
     float *gs = xmalloc(4 * total), *rs = xmalloc(4 * total);
-    for (int i = 0; i < nr; i++) {
-        int b = nr == rows ? i : (int)((int64_t)i * (rows - 1) / (nr - 1 > 0 ? nr - 1 : 1));
-        duet_cpu_index_score(q + (size_t)b * heads * dim, w + (size_t)b * heads, heads, dim,
-                             keys + (size_t)off[b] * dim, nk[b], a.scale, ref + off[b]);
-        memcpy(gs + ncmp, score + off[b], 4 * (size_t)nk[b]);
-        memcpy(rs + ncmp, ref + off[b], 4 * (size_t)nk[b]);
-        ncmp += (size_t)nk[b];
-    }
+    int nr;
+    size_t ncmp = index_ref_rows(q, w, rows, heads, dim, keys, off, nk, a.scale, check_rows, score, gs, rs, &nr);
     row_t row = row_new("index_score", "rows=%d %dx%d keys<=%d", rows, heads, dim, max_keys);
     row_float(&row, gs, rs, ncmp, 1e-5);
     if (nr < rows && !row.note[0])
@@ -1461,7 +1472,7 @@ static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int
     bench_row(ck, &row, topk_call, &a, 4.0 * total + 4.0 * rows * k, 0.0, BOUND_MEM);
     print_row(ck, &row);
 
-    free(off); free(nk); free(q); free(w); free(keys); free(score); free(ref); free(gs); free(rs);
+    free(off); free(nk); free(q); free(w); free(keys); free(score); free(gs); free(rs);
     free(gi); free(ci);
     duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dw); duet_cuda_free(ck->c, a.dkeys);
     duet_cuda_free(ck->c, a.dscore); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
@@ -1470,8 +1481,9 @@ static void case_index(ck_t *ck, int rows, int heads, int dim, int max_keys, int
 
 /* The indexer reading the index-K pool itself (duet_cuda_index_score_cache) against the pool
  * decoded into fp32 keys (duet_cuda_cache_load) then scored (duet_cuda_index_score_rows): the
- * same bits.  Rows of different key counts over one entry list, each entry a random slot of a
- * pool the CPU's codec wrote. */
+ * same bits; and those two launches against the CPU (its codec's keys, duet_cpu_index_score)
+ * on sampled rows.  Rows of different key counts over one entry list, each entry a random slot
+ * of a pool the CPU's codec wrote. */
 typedef struct {
     const duet_cache_layout_t *l;
     uint8_t *dpool;
@@ -1540,15 +1552,22 @@ static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int head
     bench_row(ck, &row, isc_fused_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total),
               2.0 * heads * (double)dim * total, BOUND_FP32);
     print_row(ck, &row);
-    /* the two launches it replaces, for the time */
+    /* the two launches it replaces, against the CPU */
+    float *keys = xmalloc(4 * total * (size_t)dim), *gs = xmalloc(4 * total), *rs = xmalloc(4 * total);
+    for (size_t i = 0; i < total; i++)
+        duet_cache_entry_load(&l, pool + (size_t)unit[i] * l.page_bytes, idx[i], keys + i * (size_t)dim);
+    int nr;
+    size_t ncmp = index_ref_rows(q, w, rows, heads, dim, keys, off, nk, a.scale, 4, two, gs, rs, &nr);
     row = row_new("index_score", "load + score, %s pool, rows=%d keys<=%d", duet_cache_dtype_name(dt), rows,
                   max_keys);
-    row_bytes(&row, two, two, 4 * total);
+    row_float(&row, gs, rs, ncmp, 1e-5);
+    if (nr < rows && !row.note[0])
+        snprintf(row.note, sizeof row.note, "checked %d sampled rows", nr);
     bench_row(ck, &row, isc_two_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total) + 8.0 * total * dim,
               2.0 * heads * (double)dim * total, BOUND_FP32);
     print_row(ck, &row);
     free(off); free(nk); free(unit); free(idx); free(pool); free(vec); free(q); free(w); free(two);
-    free(fused);
+    free(fused); free(keys); free(gs); free(rs);
     duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
     duet_cuda_free(ck->c, a.dq); duet_cuda_free(ck->c, a.dw); duet_cuda_free(ck->c, a.dkeys);
     duet_cuda_free(ck->c, a.dscore); duet_cuda_free(ck->c, a.doff); duet_cuda_free(ck->c, a.dn);
@@ -2072,7 +2091,7 @@ static void group_moe(ck_t *ck)
     case_moe_route(ck, 32, 64, 8, DUET_SCORE_SOFTMAX, 0, 0);
     case_moe_route(ck, 20, 8, 2, DUET_SCORE_SQRTSOFTPLUS, 0, 0);
     case_moe_route(ck, 4096, 256, 6, DUET_SCORE_SQRTSOFTPLUS, 0, 0); /* a prefill of 4096 tokens */
-    case_moe_route(ck, 37, 1024, 8, DUET_SCORE_SOFTMAX, 0, 1); /* five rows a block (shared memory), ties */
+    case_moe_route(ck, 37, 1024, 8, DUET_SCORE_SOFTMAX, 0, 1); /* four experts a thread, ties */
     case_moe_sort(ck, 1, 6, 256, 0);
     case_moe_sort(ck, 32, 6, 256, 0);   /* a decode step */
     case_moe_sort(ck, 33, 6, 256, 1);   /* past a warp's 32, with ids out of range */
