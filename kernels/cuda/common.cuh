@@ -140,21 +140,6 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-/* Ask L2 for the line holding a global address, nothing waited for and nothing written. */
-__device__ __forceinline__ void l2_prefetch_line(const void *gmem)
-{
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(gmem) : "memory");
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* The same for `bytes` (a multiple of 16) from a 16-byte aligned global address, nothing waited
- * for and nothing written (sm_90+: one bulk prefetch a calling thread). */
-__device__ __forceinline__ void l2_prefetch(const void *gmem, unsigned bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem), "r"(bytes) : "memory");
-}
-#endif
-
 /* Wait until at most N of the thread's committed groups are still in flight. */
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 

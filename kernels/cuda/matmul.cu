@@ -310,18 +310,6 @@ template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STA
 #ifndef TC_F4_STAGES1
 #define TC_F4_STAGES1 TC_F4_STAGES
 #endif
-/* fp4 in the tiled layout: each load of a unit also asks L2 for the warp's tile this many units
- * on (cp.async.bulk.prefetch, one instruction a warp), bytes in flight that take no shared
- * memory or registers; 0 (the default) asks nothing.  A build setting for timing variants. */
-#ifndef TC_F4_L2_AHEAD
-#define TC_F4_L2_AHEAD 0
-#endif
-/* The same for fp8 weights (untiled: a 128-byte line a row and unit, four rows a lane quad's
- * first lane), where a decode step's dense launches of four token tiles are latency-bound at
- * two blocks an SM. */
-#ifndef TC_F8_L2_AHEAD
-#define TC_F8_L2_AHEAD 0
-#endif
 /* the units a launch of WT weights in NT token tiles holds in shared memory */
 template <int WT, int NT> __host__ __device__ constexpr int tc_stages()
 {
@@ -654,11 +642,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                 for (int j = 0; j < 4; j++)
                     cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), tp + 512 * j);
-#if TC_F4_L2_AHEAD > 0 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                /* the block's tile TC_F4_L2_AHEAD units on, into L2 (lane 0's tp is the tile's start) */
-                if (lane == 0 && u + TC_F4_L2_AHEAD < ue)
-                    l2_prefetch(tp + (size_t)TC_F4_L2_AHEAD * TC_F4_TILE_BYTES, TC_F4_TILE_BYTES);
-#endif
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++)
@@ -676,17 +659,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                 for (int j = 0; j < CPR; j++)
                     cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
-#if TC_F8_L2_AHEAD > 0
-            /* the lane quad's four rows TC_F8_L2_AHEAD units on into L2, a 128-byte line each
-             * (tq 0's pointers are the rows' starts) */
-            if constexpr (WT == WT_F8) {
-                if (tq == 0 && u + TC_F8_L2_AHEAD < ue) {
-#pragma unroll
-                    for (int r4 = 0; r4 < 4; r4++)
-                        l2_prefetch_line(rp[r4] + (size_t)(u + TC_F8_L2_AHEAD) * 128);
-                }
-            }
-#endif
         }
     };
     /* x: the thread's row pointers once (a gathered row's index is read once), each unit's
