@@ -1,8 +1,8 @@
 /* The cache entry geometry, shared by the entry load and store kernels
  * (cache_entry.cu) and the indexer reading the index-K pool directly
- * (index_score.cu), and the index-K value decode: the load kernels call it;
- * the indexer does the same operations on aligned words, so both produce the
- * same floats. */
+ * (index_score.cu), and the index-K value decode: the load kernels read bytes,
+ * the indexer aligned words, with the same operations side by side here, so
+ * both produce the same floats. */
 #ifndef DUET_CUDA_CACHE_CODEC_CUH
 #define DUET_CUDA_CACHE_CODEC_CUH
 
@@ -51,6 +51,23 @@ __device__ __forceinline__ float index_entry_scale(const entry_geom &g, const ui
 __device__ __forceinline__ float index_entry_value(const entry_geom &g, const uint8_t *row, float scale, uint32_t i)
 {
     return g.mode == 0 ? get_bf16(row + 2 * i) : __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale);
+}
+
+/* The same two, read as aligned words where an index-K layout has them so (the indexer's direct
+ * pool read; test_cache_layout's test_index_k_words): the scale one 4-byte float, a bf16 value
+ * one 2-byte word.  The same operations on the same bits, so the same floats.  The scale is
+ * taken by reference: read only where an fp8 value uses it. */
+__device__ __forceinline__ float index_entry_scale_word(const entry_geom &g, const uint8_t *page, uint32_t ix)
+{
+    return *reinterpret_cast<const float *>(page + g.scale_offset + (size_t)ix * g.entry_scale_bytes);
+}
+template <int MODE> __device__ __forceinline__ float index_entry_value_word(const uint8_t *row, const float &scale, int i)
+{
+    static_assert(MODE == 0 || MODE == 2, "bf16 entries or fp8 index-K entries");
+    if constexpr (MODE == 0)
+        return duet_d_bf16_to_f32(*reinterpret_cast<const uint16_t *>(row + 2 * i));
+    else
+        return __fmul_rn(duet_d_e4m3_to_f32(row[i]), scale);
 }
 
 #endif

@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
             const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
             uint32_t ix = __ldg(ks.idx + e);
             row = page + (size_t)ix * ks.g.entry_data_bytes;
-            if (KS == 2) /* the entry's scale, a 4-byte aligned float (index_entry_scale's bytes) */
-                sc = *reinterpret_cast<const float *>(page + ks.g.scale_offset + (size_t)ix * ks.g.entry_scale_bytes);
+            if (KS == 2)
+                sc = index_entry_scale_word(ks.g, page, ix);
         }
         krow[CACHE ? t : 0] = row;
         kscale[CACHE ? t : 0] = sc;
@@ -119,11 +119,7 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
             int r = srow(it), cc = c0 + scol(it), kk = key0 + r;
             float v = 0.0f;
             if (kk < nk && cc < dim) {
-                const uint8_t *row = krow[CACHE ? r : 0];
-                if (KS == 1) /* bf16 entries: a 2-byte aligned value (get_bf16's) */
-                    v = duet_d_bf16_to_f32(*reinterpret_cast<const uint16_t *>(row + 2 * cc));
-                else /* fp8: e4m3 times the entry's scale, one rounding */
-                    v = __fmul_rn(duet_d_e4m3_to_f32(row[cc]), kscale[CACHE ? r : 0]);
+                v = index_entry_value_word<KS == 1 ? 0 : 2>(krow[CACHE ? r : 0], kscale[CACHE ? r : 0], cc);
             }
             pk[CACHE ? it : 0] = v;
         }
