@@ -11,9 +11,9 @@
 #   scripts/device-agents.sh --dry-run
 #       the same steps here with --device cpu and a small load (6 sessions x 2 turns): the
 #       tarball, the bundle's redis-server, the duet script, the summary
-# There (the device tool):
-#   run(command="bash scripts/device-agents.sh --encodings bf16", carry=["build-fwd/device-agents.tgz", ".bundle"])
-#   (and --encodings fp8 in a second call: see the time note below)
+# There (on the GPU machine, with build-fwd/device-agents.tgz and .bundle copied into the checkout there):
+#   bash scripts/device-agents.sh --encodings bf16
+#   (and --encodings fp8 in a second run: see the time note below)
 #
 # On the GPU: unpacks the binaries and .bundle, puts on the library path only the sonames the
 # image lacks, runs redis-server from the bundle (Debian's, unpacked with dpkg -x), regenerates
@@ -31,7 +31,7 @@
 #
 # Time on the H200 (2026-11-29): each run's load took about 175 s and its 310-odd references
 # (duet-generate --device cuda, about 2.3 s each, 8 at a time) about 90 s, so the two encodings
-# do not fit one 10-minute call: give each its own, --encodings bf16 and --encodings fp8.
+# do not fit one 10-minute run on the GPU machine: give each its own, --encodings bf16 and --encodings fp8.
 # Exit status 0 when every run was clean.
 set -uo pipefail
 
@@ -89,7 +89,7 @@ T0=$SECONDS
 # ---- binaries: the tarball, unpacked in the layout of a build directory
 W="$WORK/build"
 mkdir -p "$W"
-[ -f "$TGZ" ] || { say "device-agents: $TGZ is missing: run scripts/device-agents.sh --prepare and carry it"; exit 2; }
+[ -f "$TGZ" ] || { say "device-agents: $TGZ is missing: run scripts/device-agents.sh --prepare and copy it there"; exit 2; }
 tar -xzf "$TGZ" -C "$W" || { say "device-agents: cannot unpack $TGZ"; exit 2; }
 
 # ---- libraries and programs: the bundle's where the image lacks them (scripts/device-lib.sh)

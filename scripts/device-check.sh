@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# device-check.sh: check and time every CUDA operation on a GPU machine, in one call.
+# device-check.sh: check and time every CUDA operation on a GPU machine, in one run.
 #
 # Here (any machine with nvcc and the CUDA libraries; no GPU needed):
 #   scripts/device-check.sh --prepare
 #       meson setup build-cuda -Dcuda=enabled -Dtests=false; ninja duet-check-ops;
 #       scripts/make-bundle.sh (the runtime libraries the GPU image lacks, into .bundle/)
-# There (the device tool; both folders are git-ignored, so they travel through `carry`):
-#   run(command="bash scripts/device-check.sh", carry=["build-cuda", ".bundle"])
-# (only build-cuda/tools/duet-check-ops is read there: carry that path alone if the
-# tree and build-cuda together approach the device tool's 64 MiB limit)
+# On the GPU machine, with build-cuda and .bundle copied into the checkout there (both
+# folders are git-ignored, so they must be copied along with the tree):
+#   bash scripts/device-check.sh
+# (only build-cuda/tools/duet-check-ops is read there: copy that path alone if the
+# tree and build-cuda together approach the 64 MiB that is copied to the GPU machine)
 #
 # On the GPU it sets up the runtime (scripts/device-lib.sh: duet_device_runtime), checks
-# that the carried binary loads and holds sm_90a code, measures the ceilings
+# that the copied binary loads and holds sm_90a code, measures the ceilings
 # once (device copy, bf16 and fp8 GEMMs, fp32 FMA, pinned host copies), then
 # runs duet-check-ops once per operation (a crash or hang in one cannot hide the
 # others) with --bench: each case is checked against the CPU reference, then
-# timed.  The full table goes to $OUT/check-ops.txt (the device tool brings
-# $OUT back; elsewhere build-cuda/device-check/); stdout ends with a compact
-# table and the summary.
+# timed.  The full table goes to $OUT/check-ops.txt ($OUT: the folder whose
+# contents come back from the GPU machine; elsewhere build-cuda/device-check/);
+# stdout ends with a compact table and the summary.
 #
 # Options: --check-only (no timings), --op NAME (one operation), --seed N (other inputs), --prepare.
 # Exit status: 0 every case passed, 1 otherwise.
@@ -29,7 +30,7 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-cuda}"
 BIN="$BUILD/tools/duet-check-ops"
 RES="${OUT:-$BUILD/device-check}"
 PER_OP_TIMEOUT="${DUET_CHECK_TIMEOUT:-150}"
-BUDGET="${DUET_CHECK_BUDGET:-420}"  # seconds for the whole run (the device tool allows 480 a call)
+BUDGET="${DUET_CHECK_BUDGET:-420}"  # seconds for the whole run (a run on the GPU machine may take at most 480)
 
 bench=1
 only=""
@@ -41,7 +42,7 @@ while [ $# -gt 0 ]; do
       [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dtests=false
       ninja -C "$BUILD" tools/duet-check-ops
       "$ROOT/scripts/make-bundle.sh"
-      echo "device-check: ready to carry: $(du -sh "$BUILD" | cut -f1) build-cuda, $(du -sh "$ROOT/.bundle" | cut -f1) .bundle (limit 64 MiB with the tree)"
+      echo "device-check: ready to copy to the GPU machine: $(du -sh "$BUILD" | cut -f1) build-cuda, $(du -sh "$ROOT/.bundle" | cut -f1) .bundle (limit 64 MiB with the tree)"
       exit 0 ;;
     --check-only) bench=0 ;;
     --op) only="$2"; shift ;;
@@ -58,7 +59,7 @@ TABLE="$RES/check-ops.txt"
 : >"$TABLE"
 say() { echo "$@" | tee -a "$LOG"; }
 
-[ -x "$BIN" ] || { say "device-check: $BIN is missing: run scripts/device-check.sh --prepare here and carry build-cuda"; exit 2; }
+[ -x "$BIN" ] || { say "device-check: $BIN is missing: run scripts/device-check.sh --prepare here and copy build-cuda there"; exit 2; }
 
 # Libraries: the bundle's where the image lacks them, cuBLAS from the image (scripts/device-lib.sh).
 duet_device_runtime /tmp/duet-check "$BIN" >/tmp/duet-check-runtime.txt 2>&1  # not in a pipe: it exports

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# device-forward.sh: the engine on the GPU, checked and timed, in one device call.
+# device-forward.sh: the engine on the GPU, checked and timed, in one run on the GPU machine.
 #
 # Here (any machine with nvcc; no GPU needed):
 #   scripts/device-forward.sh --prepare
 #       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja duet-check-forward duet-check-ops
 #       duet-mkmodel duet-generate; scripts/make-bundle.sh; packs the four into
 #       build-fwd/device-forward.tgz (about 7 MB instead of 33)
-# There (the device tool; carry the packed binaries and the bundle):
-#   run(command="bash scripts/device-forward.sh",
-#       carry=["build-fwd/device-forward.tgz", ".bundle"])
-# (Carrying build-fwd/tools/duet-check-forward, -ops, -mkmodel and -generate themselves works too.)
+# There (on the GPU machine, with the packed binaries and the bundle, build-fwd/device-forward.tgz
+# and .bundle, copied into the checkout there):
+#   bash scripts/device-forward.sh
+# (Copying build-fwd/tools/duet-check-forward, -ops, -mkmodel and -generate themselves works too.)
 #
 # On the GPU: unpacks .bundle (as device-check.sh), regenerates the fixtures
 # with duet-mkmodel the way the build does (tiny-bf16 seed 1, tiny-fp8-fp4
@@ -82,7 +82,7 @@ if [ "$bench" = 0 ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ] || [ "$phases" =
 fi
 
 mkdir -p "$RES" "$FIX"
-if [ -f "$TGZ" ]; then # the binaries this call carried packed, over any an earlier call left
+if [ -f "$TGZ" ]; then # the binaries this run was given packed, over any an earlier run left
   tar -xzf "$TGZ" -C "$BUILD" || { echo "device-forward: cannot unpack $TGZ" >&2; exit 2; }
 fi
 LOG="$RES/device-forward.log"
@@ -95,7 +95,7 @@ say() { echo "$@" | tee -a "$LOG"; }
 duet_device_runtime /tmp/duet-forward "$BIN/duet-check-forward" "$BIN/duet-mkmodel" >/tmp/duet-forward-runtime.txt 2>&1
 rt=$?  # (not in a pipe: it exports)
 tee -a "$LOG" </tmp/duet-forward-runtime.txt
-[ "$rt" = 0 ] || { say "device-forward: the runtime is incomplete (scripts/device-forward.sh --prepare, and carry the binaries)"; exit 2; }
+[ "$rt" = 0 ] || { say "device-forward: the runtime is incomplete (scripts/device-forward.sh --prepare, and copy the binaries there)"; exit 2; }
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 

@@ -15,7 +15,7 @@ duet_cuda_lib_dir() {
   return 1
 }
 
-# Here, before a device call: configure BUILD ($1; sm_90 only, no tests) if it has no
+# Here, before a run on the GPU machine: configure BUILD ($1; sm_90 only, no tests) if it has no
 # build.ninja yet, build the targets that follow, and refresh $ROOT/.bundle.
 duet_device_prepare() {
   local build="$1"
@@ -30,7 +30,7 @@ duet_device_prepare() {
 duet_cublas_dir() { duet_cuda_lib_dir libcublasLt.so.13 cublas; }
 duet_nccl_dir() { duet_cuda_lib_dir libnccl.so.2 nccl; }
 
-# The runtime of the carried binaries on the device machine, under WORK ($1): the .deb files
+# The runtime of the copied binaries on the device machine, under WORK ($1): the .deb files
 # of $ROOT/.bundle unpacked (dpkg -x) into WORK/bundle, and of their libraries only the sonames
 # the image lacks copied into WORK/libs (first on LD_LIBRARY_PATH); cuBLAS and NCCL from the
 # image; redis-server (always the bundle's: Debian's redis-server is redis-check-rdb under

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# device-multi.sh: the checks of a node with several GPUs, in one device call (docs/CUDA.md,
+# device-multi.sh: the checks of a node with several GPUs, in one run on the GPU machine (docs/CUDA.md,
 # "Tensor parallelism"; docs/DATAPLANE.md, "Device memory"):
 #
 #   machine  nvidia-smi, the GPUs' topology (nvidia-smi topo -m), which NCCL and UCX
@@ -16,8 +16,9 @@
 #            GPU 1, then prefill on GPU 0 and decode TP 2 on GPUs 0,1
 #
 # Here:   scripts/device-agents.sh --prepare   (the same tarball: build-fwd/device-agents.tgz)
-# There:  run(command="bash scripts/device-multi.sh", carry=["build-fwd/device-agents.tgz", ".bundle"],
-#             kind="nvidia-h200-x2")
+# There (a machine with two H200s of one host, with build-fwd/device-agents.tgz and .bundle
+# copied into the checkout there):
+#   bash scripts/device-multi.sh
 # With UCX built with CUDA (scripts/make-ucx-cuda.sh, in .bundle) the workers of the pd step send
 # GPU to GPU when run as  UCX_TLS=tcp,self,cuda_copy,cuda_ipc UCX_PROTO_ENABLE=y bash scripts/device-multi.sh
 # Options: --steps "machine tp xfer pd" (default all), --tp N (default 2); environment TP_ENCODINGS
@@ -54,7 +55,7 @@ T0=$SECONDS
 
 W="$WORK/build"
 mkdir -p "$W"
-[ -f "$TGZ" ] || { say "device-multi: $TGZ is missing: run scripts/device-agents.sh --prepare and carry it"; exit 2; }
+[ -f "$TGZ" ] || { say "device-multi: $TGZ is missing: run scripts/device-agents.sh --prepare and copy it there"; exit 2; }
 tar -xzf "$TGZ" -C "$W" || { say "device-multi: cannot unpack $TGZ"; exit 2; }
 BINS="prefill/duet-prefill decode/duet-decode router/duet-router tools/duet-bench-agents tools/duet-generate
       tools/duet-driver tools/duet-mkmodel tools/duet-check-forward tools/duet-bench-xfer"

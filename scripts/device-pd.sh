@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# device-pd.sh: duet-prefill and duet-decode on the GPU, checked and timed, in one device call.
+# device-pd.sh: duet-prefill and duet-decode on the GPU, checked and timed, in one run on the GPU machine.
 #
 # Here (any machine with nvcc; no GPU needed):
 #   scripts/device-pd.sh --prepare
 #       meson setup build-fwd -Dgpu_archs=90 (if needed); ninja the six binaries below;
 #       scripts/make-bundle.sh (UCX, NNG, protobuf-c, ... as Debian packages)
-# There (the device tool; carry the binaries and the bundle):
-#   run(command="bash scripts/device-pd.sh",
-#       carry=["build-fwd/prefill/duet-prefill", "build-fwd/decode/duet-decode",
-#              "build-fwd/tools/duet-driver", "build-fwd/tools/duet-generate",
-#              "build-fwd/tools/duet-mkmodel", "build-fwd/tools/duet-check-forward", ".bundle"])
-#   or, when those and the bundle pass the 64 MiB a call carries, scripts/device-agents.sh --prepare
-#   here and carry=["build-fwd/device-agents.tgz", ".bundle"] (unpacked into build-fwd there).
+# There (on the GPU machine, with the binaries and the bundle copied into the checkout there:
+#   build-fwd/prefill/duet-prefill, build-fwd/decode/duet-decode, build-fwd/tools/duet-driver,
+#   build-fwd/tools/duet-generate, build-fwd/tools/duet-mkmodel, build-fwd/tools/duet-check-forward
+#   and .bundle):
+#   bash scripts/device-pd.sh
+#   or, when those and the bundle pass the 64 MiB that is copied to the GPU machine,
+#   scripts/device-agents.sh --prepare here and copy build-fwd/device-agents.tgz and .bundle
+#   instead (unpacked into build-fwd there).
 #
 # On the GPU: unpacks .bundle and puts on the library path only the sonames the
 # image lacks, regenerates the fixtures (tiny-bf16 seed 1 as the build does; the
@@ -39,7 +40,7 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
 RES="${OUT:-$BUILD/device-pd}"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 BINS="prefill/duet-prefill decode/duet-decode tools/duet-driver tools/duet-generate tools/duet-mkmodel tools/duet-check-forward"
-# The binaries may also travel as scripts/device-agents.sh's tarball (carry it instead of the six files).
+# The binaries may also travel as scripts/device-agents.sh's tarball (copied there instead of the six files).
 [ -f "$BUILD/device-agents.tgz" ] && [ ! -x "$BUILD/prefill/duet-prefill" ] && tar -xzf "$BUILD/device-agents.tgz" -C "$BUILD"
 slice=1 quick=0 checks=1 hicache_only=0
 
@@ -72,7 +73,7 @@ T0=$SECONDS
 duet_device_runtime /tmp/duet-pd $(for b in $BINS; do echo "$BUILD/$b"; done) >/tmp/duet-pd-runtime.txt 2>&1  # exports: no pipe
 rt=$?
 tee -a "$LOG" </tmp/duet-pd-runtime.txt
-[ "$rt" = 0 ] || { say "device-pd: the runtime is incomplete (scripts/device-pd.sh --prepare, and carry the binaries)"; exit 2; }
+[ "$rt" = 0 ] || { say "device-pd: the runtime is incomplete (scripts/device-pd.sh --prepare, and copy the binaries there)"; exit 2; }
 say "== device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee -a "$LOG"
 nproc | sed 's/^/cpus: /' | tee -a "$LOG"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# device-variants.sh: kernel variants side by side on one GPU, in one device call.
+# device-variants.sh: kernel variants side by side on one GPU, in one run on the GPU machine.
 #
-# Two machines lent one after the other differ by a few per cent in the same timing, so a
-# change is judged against its base in the same call.  A variant is a git revision ("." is the
+# Two GPU machines used one after the other differ by a few per cent in the same timing, so a
+# change is judged against its base in the same run.  A variant is a git revision ("." is the
 # working tree) and optional extra nvcc arguments (macros the kernels read).
 #
 # Here (any machine with nvcc; no GPU needed):
@@ -13,8 +13,8 @@
 #       archive under build-var/src) and puts them, stripped, in
 #       build-var/bin/NAME, with duet-mkmodel, packed as build-var/variants.tgz (about 4 MB a
 #       variant), and the runtime bundle (scripts/make-bundle.sh).
-# There (the device tool):
-#   run(command="bash scripts/device-variants.sh", carry=["build-var/variants.tgz", ".bundle"])
+# There (on the GPU machine, with build-var/variants.tgz and .bundle copied into the checkout there):
+#   bash scripts/device-variants.sh
 #
 # On the GPU, for each variant: duet-check-ops (every case; a variant with a failing case is
 # reported and not timed), duet-check-ops --bench for the matmul and moe groups, then the
@@ -27,7 +27,7 @@
 # --batches LIST (default 1,32), --ctx N (default 4096), --reps N (default 2), --no-slice,
 # --ops "GROUPS" (the duet-check-ops groups timed; default "matmul moe", "" for none), --prefill
 # (the slice's prefill of --ctx tokens too, both matmul modes, rows in ms a call), --checks
-# "GROUPS" (only these duet-check-ops groups checked before timing, for a short call whose
+# "GROUPS" (only these duet-check-ops groups checked before timing, for a short run whose
 # change touches no other operation; default every case).
 # Exit status 0 when every variant passed its checks.
 set -uo pipefail
@@ -113,7 +113,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-if [ -f "$VAR/variants.tgz" ]; then # what this call carried, not what an earlier call left
+if [ -f "$VAR/variants.tgz" ]; then # what this run was given, not what an earlier run left
   rm -rf "$VAR/bin"
   tar -xzf "$VAR/variants.tgz" -C "$VAR" || exit 2
 fi
@@ -121,7 +121,7 @@ names=()
 for d in "$VAR"/bin/*/; do
   [ -x "$d/duet-check-ops" ] && names+=("$(basename "$d")")
 done
-[ ${#names[@]} -gt 0 ] || { echo "device-variants: no variants in $VAR/bin (--prepare here, and carry build-var/bin)" >&2; exit 2; }
+[ ${#names[@]} -gt 0 ] || { echo "device-variants: no variants in $VAR/bin (--prepare here, and copy build-var/bin there)" >&2; exit 2; }
 mkdir -p "$RES" "$FIX"
 LOG="$RES/device-variants.log"
 : >"$LOG"

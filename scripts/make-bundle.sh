@@ -6,8 +6,8 @@
 # registry.  This downloads the Debian runtime packages those binaries need
 # into .bundle/ (git-ignored); the device scripts (device-check.sh,
 # device-pd.sh, device-agents.sh) unpack them with `dpkg -x` into /tmp/bundle
-# and put on LD_LIBRARY_PATH what the image lacks.  Carry it with
-# the device tool's `carry: [".bundle", ...]`.
+# and put on LD_LIBRARY_PATH what the image lacks.  Copy .bundle into
+# the checkout on the GPU machine along with the binaries.
 #
 #   scripts/make-bundle.sh            download the default package set
 #   scripts/make-bundle.sh PKG...     download these packages instead
