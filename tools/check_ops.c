@@ -966,6 +966,74 @@ static duet_status_t rms_call(ck_t *ck, void *p)
     return duet_cuda_rmsnorm(ck->c, a->dx, a->dw, a->n, a->dim, a->eps, a->dy);
 }
 
+/* Programmatic dependent launches (duet_cuda_set_pdl): a chain of launches, each reading what the
+ * one before it wrote while that one may still be finishing (link i: t = W h, s = W t, h =
+ * rmsnorm(s), with the engine's batch-invariant matmuls; `gemv` takes the fp32-unit kernel
+ * instead), must give the bytes the same chain gives with every launch waiting for the one
+ * ahead, and the same bytes again on a second run. */
+static void case_pdl_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links, int gemv)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "pdl/%d/%d/%d/%d/%d", (int)dt, dim, n, links, gemv);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("pdl", "%s %dx%d n=%d %d links%s", dt_short(dt, DUET_DT_F8_E8M0), dim, dim, n, links,
+                        gemv ? " simt" : "");
+    weight_t W;
+    weight_make(ck, &r, &W, dt, dim, dim, DUET_DT_F8_E8M0);
+    size_t nx = (size_t)n * dim;
+    float *x = rand_f32(&r, nx, 1.0f), *out[3];
+    float *dh = dupload(ck, x, 4 * nx), *dt_ = dmalloc(ck, 4 * nx), *ds = dmalloc(ck, 4 * nx);
+    int inv = duet_cuda_get_invariant(ck->c);
+    duet_cuda_set_invariant(ck->c, !gemv);
+    int was = duet_cuda_set_pdl(ck->c, 1), on = was;
+    for (int run = 0; run < 3; run++) {
+        on = duet_cuda_set_pdl(ck->c, run != 1); /* on, off, on */
+        CK(duet_cuda_upload(ck->c, dh, x, 4 * nx));
+        dpoison(ck, dt_, 4 * nx);
+        dpoison(ck, ds, 4 * nx);
+        for (int i = 0; i < links; i++) {
+            if (gemv) {
+                CK(duet_cuda_matmul_gemv(ck->c, &W.dw, 0, dim, dh, n, dt_));
+                CK(duet_cuda_matmul_gemv(ck->c, &W.dw, 0, dim, dt_, n, ds));
+            } else {
+                CK(duet_cuda_matmul(ck->c, &W.dw, 0, dim, dh, n, dt_));
+                CK(duet_cuda_matmul(ck->c, &W.dw, 0, dim, dt_, n, ds));
+            }
+            CK(duet_cuda_rmsnorm(ck->c, ds, NULL, n, dim, 1e-6f, dh));
+        }
+        out[run] = xmalloc(4 * nx);
+        ddownload(ck, out[run], dh, 4 * nx);
+    }
+    duet_cuda_set_pdl(ck->c, was);
+    duet_cuda_set_invariant(ck->c, inv);
+    row_bytes(&row, out[0], out[1], 4 * nx);
+    if (row.pass && memcmp(out[2], out[0], 4 * nx)) {
+        row.pass = 0;
+        row.err = 1;
+        snprintf(row.note, sizeof row.note, "a second run with the dependent launches differs");
+    }
+    snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "%sdependent launches %s",
+             row.note[0] ? "; " : "", on ? "on" : "off (not on this device)");
+    print_row(ck, &row);
+    for (int i = 0; i < 3; i++)
+        free(out[i]);
+    free(x);
+    duet_cuda_free(ck->c, dh);
+    duet_cuda_free(ck->c, dt_);
+    duet_cuda_free(ck->c, ds);
+    weight_free(ck, &W);
+}
+
+static void group_pdl(ck_t *ck)
+{
+    case_pdl_chain(ck, DUET_DT_F8_E4M3, 4096, 1, 8, 1);  /* decode batch 1: the fp32-unit kernel */
+    case_pdl_chain(ck, DUET_DT_F8_E4M3, 4096, 32, 8, 0); /* batch 32: tensor cores, split along the columns */
+    case_pdl_chain(ck, DUET_DT_F8_E4M3, 4096, 5, 8, 0);
+    case_pdl_chain(ck, DUET_DT_BF16, 4096, 32, 4, 0);
+    case_pdl_chain(ck, DUET_DT_F4_E2M1X2, 4096, 300, 4, 0);
+}
+
 static void case_rmsnorm(ck_t *ck, int n, int dim, int weighted)
 {
     rng_t r;
@@ -2912,6 +2980,7 @@ static const group_t GROUPS[] = {
     {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
     {"argmax", group_argmax},   {"pages", group_pages},     {"moe", group_moe},
     {"copy_list", group_copy_list}, {"moe_tp", group_moe_tp}, {"reads", group_reads},
+    {"pdl", group_pdl},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 

@@ -75,6 +75,7 @@ struct duet_cuda {
     int tc_count_n;
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
     int attn_no_tc;       /* duet_cuda_set_attn_tc(c, 0): attn_rows on the fp32 units only */
+    int pdl;              /* duet_cuda_set_pdl: launches that may start before the kernel ahead ends */
     unsigned attn_smem_set; /* attn_rows' tensor-core kernels whose shared-memory limit was raised */
     struct duet_cuda_phases *phases; /* duet_cuda_phases_enable: NULL when off */
     void *flush_buf; /* duet_cuda_flush_l2 */
@@ -113,6 +114,49 @@ duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p);
  * for kernels queued after this call and before the next one). */
 duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev);
 
+/* Programmatic dependent launch (sm_90 and later).  A kernel launched with duet_cuda_launch(c, 1,
+ * ...) may be scheduled while the kernel ahead of it in the stream is still running, once every
+ * block of that one has called duet_pdl_trigger() or exited.  It must call duet_pdl_wait() in every
+ * block before it reads anything an earlier operation wrote, writes anything an earlier one reads,
+ * or exits (so that its own end still implies the end of everything before it); before the wait it
+ * may only read what no operation of the stream writes (weights) and use its shared memory.
+ * duet_pdl_wait() returns at once in a kernel launched the ordinary way, and both are no-ops below
+ * sm_90.  The forward's kernels call duet_pdl_trigger() first thing, so that the matmul after any
+ * of them may load its first weights while that kernel's last blocks run; the trigger lets
+ * nothing read early that the launched kernel has not waited for. */
+__device__ __forceinline__ void duet_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void duet_pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch `kernel` on the context's stream; `pdl` (and the context's duet_cuda_set_pdl) makes it a
+ * programmatic dependent launch, which the kernel must be written for (duet_pdl_wait). */
+template <typename... P, typename... A>
+static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, int pdl, void (*kernel)(P...), dim3 grid, dim3 block,
+                                           size_t smem, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl && c->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
 static inline unsigned duet_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 static inline size_t duet_round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
@@ -137,6 +181,9 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
+
+/* The 128-byte line holding p toward L2 (no register written, nothing to wait for). */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 

@@ -99,6 +99,7 @@ static duet_status_t ctx_open(duet_cuda_t *c)
     DUET_CUDA_CHECK(c, cudaGetDeviceProperties(&prop, c->device));
     snprintf(c->info.name, sizeof c->info.name, "%s", prop.name);
     c->info.cc_major = prop.major;
+    c->pdl = prop.major >= 9;
     c->info.cc_minor = prop.minor;
     c->info.sm_count = prop.multiProcessorCount;
     c->info.l2_bytes = (size_t)prop.l2CacheSize;
@@ -153,6 +154,12 @@ extern "C" void duet_cuda_destroy(duet_cuda_t **pc)
 extern "C" void duet_cuda_set_invariant(duet_cuda_t *c, int on) { c->invariant = on != 0; }
 
 extern "C" int duet_cuda_get_invariant(const duet_cuda_t *c) { return c->invariant; }
+
+extern "C" int duet_cuda_set_pdl(duet_cuda_t *c, int on)
+{
+    c->pdl = on && c->info.cc_major >= 9;
+    return c->pdl;
+}
 
 extern "C" const duet_err_t *duet_cuda_error(const duet_cuda_t *c) { return &c->err; }
 

@@ -116,6 +116,12 @@ duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtyp
 void duet_cuda_set_invariant(duet_cuda_t *c, int on);
 int duet_cuda_get_invariant(const duet_cuda_t *c);
 
+/* Programmatic dependent launches (on by default where the device has them, sm_90 and later):
+ * the matrix multiplications may start while the kernel ahead of them finishes, reading their
+ * first weights meanwhile and waiting for it before they read x.  The same results either way;
+ * off (0) for comparison.  Returns whether they are on. */
+int duet_cuda_set_pdl(duet_cuda_t *c, int on);
+
 #ifdef __cplusplus
 }
 #endif

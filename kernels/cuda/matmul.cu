@@ -144,6 +144,19 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
         rr[r] = min(r0 + r, a.row_end - 1);
         wr[r] = a.w + (size_t)rr[r] * a.row_bytes;
     }
+    int nchunks = (int)(a.row_bytes / 16);
+    /* the first two rounds' weight lines toward L2 while a programmatic dependent launch waits
+     * for the kernel ahead (a line is eight lanes' chunks) */
+    if ((lane & 7) == 0)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int ch = warp * 32 + lane + i * ksplit * 32;
+            if (ch < nchunks)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    prefetch_l2(wr[r] + (size_t)ch * 16);
+        }
+    duet_pdl_wait();
     const float *xt[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -156,7 +169,6 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
         for (int t = 0; t < NT; t++)
             acc[r][t] = 0.0f;
 
-    int nchunks = (int)(a.row_bytes / 16);
 #pragma unroll 2
     for (int ch = warp * 32 + lane; ch < nchunks; ch += ksplit * 32) {
         uint4 wv[R];
@@ -224,6 +236,7 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
 template <int WT, int NT>
 __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 {
+    duet_pdl_trigger();
     tok_plain tm{a.x, a.n, a.cols};
     gemv_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * GEMV_ROWS_PER_WARP, blockIdx.y * GEMV_TOKENS);
 }
@@ -269,6 +282,11 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_ROWS 32 /* rows a warp */
 #define TC_BLOCK_ROWS (TC_WARPS * TC_ROWS)
 #define TC_MAX_NT 4
+/* Units past the first stages whose weights a block sends toward L2 while a programmatic
+ * dependent launch waits for the kernel ahead (0: none); a build setting for timing variants */
+#ifndef TC_PDL_L2_UNITS
+#define TC_PDL_L2_UNITS 3
+#endif
 #define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
@@ -661,6 +679,29 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
         }
     };
+    /* unit u's weights of the warp's rows toward L2, a 128-byte line a lane at most */
+    auto l2_ahead_w = [&](int u) {
+        if constexpr (WT == WT_F4) {
+            if (a.tiled) { /* the tile's 2 KB: a line a lane in its first half */
+                if (lane < 16)
+                    prefetch_l2(frow[0] - 16 * lane + (size_t)u * TC_F4_TILE_BYTES + 128 * lane);
+            } else if ((lane & 3) == 0) { /* the lane's four rows' 64-byte unit slices */
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    prefetch_l2(frow[j] + (size_t)u * 64);
+            }
+        } else if (WT == WT_BF16 && a.tiled) { /* the tile's 8 KB, two lines a lane */
+            const uint8_t *tp = btile - 16 * lane + (size_t)u * TC_BF16_TILE_BYTES + 256 * lane;
+            prefetch_l2(tp);
+            prefetch_l2(tp + 128);
+        } else { /* rows g, g+8, g+16, g+24: CPR * 64 bytes each, a lane a line */
+            constexpr int LPR = CPR * 64 / 128; /* lines a row's unit slice */
+            if (tq < LPR)
+#pragma unroll
+                for (int r4 = 0; r4 < 4; r4++)
+                    prefetch_l2(rp[r4] - 16 * tq + (size_t)u * (CPR * 64) + 128 * tq);
+        }
+    };
     /* x: the thread's row pointers once (a gathered row's index is read once), each unit's
      * values read XD units ahead (two with one token tile, where a unit's MMAs are few).
      * bf16 weights: NX column quads a thread, split into three bf16 parts.  fp8/fp4: items
@@ -789,14 +830,23 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
     });
 
+    /* the first weight stages, and the rest of the block's first units toward L2, before the
+     * wait for the kernel ahead (a programmatic dependent launch: duet_pdl_wait) */
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (ub + s < ue)
+            load_w(ub + s, s);
+    if constexpr (TC_PDL_L2_UNITS > 0 && std::is_same<TM, tok_plain>::value) /* grouped: after the wait */
+        if (active)
+            for (int u = ub + S - 1; u < min(ue, ub + S - 1 + TC_PDL_L2_UNITS); u++)
+                l2_ahead_w(u);
+    duet_pdl_wait();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (ub + s < ue) {
-            load_w(ub + s, s);
-            if constexpr (PRE)
+        if constexpr (PRE)
+            if (ub + s < ue)
                 load_xr(ub + s, s);
-        }
-        cp_commit();
+        cp_commit(); /* group 0 holds all the first stages' weights */
     }
     if constexpr (!PRE) {
         load_x(xr[0], ub);
@@ -1044,6 +1094,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
+    duet_pdl_trigger();
     tok_plain tm{a.x, a.n, a.cols};
     gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
                          blockIdx.y * gridDim.x + blockIdx.x);
@@ -1158,6 +1209,8 @@ template <int WT>
 __global__ void __launch_bounds__(256)
     tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
 {
+    duet_pdl_trigger();
+    duet_pdl_wait();
     int units = cols / 128;
     size_t pairs = (size_t)rows * units, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     static_assert(WT != WT_BF16, "bf16 weights take x split in the block");
@@ -1207,8 +1260,8 @@ template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a,
     uint4 *rec = (uint4 *)c->tc_xrec;
     float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
     size_t threads = pairs * 4 * h16_traits<WT>::FG;
-    tc_presplit_kernel<WT><<<(unsigned)duet_cdiv(threads, 256), 256, 0, c->stream>>>(a.x, xrow, rows, a.cols, rec, rs);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, a.x,
+                                        xrow, rows, a.cols, rec, rs));
     a.xrec = rec;
     a.xrec_scale = rs;
     return DUET_OK;
@@ -1230,7 +1283,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    gemv_tc_kernel<WT, NT><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, sp);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1271,6 +1324,7 @@ struct multi_args {
 template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
+    duet_pdl_trigger();
     int bx = blockIdx.x, rb0 = 0;
     size_t po = 0;
     /* constant indices only: the arguments stay in the parameter bank */
@@ -1309,7 +1363,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    gemv_tc_multi_kernel<WT, NT><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, m, sp);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
@@ -1397,7 +1451,7 @@ static duet_status_t check_args(duet_cuda_t *c, const duet_weight_t *w, int row_
 /* A block owns 4 rows; its warps split the columns (each lane at least two 16-byte chunks of a
  * row), so that even a short matrix puts thousands of loads in flight. */
 template <int WT>
-static void gemv_launch(const gemv_args &a, cudaStream_t s)
+static duet_status_t gemv_launch(duet_cuda_t *c, const gemv_args &a)
 {
     int rows = a.row_end - a.row_begin;
     int nchunks = (int)(a.row_bytes / 16);
@@ -1405,14 +1459,9 @@ static void gemv_launch(const gemv_args &a, cudaStream_t s)
     ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
     dim3 grid(duet_cdiv(rows, GEMV_ROWS_PER_WARP), duet_cdiv(a.n, GEMV_TOKENS));
     int nt = a.n >= GEMV_TOKENS ? GEMV_TOKENS : a.n, threads = ksplit * 32;
-    if (nt == 1)
-        gemv_kernel<WT, 1><<<grid, threads, 0, s>>>(a);
-    else if (nt == 2)
-        gemv_kernel<WT, 2><<<grid, threads, 0, s>>>(a);
-    else if (nt <= 4)
-        gemv_kernel<WT, 4><<<grid, threads, 0, s>>>(a);
-    else
-        gemv_kernel<WT, 8><<<grid, threads, 0, s>>>(a);
+    auto k = nt == 1 ? gemv_kernel<WT, 1> : nt == 2 ? gemv_kernel<WT, 2> : nt <= 4 ? gemv_kernel<WT, 4> : gemv_kernel<WT, 8>;
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, k, grid, dim3(threads), 0, a));
+    return DUET_OK;
 }
 
 static void gemv_args_of(const duet_weight_t *w, int row_begin, int row_end, const float *x, int n, float *y,
@@ -1449,13 +1498,13 @@ extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight
         size_t total = (size_t)(row_end - row_begin) * n;
         gemv_simple_kernel<<<duet_cdiv(total, 128), 128, 0, c->stream>>>(a, wt);
     } else if (wt == WT_BF16) {
-        gemv_launch<WT_BF16>(a, c->stream);
+        DUET_TRY(gemv_launch<WT_BF16>(c, a));
     } else if (wt == WT_F8) {
-        gemv_launch<WT_F8>(a, c->stream);
+        DUET_TRY(gemv_launch<WT_F8>(c, a));
     } else if (wt == WT_F4) {
-        gemv_launch<WT_F4>(a, c->stream);
+        DUET_TRY(gemv_launch<WT_F4>(c, a));
     } else {
-        gemv_launch<WT_F32>(a, c->stream);
+        DUET_TRY(gemv_launch<WT_F32>(c, a));
     }
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
@@ -1650,6 +1699,8 @@ __device__ __forceinline__ bool group_block(gemv_args &a, const group_args &g, i
 template <int WT, int NT>
 __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_args a, group_args g)
 {
+    duet_pdl_trigger();
+    duet_pdl_wait(); /* the expert lists are the kernel ahead's */
     tok_group tm;
     int rt, t0;
     if (group_block(a, g, GEMV_TOKENS, &tm, &rt, &t0))
@@ -1673,6 +1724,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32,
                                   NT == 1 && WT == WT_F4 ? (PRE ? TC_GROUP_PRE_MIN_BLOCKS : TC_GROUP_MIN_BLOCKS) : 1)
     gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
+    duet_pdl_trigger();
+    duet_pdl_wait(); /* the expert lists (and x split ahead) are the kernels ahead's */
     tok_group tm;
     int rt, t0;
     if (!group_block(a, g, 8 * NT, &tm, &rt, &t0))
@@ -1724,7 +1777,8 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
         constexpr bool PRE = decltype(pre_c)::value;
         constexpr int smem = tc_smem_bytes<W, NT>();
         DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, NT, PRE>, smem, (PRE ? TC_PRE_BIT : 0) + 32 + W * 8 + NT));
-        gemv_tc_group_kernel<W, NT, PRE><<<grid, TC_WARPS * 32, smem, c->stream>>>(a, g, sp);
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(TC_WARPS * 32), smem,
+                                            a, g, sp));
         return DUET_OK;
     };
     using one = std::integral_constant<int, 1>;
@@ -1799,13 +1853,13 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         dim3 grid(duet_cdiv(n, GEMV_TOKENS) + nonempty, g.row_tiles * n_mat);
         int threads = ksplit * 32;
         if (wt == WT_BF16)
-            gemv_group_kernel<WT_BF16, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_group_kernel<WT_BF16, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
         else if (wt == WT_F8)
-            gemv_group_kernel<WT_F8, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_group_kernel<WT_F8, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
         else if (wt == WT_F4)
-            gemv_group_kernel<WT_F4, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_group_kernel<WT_F4, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
         else
-            gemv_group_kernel<WT_F32, GEMV_TOKENS><<<grid, threads, 0, c->stream>>>(a, g);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_group_kernel<WT_F32, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
     }
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
