@@ -971,6 +971,28 @@ static duet_status_t rms_call(ck_t *ck, void *p)
  * rmsnorm(s), with the engine's batch-invariant matmuls; `gemv` takes the fp32-unit kernel
  * instead), must give the bytes the same chain gives with every launch waiting for the one
  * ahead, and the same bytes again on a second run. */
+typedef struct {
+    weight_t *W;
+    int dim, n, links, gemv;
+    float *dh, *dt, *ds;
+} pdl_arg_t;
+
+static duet_status_t pdl_call(ck_t *ck, void *p)
+{
+    pdl_arg_t *a = p;
+    for (int i = 0; i < a->links; i++) {
+        if (a->gemv) {
+            DUET_TRY(duet_cuda_matmul_gemv(ck->c, &a->W->dw, 0, a->dim, a->dh, a->n, a->dt));
+            DUET_TRY(duet_cuda_matmul_gemv(ck->c, &a->W->dw, 0, a->dim, a->dt, a->n, a->ds));
+        } else {
+            DUET_TRY(duet_cuda_matmul(ck->c, &a->W->dw, 0, a->dim, a->dh, a->n, a->dt));
+            DUET_TRY(duet_cuda_matmul(ck->c, &a->W->dw, 0, a->dim, a->dt, a->n, a->ds));
+        }
+        DUET_TRY(duet_cuda_rmsnorm(ck->c, a->ds, NULL, a->n, a->dim, 1e-6f, a->dh));
+    }
+    return DUET_OK;
+}
+
 static void case_pdl_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links, int gemv)
 {
     rng_t r;
@@ -983,30 +1005,19 @@ static void case_pdl_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links,
     weight_make(ck, &r, &W, dt, dim, dim, DUET_DT_F8_E8M0);
     size_t nx = (size_t)n * dim;
     float *x = rand_f32(&r, nx, 1.0f), *out[3];
-    float *dh = dupload(ck, x, 4 * nx), *dt_ = dmalloc(ck, 4 * nx), *ds = dmalloc(ck, 4 * nx);
+    pdl_arg_t a = {&W, dim, n, links, gemv, dupload(ck, x, 4 * nx), dmalloc(ck, 4 * nx), dmalloc(ck, 4 * nx)};
     int inv = duet_cuda_get_invariant(ck->c);
     duet_cuda_set_invariant(ck->c, !gemv);
     int was = duet_cuda_set_pdl(ck->c, 1), on = was;
     for (int run = 0; run < 3; run++) {
         on = duet_cuda_set_pdl(ck->c, run != 1); /* on, off, on */
-        CK(duet_cuda_upload(ck->c, dh, x, 4 * nx));
-        dpoison(ck, dt_, 4 * nx);
-        dpoison(ck, ds, 4 * nx);
-        for (int i = 0; i < links; i++) {
-            if (gemv) {
-                CK(duet_cuda_matmul_gemv(ck->c, &W.dw, 0, dim, dh, n, dt_));
-                CK(duet_cuda_matmul_gemv(ck->c, &W.dw, 0, dim, dt_, n, ds));
-            } else {
-                CK(duet_cuda_matmul(ck->c, &W.dw, 0, dim, dh, n, dt_));
-                CK(duet_cuda_matmul(ck->c, &W.dw, 0, dim, dt_, n, ds));
-            }
-            CK(duet_cuda_rmsnorm(ck->c, ds, NULL, n, dim, 1e-6f, dh));
-        }
+        CK(duet_cuda_upload(ck->c, a.dh, x, 4 * nx));
+        dpoison(ck, a.dt, 4 * nx);
+        dpoison(ck, a.ds, 4 * nx);
+        CK(pdl_call(ck, &a));
         out[run] = xmalloc(4 * nx);
-        ddownload(ck, out[run], dh, 4 * nx);
+        ddownload(ck, out[run], a.dh, 4 * nx);
     }
-    duet_cuda_set_pdl(ck->c, was);
-    duet_cuda_set_invariant(ck->c, inv);
     row_bytes(&row, out[0], out[1], 4 * nx);
     if (row.pass && memcmp(out[2], out[0], 4 * nx)) {
         row.pass = 0;
@@ -1015,13 +1026,23 @@ static void case_pdl_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links,
     }
     snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "%sdependent launches %s",
              row.note[0] ? "; " : "", on ? "on" : "off (not on this device)");
+    if (ck->bench) { /* the chain's time with them off, beside the row's (on) */
+        duet_cuda_set_pdl(ck->c, 0);
+        double off = time_op(ck, pdl_call, &a);
+        duet_cuda_set_pdl(ck->c, 1);
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "; off %.2f us", off);
+    }
+    bench_row(ck, &row, pdl_call, &a, (double)links * 2 * W.data_bytes, 4.0 * links * nx * dim,
+              gemv ? BOUND_FP32 : BOUND_BF16);
     print_row(ck, &row);
+    duet_cuda_set_pdl(ck->c, was);
+    duet_cuda_set_invariant(ck->c, inv);
     for (int i = 0; i < 3; i++)
         free(out[i]);
     free(x);
-    duet_cuda_free(ck->c, dh);
-    duet_cuda_free(ck->c, dt_);
-    duet_cuda_free(ck->c, ds);
+    duet_cuda_free(ck->c, a.dh);
+    duet_cuda_free(ck->c, a.dt);
+    duet_cuda_free(ck->c, a.ds);
     weight_free(ck, &W);
 }
 
