@@ -341,7 +341,8 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         ev = getenv("DUET_CUDA_ATTN_TC"); /* 0: attention on the fp32 units (for comparison) */
         duet_cuda_set_attn_tc(c, !(ev && atoi(ev) == 0));
         ev = getenv("DUET_CUDA_PDL"); /* 0: every kernel waits for the one ahead to end (for comparison) */
-        duet_cuda_set_pdl(c, !(ev && atoi(ev) == 0));
+        if (ev && *ev)
+            duet_cuda_set_pdl(c, atoi(ev) != 0);
     }
     duet_cuda_set_invariant(c, 1);
     duet_status_t st = DUET_OK;

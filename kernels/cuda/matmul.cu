@@ -145,18 +145,7 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
         wr[r] = a.w + (size_t)rr[r] * a.row_bytes;
     }
     int nchunks = (int)(a.row_bytes / 16);
-    /* the first two rounds' weight lines toward L2 while a programmatic dependent launch waits
-     * for the kernel ahead (a line is eight lanes' chunks) */
-    if ((lane & 7) == 0)
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int ch = warp * 32 + lane + i * ksplit * 32;
-            if (ch < nchunks)
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    prefetch_l2(wr[r] + (size_t)ch * 16);
-        }
-    duet_pdl_wait();
+    duet_pdl_wait(); /* x is the kernel ahead's */
     const float *xt[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -282,11 +271,6 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_ROWS 32 /* rows a warp */
 #define TC_BLOCK_ROWS (TC_WARPS * TC_ROWS)
 #define TC_MAX_NT 4
-/* Units past the first stages whose weights a block sends toward L2 while a programmatic
- * dependent launch waits for the kernel ahead (0: none); a build setting for timing variants */
-#ifndef TC_PDL_L2_UNITS
-#define TC_PDL_L2_UNITS 3
-#endif
 #define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
@@ -679,29 +663,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
         }
     };
-    /* unit u's weights of the warp's rows toward L2, a 128-byte line a lane at most */
-    auto l2_ahead_w = [&](int u) {
-        if constexpr (WT == WT_F4) {
-            if (a.tiled) { /* the tile's 2 KB: a line a lane in its first half */
-                if (lane < 16)
-                    prefetch_l2(frow[0] - 16 * lane + (size_t)u * TC_F4_TILE_BYTES + 128 * lane);
-            } else if ((lane & 3) == 0) { /* the lane's four rows' 64-byte unit slices */
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    prefetch_l2(frow[j] + (size_t)u * 64);
-            }
-        } else if (WT == WT_BF16 && a.tiled) { /* the tile's 8 KB, two lines a lane */
-            const uint8_t *tp = btile - 16 * lane + (size_t)u * TC_BF16_TILE_BYTES + 256 * lane;
-            prefetch_l2(tp);
-            prefetch_l2(tp + 128);
-        } else { /* rows g, g+8, g+16, g+24: CPR * 64 bytes each, a lane a line */
-            constexpr int LPR = CPR * 64 / 128; /* lines a row's unit slice */
-            if (tq < LPR)
-#pragma unroll
-                for (int r4 = 0; r4 < 4; r4++)
-                    prefetch_l2(rp[r4] - 16 * tq + (size_t)u * (CPR * 64) + 128 * tq);
-        }
-    };
     /* x: the thread's row pointers once (a gathered row's index is read once), each unit's
      * values read XD units ahead (two with one token tile, where a unit's MMAs are few).
      * bf16 weights: NX column quads a thread, split into three bf16 parts.  fp8/fp4: items
@@ -830,16 +791,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
     });
 
-    /* the first weight stages, and the rest of the block's first units toward L2, before the
-     * wait for the kernel ahead (a programmatic dependent launch: duet_pdl_wait) */
+    /* the first weight stages before the wait for the kernel ahead (a programmatic dependent
+     * launch: duet_pdl_wait); sending the block's next units toward L2 there as well measured
+     * slower (docs/PERF.md) */
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
         if (ub + s < ue)
             load_w(ub + s, s);
-    if constexpr (TC_PDL_L2_UNITS > 0 && std::is_same<TM, tok_plain>::value) /* grouped: after the wait */
-        if (active)
-            for (int u = ub + S - 1; u < min(ue, ub + S - 1 + TC_PDL_L2_UNITS); u++)
-                l2_ahead_w(u);
     duet_pdl_wait();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -1091,12 +1049,12 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         sp.count[tile_id] = 0;
 }
 
-template <int WT, int NT>
+template <int WT, int NT, bool PRE>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     duet_pdl_trigger();
     tok_plain tm{a.x, a.n, a.cols};
-    gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
+    gemv_tc_body<WT, NT, PRE>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
                          blockIdx.y * gridDim.x + blockIdx.x);
 }
 
@@ -1274,16 +1232,36 @@ extern "C" void duet_cuda_tc_presplit(duet_cuda_t *c, int min_n)
 
 /* tc_smem's bit for a kernel taking x split ahead: the second word */
 #define TC_PRE_BIT 64
-template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
+/* The dense and multi launches take x split ahead from this many tokens (0: never; fp8 and fp4
+ * weights).  Before the launches could start during the kernel ahead (duet_pdl_wait), the extra
+ * launch made decode steps at batch 32 and 128 2-3% slower and a 4096-token prefill 4% slower
+ * (docs/PERF.md); a build setting for timing variants. */
+#ifndef TC_PRESPLIT_MIN_N_DENSE
+#define TC_PRESPLIT_MIN_N_DENSE 0
+#endif
+template <int WT> static bool tc_presplit_dense_on(int n)
+{
+    return WT != WT_BF16 && TC_PRESPLIT_MIN_N_DENSE > 0 && n >= TC_PRESPLIT_MIN_N_DENSE;
+}
+
+template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a_in)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
-    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
+    gemv_args a = a_in;
+    if constexpr (WT != WT_BF16) {
+        if (tc_presplit_dense_on<WT>(a.n)) {
+            DUET_TRY(tc_presplit<WT>(c, a, NULL, a.n));
+            DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT, true>, smem, TC_PRE_BIT + WT * 8 + NT));
+        }
+    }
+    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT, false>, smem, WT * 8 + NT));
     int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
+    auto k = a.xrec ? gemv_tc_kernel<WT, NT, WT != WT_BF16> : gemv_tc_kernel<WT, NT, false>;
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, k, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1321,7 +1299,7 @@ struct multi_args {
     size_t part_off[DUET_CUDA_MULTI_MAX]; /* floats into the split partials */
 };
 
-template <int WT, int NT>
+template <int WT, int NT, bool PRE>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
     duet_pdl_trigger();
@@ -1345,13 +1323,20 @@ __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args 
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += po;
-    gemv_tc_body<WT, NT, false>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, PRE>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
-template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a, multi_args &m)
+template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a_in, multi_args &m)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
-    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
+    gemv_args a = a_in;
+    if constexpr (WT != WT_BF16) {
+        if (tc_presplit_dense_on<WT>(a.n)) {
+            DUET_TRY(tc_presplit<WT>(c, a, NULL, a.n));
+            DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT, true>, smem, TC_PRE_BIT + 21 + WT * 4 + NT - 1));
+        }
+    }
+    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT, false>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
     int tiles = m.tile0[m.n_parts], tok_tiles = duet_cdiv(a.n, 8 * NT);
     size_t rows = 0;
     for (int i = 0; i < m.n_parts; i++)
@@ -1363,7 +1348,8 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
+    auto k = a.xrec ? gemv_tc_multi_kernel<WT, NT, WT != WT_BF16> : gemv_tc_multi_kernel<WT, NT, false>;
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, k, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
