@@ -133,7 +133,7 @@ __device__ __forceinline__ void duet_pdl_wait()
 
 __device__ __forceinline__ void duet_pdl_trigger()
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(DUET_PDL_NO_TRIGGER)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
@@ -154,7 +154,12 @@ static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, int pdl, void (
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = pdl && c->pdl ? 1 : 0;
+#ifdef DUET_CUDA_LAUNCH_PLAIN
+    kernel<<<grid, block, smem, c->stream>>>(static_cast<A &&>(args)...);
+    return cudaGetLastError();
+#else
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+#endif
 }
 
 static inline unsigned duet_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
