@@ -38,7 +38,6 @@ __device__ __forceinline__ void am_warp(float &bv, int &bi)
 __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *logits, int vocab, int slice,
                                                                  float *pv, int *pi)
 {
-    duet_pdl_trigger();
     __shared__ float sv[AM_THREADS / 32];
     __shared__ int si[AM_THREADS / 32];
     int s = blockIdx.x, S = gridDim.x, row = blockIdx.y;
@@ -80,7 +79,6 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *lo
 
 __global__ void argmax_final_kernel(int S, const float *pv, const int *pi, int32_t *out)
 {
-    duet_pdl_trigger();
     int row = blockIdx.x, lane = threadIdx.x;
     float bv = __uint_as_float(0x7fc00000u);
     int bi = 0x7fffffff;

@@ -25,7 +25,6 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_kernel(const float *q, i
                                                                const int32_t *n_keys, float scale, int n_split,
                                                                float *o_part, float *ml_part)
 {
-    duet_pdl_trigger();
     extern __shared__ __align__(16) float q_s[]; /* [AT_HB][dim] */
     __shared__ float S[AT_HB][AT_CH];
     __shared__ float m_s[AT_HB], l_s[AT_HB], alpha_s[AT_HB];
@@ -171,7 +170,6 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
                                                                     const int32_t *n_keys, float scale,
                                                                     int n_split, float *o_part, float *ml_part)
 {
-    duet_pdl_trigger();
     constexpr int D4 = DIM / 4, HPT = AT_HB * D4 / AT_THREADS, KG = 4, NW = AT_THREADS / 32;
     static_assert(AT_HB * KG == 32, "one sum per lane");
     extern __shared__ __align__(16) float q_s[]; /* [AT_HB][DIM] */
@@ -400,7 +398,6 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
                                                                  float scale, int n_split, int per,
                                                                  float *o_part, float *ml_part)
 {
-    duet_pdl_trigger();
     typedef tc_shape<DIM, W, KT> S;
     static_assert(S::DW % 32 == 0 && S::DW <= 64, "a warp's dims: one or two groups of 32");
     static_assert(W * 32 == 16 * 16 || W * 32 == 16 * 8, "a half-warp a head in the softmax step");
@@ -604,7 +601,6 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
 __global__ void attn_combine_kernel(int n_heads, int dim, int n_split, const float *sinks, const float *o_part,
                                     const float *ml_part, float *out)
 {
-    duet_pdl_trigger();
     extern __shared__ float w_s[]; /* [n_split]: e^(m_s - M), or -1 for a split without keys */
     __shared__ float M_s, denom_s;
     int b = blockIdx.x, h = blockIdx.y;

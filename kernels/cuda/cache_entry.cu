@@ -37,7 +37,6 @@ __device__ float block_max(float v, float *red)
 __global__ void __launch_bounds__(ENTRY_THREADS) cache_store_kernel(entry_geom g, uint8_t *base, const uint32_t *unit,
                                                                     const uint32_t *idx, const float *vecs)
 {
-    duet_pdl_trigger();
     __shared__ float red[33];
     uint32_t e = blockIdx.x;
     const float *vec = vecs + (size_t)e * g.vec_dim;
@@ -112,7 +111,6 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g,
                                                                    const uint32_t *unit, const uint32_t *idx,
                                                                    O *vecs)
 {
-    duet_pdl_trigger();
     uint32_t e = blockIdx.x;
     load_entry(g, base + (size_t)unit[e] * g.page_bytes, idx[e], vecs + (size_t)e * g.vec_dim);
 }
@@ -125,7 +123,6 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_sel_kernel(entry_geo
                                                                        const int32_t *page_off,
                                                                        const int32_t *dst_off, O *out)
 {
-    duet_pdl_trigger();
     int j = blockIdx.x, b = blockIdx.y;
     if (j >= n_sel[b])
         return;
@@ -224,7 +221,6 @@ extern "C" duet_status_t duet_cuda_cache_load_bf16(duet_cuda_t *c, const duet_ca
 __global__ void kv_entries_kernel(const uint32_t *pages, const int32_t *runs, uint32_t epp, uint32_t *unit,
                                   uint32_t *idx)
 {
-    duet_pdl_trigger();
     const int32_t *r = runs + 3 * (size_t)blockIdx.y;
     int32_t page_off = r[0], out = r[1], count = r[2];
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < count; e += gridDim.x * blockDim.x) {

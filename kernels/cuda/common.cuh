@@ -115,26 +115,20 @@ duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p);
 duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev);
 
 /* Programmatic dependent launch (sm_90 and later).  A kernel launched with duet_cuda_launch(c, 1,
- * ...) may be scheduled while the kernel ahead of it in the stream is still running, once every
- * block of that one has called duet_pdl_trigger() or exited.  It must call duet_pdl_wait() in every
- * block before it reads anything an earlier operation wrote, writes anything an earlier one reads,
- * or exits (so that its own end still implies the end of everything before it); before the wait it
- * may only read what no operation of the stream writes (weights) and use its shared memory.
- * duet_pdl_wait() returns at once in a kernel launched the ordinary way, and both are no-ops below
- * sm_90.  The forward's kernels call duet_pdl_trigger() first thing, so that the matmul after any
- * of them may load its first weights while that kernel's last blocks run; the trigger lets
- * nothing read early that the launched kernel has not waited for. */
+ * ...) may be scheduled as soon as every block of the kernel ahead of it in the stream has exited,
+ * before that kernel's completion (its memory flush) and without the gap of an ordinary launch.
+ * It must call duet_pdl_wait() in every block before it reads anything an earlier operation
+ * wrote, writes anything an earlier one reads, or exits (so that its own end still implies the
+ * end of everything before it); before the wait it may only read what no operation of the stream
+ * writes (weights) and use its shared memory.  duet_pdl_wait() returns at once in a kernel
+ * launched the ordinary way, and is a no-op below sm_90.  No kernel lets its dependents start
+ * earlier than its blocks' exits (griddepcontrol.launch_dependents first thing in every kernel
+ * measured 2% slower at prefill, its dependents' blocks placed while the SMs were still busy;
+ * docs/PERF.md). */
 __device__ __forceinline__ void duet_pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void duet_pdl_trigger()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(DUET_PDL_NO_TRIGGER)
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -154,12 +148,7 @@ static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, int pdl, void (
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = pdl && c->pdl ? 1 : 0;
-#ifdef DUET_CUDA_LAUNCH_PLAIN
-    kernel<<<grid, block, smem, c->stream>>>(static_cast<A &&>(args)...);
-    return cudaGetLastError();
-#else
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
-#endif
 }
 
 static inline unsigned duet_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }

@@ -6,7 +6,6 @@
 __global__ void compress_pool_kernel(const float *kv, const float *gate, int n_slots, int dim, int stride,
                                      int n_entries, size_t entry_stride, float *out)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n_entries * dim)
         return;

@@ -5,7 +5,6 @@ __global__ void comp_gather_kernel(duet_comp_geom_t g, const float *state, const
                                    const float *ape, const duet_comp_slot_t *desc, int n, float *kv_out,
                                    float *gate_out)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * g.dim)
         return;
@@ -32,7 +31,6 @@ __global__ void comp_gather_kernel(duet_comp_geom_t g, const float *state, const
 __global__ void comp_state_write_kernel(duet_comp_geom_t g, float *state, const float *pkv, const float *pgate,
                                         const float *ape, const duet_comp_slot_t *desc, int n)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * g.width)
         return;

@@ -117,9 +117,9 @@ void duet_cuda_set_invariant(duet_cuda_t *c, int on);
 int duet_cuda_get_invariant(const duet_cuda_t *c);
 
 /* Programmatic dependent launches (on by default where the device has them, sm_90 and later):
- * the matrix multiplications may start while the kernel ahead of them finishes, reading their
- * first weights meanwhile and waiting for it before they read x.  The same results either way;
- * off (0) for comparison.  Returns whether they are on. */
+ * the matrix multiplications may start once the kernel ahead of them has no block left, before
+ * its completion, loading their first weights meanwhile and waiting for it before they read x.
+ * The same results either way; off (0) for comparison.  Returns whether they are on. */
 int duet_cuda_set_pdl(duet_cuda_t *c, int on);
 
 #ifdef __cplusplus

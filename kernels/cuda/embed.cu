@@ -3,7 +3,6 @@
 
 __global__ void embed_kernel(const void *table, int bf16, int dim, const int32_t *tok, int n, int hc, float *h)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;

@@ -30,7 +30,6 @@ __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_r
 __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
                                                                 int mix, int slice, float *part)
 {
-    duet_pdl_trigger();
     __shared__ float red[HC_RG][32];
     int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
     int nr = min(HC_RG, n - i0); /* rows of this group */
@@ -264,7 +263,6 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(const float *x, i
                                                                int sinkhorn_iters, float hc_eps, float norm_eps,
                                                                float *post, float *comb, float *collapsed)
 {
-    duet_pdl_trigger();
     __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
     __shared__ float cb_s[HC_MAX * HC_MAX];
     __shared__ float pre[HC_MAX];
@@ -287,7 +285,6 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
                                                               float *post, float *comb, const float *norm_w,
                                                               float eps, float *y)
 {
-    duet_pdl_trigger();
     __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
     __shared__ float cb_s[HC_MAX * HC_MAX];
     __shared__ float pre[HC_MAX];
@@ -343,7 +340,6 @@ template <int HCT>
 __global__ void hc_post_kernel(float *x, int n, int hc_rt, int dim, const float *f, const float *post,
                                const float *comb)
 {
-    duet_pdl_trigger();
     const int hc = HCT > 0 ? HCT : hc_rt;
     constexpr int CAP = HCT > 0 ? HCT : HC_MAX;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;

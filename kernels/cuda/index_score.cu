@@ -54,7 +54,6 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
     index_score_kernel(const float *q, const float *w, int n_heads, int dim, is_keys ks, const int32_t *key_off,
                        const int32_t *n_keys, const int32_t *score_off, float scale, float *score)
 {
-    duet_pdl_trigger();
     constexpr bool CACHE = KS != 0;
     static_assert(IS_HT == IS_KT && IS_DC == 32 && IS_THREADS == 256 && IS_SV == 8,
                   "a warp stages 4 rows x 8 columns, 8 warps x 8 rounds cover 64 rows x 32 columns");

@@ -225,7 +225,6 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
 template <int WT, int NT>
 __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 {
-    duet_pdl_trigger();
     tok_plain tm{a.x, a.n, a.cols};
     gemv_body<WT, NT>(a, tm, a.row_begin + blockIdx.x * GEMV_ROWS_PER_WARP, blockIdx.y * GEMV_TOKENS);
 }
@@ -1049,12 +1048,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         sp.count[tile_id] = 0;
 }
 
-template <int WT, int NT, bool PRE>
+template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
-    duet_pdl_trigger();
     tok_plain tm{a.x, a.n, a.cols};
-    gemv_tc_body<WT, NT, PRE>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
+    gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
                          blockIdx.y * gridDim.x + blockIdx.x);
 }
 
@@ -1167,7 +1165,6 @@ template <int WT>
 __global__ void __launch_bounds__(256)
     tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
 {
-    duet_pdl_trigger();
     duet_pdl_wait();
     int units = cols / 128;
     size_t pairs = (size_t)rows * units, i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -1232,36 +1229,16 @@ extern "C" void duet_cuda_tc_presplit(duet_cuda_t *c, int min_n)
 
 /* tc_smem's bit for a kernel taking x split ahead: the second word */
 #define TC_PRE_BIT 64
-/* The dense and multi launches take x split ahead from this many tokens (0: never; fp8 and fp4
- * weights).  Before the launches could start during the kernel ahead (duet_pdl_wait), the extra
- * launch made decode steps at batch 32 and 128 2-3% slower and a 4096-token prefill 4% slower
- * (docs/PERF.md); a build setting for timing variants. */
-#ifndef TC_PRESPLIT_MIN_N_DENSE
-#define TC_PRESPLIT_MIN_N_DENSE 0
-#endif
-template <int WT> static bool tc_presplit_dense_on(int n)
-{
-    return WT != WT_BF16 && TC_PRESPLIT_MIN_N_DENSE > 0 && n >= TC_PRESPLIT_MIN_N_DENSE;
-}
-
-template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a_in)
+template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
-    gemv_args a = a_in;
-    if constexpr (WT != WT_BF16) {
-        if (tc_presplit_dense_on<WT>(a.n)) {
-            DUET_TRY(tc_presplit<WT>(c, a, NULL, a.n));
-            DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT, true>, smem, TC_PRE_BIT + WT * 8 + NT));
-        }
-    }
-    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT, false>, smem, WT * 8 + NT));
+    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
     int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    auto k = a.xrec ? gemv_tc_kernel<WT, NT, WT != WT_BF16> : gemv_tc_kernel<WT, NT, false>;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, k, grid, dim3(TC_WARPS * 32), smem, a, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1299,10 +1276,9 @@ struct multi_args {
     size_t part_off[DUET_CUDA_MULTI_MAX]; /* floats into the split partials */
 };
 
-template <int WT, int NT, bool PRE>
+template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
-    duet_pdl_trigger();
     int bx = blockIdx.x, rb0 = 0;
     size_t po = 0;
     /* constant indices only: the arguments stay in the parameter bank */
@@ -1323,20 +1299,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args 
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += po;
-    gemv_tc_body<WT, NT, PRE>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, false>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
-template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a_in, multi_args &m)
+template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a, multi_args &m)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
-    gemv_args a = a_in;
-    if constexpr (WT != WT_BF16) {
-        if (tc_presplit_dense_on<WT>(a.n)) {
-            DUET_TRY(tc_presplit<WT>(c, a, NULL, a.n));
-            DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT, true>, smem, TC_PRE_BIT + 21 + WT * 4 + NT - 1));
-        }
-    }
-    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT, false>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
+    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
     int tiles = m.tile0[m.n_parts], tok_tiles = duet_cdiv(a.n, 8 * NT);
     size_t rows = 0;
     for (int i = 0; i < m.n_parts; i++)
@@ -1348,8 +1317,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    auto k = a.xrec ? gemv_tc_multi_kernel<WT, NT, WT != WT_BF16> : gemv_tc_multi_kernel<WT, NT, false>;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, k, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, 1, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
@@ -1685,7 +1653,6 @@ __device__ __forceinline__ bool group_block(gemv_args &a, const group_args &g, i
 template <int WT, int NT>
 __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_args a, group_args g)
 {
-    duet_pdl_trigger();
     duet_pdl_wait(); /* the expert lists are the kernel ahead's */
     tok_group tm;
     int rt, t0;
@@ -1710,7 +1677,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32,
                                   NT == 1 && WT == WT_F4 ? (PRE ? TC_GROUP_PRE_MIN_BLOCKS : TC_GROUP_MIN_BLOCKS) : 1)
     gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
-    duet_pdl_trigger();
     duet_pdl_wait(); /* the expert lists (and x split ahead) are the kernels ahead's */
     tok_group tm;
     int rt, t0;

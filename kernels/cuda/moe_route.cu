@@ -62,7 +62,6 @@ __device__ void route_weights(const duet_cuda_moe_route_t &p, const float *sc, c
 __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_route_t p, const float *logits,
                                                                   int32_t *sel, float *wt)
 {
-    duet_pdl_trigger();
     extern __shared__ float sm[];
     int E = p.n_experts, K = p.top_k;
     float *sc = sm, *bv = sm + E;
@@ -171,7 +170,6 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
                                                                  int seg, int32_t *offs, int32_t *tiles,
                                                                  int32_t *xrow, int32_t *pos)
 {
-    duet_pdl_trigger();
     extern __shared__ int32_t cnt[]; /* [ns][E] */
     int tid = threadIdx.x, bd = blockDim.x;
     for (int i = tid; i < ns * E; i += bd)
@@ -273,7 +271,6 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
 __global__ void moe_combine_kernel(const int32_t *sel, const float *wt, const int32_t *pos, int K, const float *y,
                                    const float *shared, int dim, float *out)
 {
-    duet_pdl_trigger();
     __shared__ int ps[DUET_CUDA_MOE_MAX_K];
     __shared__ float ws[DUET_CUDA_MOE_MAX_K];
     __shared__ int np;
@@ -368,7 +365,6 @@ extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *se
  * at their usual sorted positions. */
 __global__ void moe_tiles_own_kernel(int32_t *tiles, int E, int e0, int e1)
 {
-    duet_pdl_trigger();
     extern __shared__ int32_t st[];
     int n = 2 * (E + 1);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -386,7 +382,6 @@ __global__ void moe_tiles_own_kernel(int32_t *tiles, int E, int e0, int e1)
 __global__ void moe_pick_kernel(float *y, const float *recv, size_t stride, int dim, const int32_t *offs, int E,
                                 int T)
 {
-    duet_pdl_trigger();
     __shared__ int owner;
     int p = blockIdx.x;
     if (threadIdx.x == 0) {

@@ -10,7 +10,6 @@ struct rope_table {
 __global__ void rope_kernel(float *x, int n, int n_heads, int head_dim, const int64_t *pos, rope_table t, int pairs,
                             float sign)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t total = (size_t)n * pairs * n_heads;
     if (i >= total)

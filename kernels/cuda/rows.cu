@@ -3,7 +3,6 @@
 
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n, int dim)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -16,7 +15,6 @@ template <typename O>
 __global__ void gather_rows_to_kernel(O *dst, const int32_t *dst_idx, const float *src, const int32_t *src_idx,
                                       int n, int dim)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -38,7 +36,6 @@ static duet_status_t gather_rows_to(duet_cuda_t *c, O *dst, const int32_t *dst_i
 
 __global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, int cols)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * cols)
         return;
@@ -48,7 +45,6 @@ __global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size
 
 __global__ void scale_add_rows_kernel(float *y, const int32_t *rows, const float *w, const float *x, int n, int dim)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -59,7 +55,6 @@ __global__ void scale_add_rows_kernel(float *y, const int32_t *rows, const float
 
 __global__ void add_kernel(float *y, const float *x, size_t n)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = __fadd_rn(y[i], x[i]);
@@ -67,7 +62,6 @@ __global__ void add_kernel(float *y, const float *x, size_t n)
 
 __global__ void scale_kernel(float *x, size_t n, float s)
 {
-    duet_pdl_trigger();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         x[i] = __fmul_rn(x[i], s);

@@ -17,7 +17,6 @@ __device__ __forceinline__ float swiglu1(float g, float u, float limit)
 
 __global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float limit, float *y)
 {
-    duet_pdl_trigger();
     size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4;
     if (i + 4 <= n && ((uintptr_t)(gate + i) | (uintptr_t)(up + i) | (uintptr_t)(y + i)) % 16 == 0) {
         float4 g = *(const float4 *)(gate + i), u = *(const float4 *)(up + i);

@@ -53,7 +53,6 @@ __device__ __forceinline__ void block_scan01(int flag, uint32_t *excl, uint32_t 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, const int32_t *off, const int32_t *nn,
                                                             int k, int cap, int32_t *idx)
 {
-    duet_pdl_trigger();
     extern __shared__ uint32_t ks[]; /* [cap] */
     __shared__ uint32_t hist[256];
     __shared__ uint32_t wsum[33];
