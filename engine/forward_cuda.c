@@ -52,6 +52,7 @@ struct duet_model_cuda {
     size_t moe_bytes;
     int moe_host_route; /* DUET_MOE_HOST=1: routing on the host and one launch set per expert (the older path) */
     int no_tile;        /* DUET_CUDA_TILE=0: fp4 experts kept in the checkpoint's layout (for comparison) */
+    int no_pdl;         /* DUET_CUDA_PDL=0: no dependent launches (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -341,8 +342,7 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         ev = getenv("DUET_CUDA_ATTN_TC"); /* 0: attention on the fp32 units (for comparison) */
         duet_cuda_set_attn_tc(c, !(ev && atoi(ev) == 0));
         ev = getenv("DUET_CUDA_PDL"); /* 0: every kernel waits for the one ahead to end (for comparison) */
-        if (ev && *ev)
-            duet_cuda_set_pdl(c, atoi(ev) != 0);
+        mc->no_pdl = ev && *ev && atoi(ev) == 0;
     }
     duet_cuda_set_invariant(c, 1);
     duet_status_t st = DUET_OK;
@@ -749,6 +749,8 @@ typedef struct {
 
 #define PD(F, T, off) ((T *)((F)->pd + (off)))
 #define WO_GROUP_MAX_ROWS 256
+/* calls of at most this many rows (decode steps) run their kernels as dependent launches */
+#define PDL_MAX_ROWS 256
 
 static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
 {
@@ -1972,6 +1974,9 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     /* wo_a grouped: decode-sized calls with the batch-invariant matmuls (the launch per group
      * takes the same kernel there, so the same bits); larger calls keep a launch per group */
     F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c);
+    /* dependent launches for decode-sized calls; a prefill's kernels launch the ordinary way
+     * (after cuBLASLt's GEMMs the dependent form made a prefill slower: docs/PERF.md) */
+    duet_cuda_set_pdl(mc->c, !mc->no_pdl && R <= PDL_MAX_ROWS);
     F.hc_fused = hc_fused(&F);
     F.row0 = malloc(sizeof(int) * (size_t)n_items);
     F.tok_h = malloc(sizeof(int32_t) * (size_t)R);

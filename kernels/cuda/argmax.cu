@@ -38,6 +38,7 @@ __device__ __forceinline__ void am_warp(float &bv, int &bi)
 __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *logits, int vocab, int slice,
                                                                  float *pv, int *pi)
 {
+    duet_pdl_wait();
     __shared__ float sv[AM_THREADS / 32];
     __shared__ int si[AM_THREADS / 32];
     int s = blockIdx.x, S = gridDim.x, row = blockIdx.y;
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *lo
 
 __global__ void argmax_final_kernel(int S, const float *pv, const int *pi, int32_t *out)
 {
+    duet_pdl_wait();
     int row = blockIdx.x, lane = threadIdx.x;
     float bv = __uint_as_float(0x7fc00000u);
     int bi = 0x7fffffff;
@@ -108,9 +110,9 @@ extern "C" duet_status_t duet_cuda_argmax(duet_cuda_t *c, const float *logits, i
     DUET_TRY(duet_cuda_scratch(c, (size_t)n_rows * S * 8, &scr));
     float *pv = (float *)scr;
     int *pi = (int *)(pv + (size_t)n_rows * S);
-    argmax_part_kernel<<<dim3(S, n_rows), AM_THREADS, 0, c->stream>>>(logits, vocab, slice, pv, pi);
+    (void)duet_cuda_launch(c, 1, argmax_part_kernel, dim3(dim3(S, n_rows)), dim3(AM_THREADS), 0, logits, vocab, slice, pv, pi);
     DUET_CUDA_CHECK_LAUNCH(c);
-    argmax_final_kernel<<<n_rows, 32, 0, c->stream>>>(S, pv, pi, out);
+    (void)duet_cuda_launch(c, 1, argmax_final_kernel, dim3(n_rows), dim3(32), 0, S, pv, pi, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -25,6 +25,7 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_kernel(const float *q, i
                                                                const int32_t *n_keys, float scale, int n_split,
                                                                float *o_part, float *ml_part)
 {
+    duet_pdl_wait();
     extern __shared__ __align__(16) float q_s[]; /* [AT_HB][dim] */
     __shared__ float S[AT_HB][AT_CH];
     __shared__ float m_s[AT_HB], l_s[AT_HB], alpha_s[AT_HB];
@@ -170,6 +171,7 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
                                                                     const int32_t *n_keys, float scale,
                                                                     int n_split, float *o_part, float *ml_part)
 {
+    duet_pdl_wait();
     constexpr int D4 = DIM / 4, HPT = AT_HB * D4 / AT_THREADS, KG = 4, NW = AT_THREADS / 32;
     static_assert(AT_HB * KG == 32, "one sum per lane");
     extern __shared__ __align__(16) float q_s[]; /* [AT_HB][DIM] */
@@ -398,6 +400,7 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
                                                                  float scale, int n_split, int per,
                                                                  float *o_part, float *ml_part)
 {
+    duet_pdl_wait();
     typedef tc_shape<DIM, W, KT> S;
     static_assert(S::DW % 32 == 0 && S::DW <= 64, "a warp's dims: one or two groups of 32");
     static_assert(W * 32 == 16 * 16 || W * 32 == 16 * 8, "a half-warp a head in the softmax step");
@@ -601,6 +604,7 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
 __global__ void attn_combine_kernel(int n_heads, int dim, int n_split, const float *sinks, const float *o_part,
                                     const float *ml_part, float *out)
 {
+    duet_pdl_wait();
     extern __shared__ float w_s[]; /* [n_split]: e^(m_s - M), or -1 for a split without keys */
     __shared__ float M_s, denom_s;
     int b = blockIdx.x, h = blockIdx.y;
@@ -735,35 +739,35 @@ static duet_status_t attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n
             DUET_CUDA_CHECK(c, cudaFuncSetAttribute(tck, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem));
             c->attn_smem_set |= 1u << tc_bit;
         }
-        tck<<<grid, tc_warps * 32, tc_smem, c->stream>>>(q, n_heads, keys, key_off, n_keys, scale, n_split, per,
+        (void)duet_cuda_launch(c, 1, tck, dim3(grid), dim3(tc_warps * 32), tc_smem, q, n_heads, keys, key_off, n_keys, scale, n_split, per,
                                                          o_part, ml_part);
     } else {
         const float *kf = (const float *)keys;
         size_t smem = AT_HB * dim * sizeof(float);
         switch (dim) {
         case 128:
-            attn_part_fast_kernel<128><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
+            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<128>, dim3(grid), dim3(AT_THREADS), smem, q, n_heads, kf, key_off, n_keys,
                                                                              scale, n_split, o_part, ml_part);
             break;
         case 256:
-            attn_part_fast_kernel<256><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
+            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<256>, dim3(grid), dim3(AT_THREADS), smem, q, n_heads, kf, key_off, n_keys,
                                                                              scale, n_split, o_part, ml_part);
             break;
         case 512:
-            attn_part_fast_kernel<512><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
+            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<512>, dim3(grid), dim3(AT_THREADS), smem, q, n_heads, kf, key_off, n_keys,
                                                                              scale, n_split, o_part, ml_part);
             break;
         case 1024:
-            attn_part_fast_kernel<1024><<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, kf, key_off, n_keys,
+            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<1024>, dim3(grid), dim3(AT_THREADS), smem, q, n_heads, kf, key_off, n_keys,
                                                                               scale, n_split, o_part, ml_part);
             break;
         default:
-            attn_part_kernel<<<grid, AT_THREADS, smem, c->stream>>>(q, n_heads, dim, kf, key_off, n_keys, scale,
+            (void)duet_cuda_launch(c, 1, attn_part_kernel, dim3(grid), dim3(AT_THREADS), smem, q, n_heads, dim, kf, key_off, n_keys, scale,
                                                                     n_split, o_part, ml_part);
         }
     }
     DUET_CUDA_CHECK_LAUNCH(c);
-    attn_combine_kernel<<<dim3(n_rows, n_heads), 128, n_split * sizeof(float), c->stream>>>(
+    (void)duet_cuda_launch(c, 1, attn_combine_kernel, dim3(dim3(n_rows, n_heads)), dim3(128), n_split * sizeof(float), 
         n_heads, dim, n_split, sinks, o_part, ml_part, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;

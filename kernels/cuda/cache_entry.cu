@@ -37,6 +37,7 @@ __device__ float block_max(float v, float *red)
 __global__ void __launch_bounds__(ENTRY_THREADS) cache_store_kernel(entry_geom g, uint8_t *base, const uint32_t *unit,
                                                                     const uint32_t *idx, const float *vecs)
 {
+    duet_pdl_wait();
     __shared__ float red[33];
     uint32_t e = blockIdx.x;
     const float *vec = vecs + (size_t)e * g.vec_dim;
@@ -111,6 +112,7 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_kernel(entry_geom g,
                                                                    const uint32_t *unit, const uint32_t *idx,
                                                                    O *vecs)
 {
+    duet_pdl_wait();
     uint32_t e = blockIdx.x;
     load_entry(g, base + (size_t)unit[e] * g.page_bytes, idx[e], vecs + (size_t)e * g.vec_dim);
 }
@@ -123,6 +125,7 @@ __global__ void __launch_bounds__(ENTRY_THREADS) cache_load_sel_kernel(entry_geo
                                                                        const int32_t *page_off,
                                                                        const int32_t *dst_off, O *out)
 {
+    duet_pdl_wait();
     int j = blockIdx.x, b = blockIdx.y;
     if (j >= n_sel[b])
         return;
@@ -151,7 +154,7 @@ static duet_status_t load_sel(duet_cuda_t *c, const char *name, const duet_cache
         return DUET_OK;
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", name, n_rows);
-    cache_load_sel_kernel<O><<<dim3(k, n_rows), ENTRY_THREADS, 0, c->stream>>>(g, base, l->entries_per_page, sel, k,
+    (void)duet_cuda_launch(c, 1, cache_load_sel_kernel<O>, dim3(dim3(k, n_rows)), dim3(ENTRY_THREADS), 0, g, base, l->entries_per_page, sel, k,
                                                                               n_sel, pages, page_off, dst_off, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
@@ -184,7 +187,7 @@ extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_
                                duet_pool_kind_name(l->kind));
     if (!n)
         return DUET_OK;
-    cache_store_kernel<<<n, ENTRY_THREADS, 0, c->stream>>>(g, base, unit, idx, vec);
+    (void)duet_cuda_launch(c, 1, cache_store_kernel, dim3(n), dim3(ENTRY_THREADS), 0, g, base, unit, idx, vec);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -199,7 +202,7 @@ static duet_status_t load(duet_cuda_t *c, const char *name, const duet_cache_lay
                                duet_pool_kind_name(l->kind), sizeof(O) == 2 ? "KV entry" : "entry");
     if (!n)
         return DUET_OK;
-    cache_load_kernel<O><<<n, ENTRY_THREADS, 0, c->stream>>>(g, base, unit, idx, vec);
+    (void)duet_cuda_launch(c, 1, cache_load_kernel<O>, dim3(n), dim3(ENTRY_THREADS), 0, g, base, unit, idx, vec);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -221,6 +224,7 @@ extern "C" duet_status_t duet_cuda_cache_load_bf16(duet_cuda_t *c, const duet_ca
 __global__ void kv_entries_kernel(const uint32_t *pages, const int32_t *runs, uint32_t epp, uint32_t *unit,
                                   uint32_t *idx)
 {
+    duet_pdl_wait();
     const int32_t *r = runs + 3 * (size_t)blockIdx.y;
     int32_t page_off = r[0], out = r[1], count = r[2];
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < count; e += gridDim.x * blockDim.x) {
@@ -240,7 +244,7 @@ extern "C" duet_status_t duet_cuda_kv_entries(duet_cuda_t *c, const uint32_t *pa
         return DUET_OK;
     unsigned bx = duet_cdiv((size_t)max_count, 256);
     dim3 grid(bx < 64 ? bx : 64, (unsigned)n_runs);
-    kv_entries_kernel<<<grid, 256, 0, c->stream>>>(pages, runs, epp, unit, idx);
+    (void)duet_cuda_launch(c, 1, kv_entries_kernel, dim3(grid), dim3(256), 0, pages, runs, epp, unit, idx);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

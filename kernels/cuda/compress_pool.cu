@@ -6,6 +6,7 @@
 __global__ void compress_pool_kernel(const float *kv, const float *gate, int n_slots, int dim, int stride,
                                      int n_entries, size_t entry_stride, float *out)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n_entries * dim)
         return;
@@ -36,7 +37,7 @@ extern "C" duet_status_t duet_cuda_compress_pool(duet_cuda_t *c, const float *kv
     size_t total = (size_t)n_entries * dim;
     if (!total)
         return DUET_OK;
-    compress_pool_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(kv, gate, n_slots, dim, stride, n_entries,
+    (void)duet_cuda_launch(c, 1, compress_pool_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, kv, gate, n_slots, dim, stride, n_entries,
                                                                         entry_stride, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;

@@ -5,6 +5,7 @@ __global__ void comp_gather_kernel(duet_comp_geom_t g, const float *state, const
                                    const float *ape, const duet_comp_slot_t *desc, int n, float *kv_out,
                                    float *gate_out)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * g.dim)
         return;
@@ -31,6 +32,7 @@ __global__ void comp_gather_kernel(duet_comp_geom_t g, const float *state, const
 __global__ void comp_state_write_kernel(duet_comp_geom_t g, float *state, const float *pkv, const float *pgate,
                                         const float *ape, const duet_comp_slot_t *desc, int n)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * g.width)
         return;
@@ -49,7 +51,7 @@ extern "C" duet_status_t duet_cuda_comp_gather(duet_cuda_t *c, const duet_comp_g
     size_t total = (size_t)n * g->dim;
     if (!total)
         return DUET_OK;
-    comp_gather_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(*g, state, pkv, pgate, ape, desc, n, kv_out,
+    (void)duet_cuda_launch(c, 1, comp_gather_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, *g, state, pkv, pgate, ape, desc, n, kv_out,
                                                                       gate_out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
@@ -62,7 +64,7 @@ extern "C" duet_status_t duet_cuda_comp_state_write(duet_cuda_t *c, const duet_c
     size_t total = (size_t)n * g->width;
     if (!total)
         return DUET_OK;
-    comp_state_write_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(*g, state, pkv, pgate, ape, desc, n);
+    (void)duet_cuda_launch(c, 1, comp_state_write_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, *g, state, pkv, pgate, ape, desc, n);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

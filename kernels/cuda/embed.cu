@@ -3,6 +3,7 @@
 
 __global__ void embed_kernel(const void *table, int bf16, int dim, const int32_t *tok, int n, int hc, float *h)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -22,7 +23,7 @@ extern "C" duet_status_t duet_cuda_embed(duet_cuda_t *c, const void *table, duet
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    embed_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(table, dtype == DUET_DT_BF16, dim, tok, n, hc, h);
+    (void)duet_cuda_launch(c, 1, embed_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, table, dtype == DUET_DT_BF16, dim, tok, n, hc, h);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -30,6 +30,7 @@ __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_r
 __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
                                                                 int mix, int slice, float *part)
 {
+    duet_pdl_wait();
     __shared__ float red[HC_RG][32];
     int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
     int nr = min(HC_RG, n - i0); /* rows of this group */
@@ -263,6 +264,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(const float *x, i
                                                                int sinkhorn_iters, float hc_eps, float norm_eps,
                                                                float *post, float *comb, float *collapsed)
 {
+    duet_pdl_wait();
     __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
     __shared__ float cb_s[HC_MAX * HC_MAX];
     __shared__ float pre[HC_MAX];
@@ -285,6 +287,7 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
                                                               float *post, float *comb, const float *norm_w,
                                                               float eps, float *y)
 {
+    duet_pdl_wait();
     __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
     __shared__ float cb_s[HC_MAX * HC_MAX];
     __shared__ float pre[HC_MAX];
@@ -340,6 +343,7 @@ template <int HCT>
 __global__ void hc_post_kernel(float *x, int n, int hc_rt, int dim, const float *f, const float *post,
                                const float *comb)
 {
+    duet_pdl_wait();
     const int hc = HCT > 0 ? HCT : hc_rt;
     constexpr int CAP = HCT > 0 ? HCT : HC_MAX;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -402,17 +406,17 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
     const float *part = (const float *)scr;
-    hc_partial_kernel<<<dim3(S, (n + HC_RG - 1) / HC_RG), HC_THREADS, 0, c->stream>>>(x, n, flat_dim, fn, mix, slice,
+    (void)duet_cuda_launch(c, 1, hc_partial_kernel, dim3(dim3(S, (n + HC_RG - 1) / HC_RG)), dim3(HC_THREADS), 0, x, n, flat_dim, fn, mix, slice,
                                                                                    (float *)scr);
     DUET_CUDA_CHECK_LAUNCH(c);
 #define HC_FINISH(HEAD, HCT)                                                                                        \
     do {                                                                                                           \
         if (norm)                                                                                                  \
-            hc_finish_norm_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, part, base, scale_d,     \
+            (void)duet_cuda_launch(c, 1, hc_finish_norm_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, dim, S, part, base, scale_d,     \
                                                                            scale_h, sinkhorn_iters, hc_eps,        \
                                                                            norm_eps, post, comb, norm_w, eps, y);  \
         else                                                                                                       \
-            hc_finish_kernel<HEAD, HCT><<<n, threads, 0, c->stream>>>(x, hc, dim, S, part, base, scale_d, scale_h, \
+            (void)duet_cuda_launch(c, 1, hc_finish_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, dim, S, part, base, scale_d, scale_h, \
                                                                       sinkhorn_iters, hc_eps, norm_eps, post,     \
                                                                       comb, y);                                   \
     } while (0)
@@ -446,9 +450,9 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
     if (!total)
         return DUET_OK;
     if (hc == 4)
-        hc_post_kernel<4><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, hc, dim, f, post, comb);
+        (void)duet_cuda_launch(c, 1, hc_post_kernel<4>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc, dim, f, post, comb);
     else
-        hc_post_kernel<0><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, hc, dim, f, post, comb);
+        (void)duet_cuda_launch(c, 1, hc_post_kernel<0>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc, dim, f, post, comb);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

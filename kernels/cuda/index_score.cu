@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
     index_score_kernel(const float *q, const float *w, int n_heads, int dim, is_keys ks, const int32_t *key_off,
                        const int32_t *n_keys, const int32_t *score_off, float scale, float *score)
 {
+    duet_pdl_wait();
     constexpr bool CACHE = KS != 0;
     static_assert(IS_HT == IS_KT && IS_DC == 32 && IS_THREADS == 256 && IS_SV == 8,
                   "a warp stages 4 rows x 8 columns, 8 warps x 8 rounds cover 64 rows x 32 columns");
@@ -207,7 +208,7 @@ static duet_status_t is_launch(duet_cuda_t *c, const float *q, const float *w, i
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
     dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
-    index_score_kernel<KS><<<grid, IS_THREADS, 0, c->stream>>>(q, w, n_heads, dim, ks, key_off, n_keys, score_off,
+    (void)duet_cuda_launch(c, 1, index_score_kernel<KS>, dim3(grid), dim3(IS_THREADS), 0, q, w, n_heads, dim, ks, key_off, n_keys, score_off,
                                                                   scale, score);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;

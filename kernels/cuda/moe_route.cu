@@ -62,6 +62,7 @@ __device__ void route_weights(const duet_cuda_moe_route_t &p, const float *sc, c
 __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_route_t p, const float *logits,
                                                                   int32_t *sel, float *wt)
 {
+    duet_pdl_wait();
     extern __shared__ float sm[];
     int E = p.n_experts, K = p.top_k;
     float *sc = sm, *bv = sm + E;
@@ -170,6 +171,7 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
                                                                  int seg, int32_t *offs, int32_t *tiles,
                                                                  int32_t *xrow, int32_t *pos)
 {
+    duet_pdl_wait();
     extern __shared__ int32_t cnt[]; /* [ns][E] */
     int tid = threadIdx.x, bd = blockDim.x;
     for (int i = tid; i < ns * E; i += bd)
@@ -271,6 +273,7 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
 __global__ void moe_combine_kernel(const int32_t *sel, const float *wt, const int32_t *pos, int K, const float *y,
                                    const float *shared, int dim, float *out)
 {
+    duet_pdl_wait();
     __shared__ int ps[DUET_CUDA_MOE_MAX_K];
     __shared__ float ws[DUET_CUDA_MOE_MAX_K];
     __shared__ int np;
@@ -319,7 +322,7 @@ extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe
     size_t smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
     if (smem > 48 * 1024 - ROUTE_STATIC_SMEM)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_route: %d experts (shared memory)", p->n_experts);
-    moe_route_kernel<<<n_rows, ROUTE_THREADS, smem, c->stream>>>(*p, logits, sel, wt);
+    (void)duet_cuda_launch(c, 1, moe_route_kernel, dim3(n_rows), dim3(ROUTE_THREADS), smem, *p, logits, sel, wt);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -340,7 +343,7 @@ extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, 
     ns = (size_t)ns * row <= smem_max ? ns : (int)(smem_max / row);
     ns = ns > 1 ? ns : 1;
     int seg = (n + ns - 1) / ns;
-    moe_sort_kernel<<<1, SORT_THREADS, (size_t)ns * row, c->stream>>>(sel, n, top_k, n_experts, ns, seg, offs, tiles,
+    (void)duet_cuda_launch(c, 1, moe_sort_kernel, dim3(1), dim3(SORT_THREADS), (size_t)ns * row, sel, n, top_k, n_experts, ns, seg, offs, tiles,
                                                                       xrow, pos);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
@@ -355,7 +358,7 @@ extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *se
     if (n_rows <= 0 || dim <= 0)
         return DUET_OK;
     dim3 grid(n_rows, duet_cdiv(dim, 256) < 8 ? duet_cdiv(dim, 256) : 8);
-    moe_combine_kernel<<<grid, 256, 0, c->stream>>>(sel, wt, pos, top_k, y, shared, dim, out);
+    (void)duet_cuda_launch(c, 1, moe_combine_kernel, dim3(grid), dim3(256), 0, sel, wt, pos, top_k, y, shared, dim, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -365,6 +368,7 @@ extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *se
  * at their usual sorted positions. */
 __global__ void moe_tiles_own_kernel(int32_t *tiles, int E, int e0, int e1)
 {
+    duet_pdl_wait();
     extern __shared__ int32_t st[];
     int n = 2 * (E + 1);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -382,6 +386,7 @@ __global__ void moe_tiles_own_kernel(int32_t *tiles, int E, int e0, int e1)
 __global__ void moe_pick_kernel(float *y, const float *recv, size_t stride, int dim, const int32_t *offs, int E,
                                 int T)
 {
+    duet_pdl_wait();
     __shared__ int owner;
     int p = blockIdx.x;
     if (threadIdx.x == 0) {
@@ -414,7 +419,7 @@ extern "C" duet_status_t duet_cuda_moe_tiles_own(duet_cuda_t *c, int32_t *tiles,
 {
     if (n_experts <= 0 || e0 < 0 || e1 > n_experts || e0 > e1)
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_tiles_own: experts [%d, %d) of %d", e0, e1, n_experts);
-    moe_tiles_own_kernel<<<1, 256, sizeof(int32_t) * 2 * (size_t)(n_experts + 1), c->stream>>>(tiles, n_experts, e0,
+    (void)duet_cuda_launch(c, 1, moe_tiles_own_kernel, dim3(1), dim3(256), sizeof(int32_t) * 2 * (size_t)(n_experts + 1), tiles, n_experts, e0,
                                                                                               e1);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
@@ -427,7 +432,7 @@ extern "C" duet_status_t duet_cuda_moe_pick(duet_cuda_t *c, float *y, const floa
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_pick: dim %d, %d experts, %d ranks", dim, n_experts, n_ranks);
     if (n_assign <= 0)
         return DUET_OK;
-    moe_pick_kernel<<<n_assign, 128, 0, c->stream>>>(y, recv, (size_t)n_assign * dim, dim, offs, n_experts, n_ranks);
+    (void)duet_cuda_launch(c, 1, moe_pick_kernel, dim3(n_assign), dim3(128), 0, y, recv, (size_t)n_assign * dim, dim, offs, n_experts, n_ranks);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

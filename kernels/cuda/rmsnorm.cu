@@ -5,6 +5,7 @@
 
 __global__ void rmsnorm_kernel(const float *x, const float *weight, int dim, float eps, float *y)
 {
+    duet_pdl_wait();
     __shared__ float red[33];
     const float *xi = x + (size_t)blockIdx.x * dim;
     float *yi = y + (size_t)blockIdx.x * dim;
@@ -27,7 +28,7 @@ extern "C" duet_status_t duet_cuda_rmsnorm(duet_cuda_t *c, const float *x, const
     if (n <= 0 || dim <= 0)
         return DUET_OK;
     int threads = duet_cuda_rmsnorm_threads(dim);
-    rmsnorm_kernel<<<n, threads, 0, c->stream>>>(x, weight, dim, eps, y);
+    (void)duet_cuda_launch(c, 1, rmsnorm_kernel, dim3(n), dim3(threads), 0, x, weight, dim, eps, y);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -10,6 +10,7 @@ struct rope_table {
 __global__ void rope_kernel(float *x, int n, int n_heads, int head_dim, const int64_t *pos, rope_table t, int pairs,
                             float sign)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t total = (size_t)n * pairs * n_heads;
     if (i >= total)
@@ -39,7 +40,7 @@ extern "C" duet_status_t duet_cuda_rope(duet_cuda_t *c, float *x, int n, int n_h
     rope_table t;
     memset(&t, 0, sizeof t);
     memcpy(t.inv_freq, r->inv_freq, sizeof(float) * (size_t)pairs);
-    rope_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(x, n, n_heads, head_dim, pos, t, pairs, (float)sign);
+    (void)duet_cuda_launch(c, 1, rope_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, n_heads, head_dim, pos, t, pairs, (float)sign);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

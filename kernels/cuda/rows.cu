@@ -3,6 +3,7 @@
 
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n, int dim)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -15,6 +16,7 @@ template <typename O>
 __global__ void gather_rows_to_kernel(O *dst, const int32_t *dst_idx, const float *src, const int32_t *src_idx,
                                       int n, int dim)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -29,13 +31,14 @@ static duet_status_t gather_rows_to(duet_cuda_t *c, O *dst, const int32_t *dst_i
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    gather_rows_to_kernel<O><<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_idx, src, src_idx, n, dim);
+    (void)duet_cuda_launch(c, 1, gather_rows_to_kernel<O>, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_idx, src, src_idx, n, dim);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
 
 __global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size_t src_ld, int rows, int cols)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * cols)
         return;
@@ -45,6 +48,7 @@ __global__ void copy_2d_kernel(float *dst, size_t dst_ld, const float *src, size
 
 __global__ void scale_add_rows_kernel(float *y, const int32_t *rows, const float *w, const float *x, int n, int dim)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)n * dim)
         return;
@@ -55,6 +59,7 @@ __global__ void scale_add_rows_kernel(float *y, const int32_t *rows, const float
 
 __global__ void add_kernel(float *y, const float *x, size_t n)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = __fadd_rn(y[i], x[i]);
@@ -62,6 +67,7 @@ __global__ void add_kernel(float *y, const float *x, size_t n)
 
 __global__ void scale_kernel(float *x, size_t n, float s)
 {
+    duet_pdl_wait();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n)
         x[i] = __fmul_rn(x[i], s);
@@ -73,7 +79,7 @@ extern "C" duet_status_t duet_cuda_gather_rows(duet_cuda_t *c, float *dst, const
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    gather_rows_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, src, idx, n, dim);
+    (void)duet_cuda_launch(c, 1, gather_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, src, idx, n, dim);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -96,7 +102,7 @@ extern "C" duet_status_t duet_cuda_copy_2d(duet_cuda_t *c, float *dst, size_t ds
     size_t total = (size_t)rows * cols;
     if (!total)
         return DUET_OK;
-    copy_2d_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(dst, dst_ld, src, src_ld, rows, cols);
+    (void)duet_cuda_launch(c, 1, copy_2d_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_ld, src, src_ld, rows, cols);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -107,7 +113,7 @@ extern "C" duet_status_t duet_cuda_scale_add_rows(duet_cuda_t *c, float *y, cons
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    scale_add_rows_kernel<<<duet_cdiv(total, 256), 256, 0, c->stream>>>(y, rows, w, x, n, dim);
+    (void)duet_cuda_launch(c, 1, scale_add_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, y, rows, w, x, n, dim);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -116,7 +122,7 @@ extern "C" duet_status_t duet_cuda_add(duet_cuda_t *c, float *y, const float *x,
 {
     if (!n)
         return DUET_OK;
-    add_kernel<<<duet_cdiv(n, 256), 256, 0, c->stream>>>(y, x, n);
+    (void)duet_cuda_launch(c, 1, add_kernel, dim3(duet_cdiv(n, 256)), dim3(256), 0, y, x, n);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -125,7 +131,7 @@ extern "C" duet_status_t duet_cuda_scale(duet_cuda_t *c, float *x, size_t n, flo
 {
     if (!n)
         return DUET_OK;
-    scale_kernel<<<duet_cdiv(n, 256), 256, 0, c->stream>>>(x, n, s);
+    (void)duet_cuda_launch(c, 1, scale_kernel, dim3(duet_cdiv(n, 256)), dim3(256), 0, x, n, s);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -17,6 +17,7 @@ __device__ __forceinline__ float swiglu1(float g, float u, float limit)
 
 __global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float limit, float *y)
 {
+    duet_pdl_wait();
     size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4;
     if (i + 4 <= n && ((uintptr_t)(gate + i) | (uintptr_t)(up + i) | (uintptr_t)(y + i)) % 16 == 0) {
         float4 g = *(const float4 *)(gate + i), u = *(const float4 *)(up + i);
@@ -38,7 +39,7 @@ extern "C" duet_status_t duet_cuda_swiglu(duet_cuda_t *c, const float *gate, con
     size_t total = (size_t)n * inter;
     if (!total)
         return DUET_OK;
-    swiglu_kernel<<<duet_cdiv(duet_cdiv(total, 4), 256), 256, 0, c->stream>>>(gate, up, total, limit, y);
+    (void)duet_cuda_launch(c, 1, swiglu_kernel, dim3(duet_cdiv(duet_cdiv(total, 4), 256)), dim3(256), 0, gate, up, total, limit, y);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

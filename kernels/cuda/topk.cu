@@ -53,6 +53,7 @@ __device__ __forceinline__ void block_scan01(int flag, uint32_t *excl, uint32_t 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, const int32_t *off, const int32_t *nn,
                                                             int k, int cap, int32_t *idx)
 {
+    duet_pdl_wait();
     extern __shared__ uint32_t ks[]; /* [cap] */
     __shared__ uint32_t hist[256];
     __shared__ uint32_t wsum[33];
@@ -166,7 +167,7 @@ extern "C" duet_status_t duet_cuda_topk(duet_cuda_t *c, const float *v, const in
                                                 TOPK_SMEM_KEYS * (int)sizeof(uint32_t)));
         c->topk_smem_set = 1;
     }
-    topk_kernel<<<n_rows, TOPK_THREADS, smem, c->stream>>>(v, off, n, k, cap, idx);
+    (void)duet_cuda_launch(c, 1, topk_kernel, dim3(n_rows), dim3(TOPK_THREADS), smem, v, off, n, k, cap, idx);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
