@@ -117,9 +117,11 @@ void duet_cuda_set_invariant(duet_cuda_t *c, int on);
 int duet_cuda_get_invariant(const duet_cuda_t *c);
 
 /* Programmatic dependent launches (on by default where the device has them, sm_90 and later):
- * the matrix multiplications may start once the kernel ahead of them has no block left, before
- * its completion, loading their first weights meanwhile and waiting for it before they read x.
- * The same results either way; off (0) for comparison.  Returns whether they are on. */
+ * the forward's kernels may be placed once the kernel ahead of them has no block left, before
+ * its completion, and wait for it before they read or write anything (the matmuls load their
+ * first weights meanwhile).  The same results either way; off (0) for comparison, and for
+ * prefill-sized calls, which the engine runs with them off.  The page copy kernels always
+ * launch the ordinary way.  Returns whether they are on. */
 int duet_cuda_set_pdl(duet_cuda_t *c, int on);
 
 #ifdef __cplusplus
