@@ -154,8 +154,8 @@ static duet_status_t load_sel(duet_cuda_t *c, const char *name, const duet_cache
         return DUET_OK;
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", name, n_rows);
-    (void)duet_cuda_launch(c, 1, cache_load_sel_kernel<O>, dim3(dim3(k, n_rows)), dim3(ENTRY_THREADS), 0, g, base, l->entries_per_page, sel, k,
-                                                                              n_sel, pages, page_off, dst_off, out);
+    (void)duet_cuda_launch(c, 1, cache_load_sel_kernel<O>, dim3(k, n_rows), dim3(ENTRY_THREADS), 0, g, base,
+                           l->entries_per_page, sel, k, n_sel, pages, page_off, dst_off, out);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -244,7 +244,7 @@ extern "C" duet_status_t duet_cuda_kv_entries(duet_cuda_t *c, const uint32_t *pa
         return DUET_OK;
     unsigned bx = duet_cdiv((size_t)max_count, 256);
     dim3 grid(bx < 64 ? bx : 64, (unsigned)n_runs);
-    (void)duet_cuda_launch(c, 1, kv_entries_kernel, dim3(grid), dim3(256), 0, pages, runs, epp, unit, idx);
+    (void)duet_cuda_launch(c, 1, kv_entries_kernel, grid, dim3(256), 0, pages, runs, epp, unit, idx);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

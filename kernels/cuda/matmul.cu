@@ -1221,8 +1221,8 @@ template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a,
     uint4 *rec = (uint4 *)c->tc_xrec;
     float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
     size_t threads = pairs * 4 * h16_traits<WT>::FG;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(rows), tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, a.x,
-                                        xrow, rows, a.cols, rec, rs));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(rows), tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)),
+                                        dim3(256), 0, a.x, xrow, rows, a.cols, rec, rs));
     a.xrec = rec;
     a.xrec_scale = rs;
     return DUET_OK;
@@ -1244,7 +1244,8 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(a.n), gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
+    DUET_CUDA_CHECK(c,
+                    duet_cuda_launch(c, pdl_for(a.n), gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1323,7 +1324,8 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(a.n), gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
+    DUET_CUDA_CHECK(
+        c, duet_cuda_launch(c, pdl_for(a.n), gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
@@ -1410,8 +1412,7 @@ static duet_status_t check_args(duet_cuda_t *c, const duet_weight_t *w, int row_
 
 /* A block owns 4 rows; its warps split the columns (each lane at least two 16-byte chunks of a
  * row), so that even a short matrix puts thousands of loads in flight. */
-template <int WT>
-static duet_status_t gemv_launch(duet_cuda_t *c, const gemv_args &a)
+template <int WT> static duet_status_t gemv_launch(duet_cuda_t *c, const gemv_args &a)
 {
     int rows = a.row_end - a.row_begin;
     int nchunks = (int)(a.row_bytes / 16);
@@ -1419,7 +1420,10 @@ static duet_status_t gemv_launch(duet_cuda_t *c, const gemv_args &a)
     ksplit = ksplit < 1 ? 1 : ksplit > GEMV_MAX_SPLIT ? GEMV_MAX_SPLIT : ksplit;
     dim3 grid(duet_cdiv(rows, GEMV_ROWS_PER_WARP), duet_cdiv(a.n, GEMV_TOKENS));
     int nt = a.n >= GEMV_TOKENS ? GEMV_TOKENS : a.n, threads = ksplit * 32;
-    auto k = nt == 1 ? gemv_kernel<WT, 1> : nt == 2 ? gemv_kernel<WT, 2> : nt <= 4 ? gemv_kernel<WT, 4> : gemv_kernel<WT, 8>;
+    auto k = nt == 1   ? gemv_kernel<WT, 1>
+             : nt == 2 ? gemv_kernel<WT, 2>
+             : nt <= 4 ? gemv_kernel<WT, 4>
+                       : gemv_kernel<WT, 8>;
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(a.n), k, grid, dim3(threads), 0, a));
     return DUET_OK;
 }
@@ -1735,8 +1739,8 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
         constexpr bool PRE = decltype(pre_c)::value;
         constexpr int smem = tc_smem_bytes<W, NT>();
         DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, NT, PRE>, smem, (PRE ? TC_PRE_BIT : 0) + 32 + W * 8 + NT));
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(TC_WARPS * 32), smem,
-                                            a, g, sp));
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(TC_WARPS * 32),
+                                            smem, a, g, sp));
         return DUET_OK;
     };
     using one = std::integral_constant<int, 1>;
@@ -1811,13 +1815,17 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         dim3 grid(duet_cdiv(n, GEMV_TOKENS) + nonempty, g.row_tiles * n_mat);
         int threads = ksplit * 32;
         if (wt == WT_BF16)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_BF16, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_BF16, GEMV_TOKENS>, grid,
+                                                dim3(threads), 0, a, g));
         else if (wt == WT_F8)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F8, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F8, GEMV_TOKENS>, grid,
+                                                dim3(threads), 0, a, g));
         else if (wt == WT_F4)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F4, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F4, GEMV_TOKENS>, grid,
+                                                dim3(threads), 0, a, g));
         else
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F32, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F32, GEMV_TOKENS>, grid,
+                                                dim3(threads), 0, a, g));
     }
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;

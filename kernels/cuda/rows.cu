@@ -31,7 +31,8 @@ static duet_status_t gather_rows_to(duet_cuda_t *c, O *dst, const int32_t *dst_i
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, gather_rows_to_kernel<O>, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_idx, src, src_idx, n, dim);
+    (void)duet_cuda_launch(c, 1, gather_rows_to_kernel<O>, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_idx, src,
+                           src_idx, n, dim);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -102,7 +103,8 @@ extern "C" duet_status_t duet_cuda_copy_2d(duet_cuda_t *c, float *dst, size_t ds
     size_t total = (size_t)rows * cols;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, copy_2d_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_ld, src, src_ld, rows, cols);
+    (void)duet_cuda_launch(c, 1, copy_2d_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_ld, src, src_ld,
+                           rows, cols);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -113,7 +115,8 @@ extern "C" duet_status_t duet_cuda_scale_add_rows(duet_cuda_t *c, float *y, cons
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, scale_add_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, y, rows, w, x, n, dim);
+    (void)duet_cuda_launch(c, 1, scale_add_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, y, rows, w, x, n,
+                           dim);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }

@@ -39,7 +39,8 @@ extern "C" duet_status_t duet_cuda_swiglu(duet_cuda_t *c, const float *gate, con
     size_t total = (size_t)n * inter;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, swiglu_kernel, dim3(duet_cdiv(duet_cdiv(total, 4), 256)), dim3(256), 0, gate, up, total, limit, y);
+    (void)duet_cuda_launch(c, 1, swiglu_kernel, dim3(duet_cdiv(duet_cdiv(total, 4), 256)), dim3(256), 0, gate, up,
+                           total, limit, y);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
