@@ -110,10 +110,8 @@ extern "C" duet_status_t duet_cuda_argmax(duet_cuda_t *c, const float *logits, i
     DUET_TRY(duet_cuda_scratch(c, (size_t)n_rows * S * 8, &scr));
     float *pv = (float *)scr;
     int *pi = (int *)(pv + (size_t)n_rows * S);
-    (void)duet_cuda_launch(c, 1, argmax_part_kernel, dim3(S, n_rows), dim3(AM_THREADS), 0, logits, vocab, slice,
-                           pv, pi);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    (void)duet_cuda_launch(c, 1, argmax_final_kernel, dim3(n_rows), dim3(32), 0, S, pv, pi, out);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(
+        c, duet_cuda_launch(c, argmax_part_kernel, dim3(S, n_rows), dim3(AM_THREADS), 0, logits, vocab, slice, pv, pi));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, argmax_final_kernel, dim3(n_rows), dim3(32), 0, S, pv, pi, out));
     return DUET_OK;
 }

@@ -739,37 +739,35 @@ static duet_status_t attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n
             DUET_CUDA_CHECK(c, cudaFuncSetAttribute(tck, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem));
             c->attn_smem_set |= 1u << tc_bit;
         }
-        (void)duet_cuda_launch(c, 1, tck, grid, dim3(tc_warps * 32), tc_smem, q, n_heads, keys, key_off, n_keys,
-                               scale, n_split, per, o_part, ml_part);
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, tck, grid, dim3(tc_warps * 32), tc_smem, q, n_heads, keys, key_off,
+                                            n_keys, scale, n_split, per, o_part, ml_part));
     } else {
         const float *kf = (const float *)keys;
         size_t smem = AT_HB * dim * sizeof(float);
         switch (dim) {
         case 128:
-            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<128>, grid, dim3(AT_THREADS), smem, q, n_heads, kf,
-                                   key_off, n_keys, scale, n_split, o_part, ml_part);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, attn_part_fast_kernel<128>, grid, dim3(AT_THREADS), smem, q, n_heads,
+                                                kf, key_off, n_keys, scale, n_split, o_part, ml_part));
             break;
         case 256:
-            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<256>, grid, dim3(AT_THREADS), smem, q, n_heads, kf,
-                                   key_off, n_keys, scale, n_split, o_part, ml_part);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, attn_part_fast_kernel<256>, grid, dim3(AT_THREADS), smem, q, n_heads,
+                                                kf, key_off, n_keys, scale, n_split, o_part, ml_part));
             break;
         case 512:
-            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<512>, grid, dim3(AT_THREADS), smem, q, n_heads, kf,
-                                   key_off, n_keys, scale, n_split, o_part, ml_part);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, attn_part_fast_kernel<512>, grid, dim3(AT_THREADS), smem, q, n_heads,
+                                                kf, key_off, n_keys, scale, n_split, o_part, ml_part));
             break;
         case 1024:
-            (void)duet_cuda_launch(c, 1, attn_part_fast_kernel<1024>, grid, dim3(AT_THREADS), smem, q, n_heads,
-                                   kf, key_off, n_keys, scale, n_split, o_part, ml_part);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, attn_part_fast_kernel<1024>, grid, dim3(AT_THREADS), smem, q,
+                                                n_heads, kf, key_off, n_keys, scale, n_split, o_part, ml_part));
             break;
         default:
-            (void)duet_cuda_launch(c, 1, attn_part_kernel, grid, dim3(AT_THREADS), smem, q, n_heads, dim, kf,
-                                   key_off, n_keys, scale, n_split, o_part, ml_part);
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, attn_part_kernel, grid, dim3(AT_THREADS), smem, q, n_heads, dim, kf,
+                                                key_off, n_keys, scale, n_split, o_part, ml_part));
         }
     }
-    DUET_CUDA_CHECK_LAUNCH(c);
-    (void)duet_cuda_launch(c, 1, attn_combine_kernel, dim3(n_rows, n_heads), dim3(128), n_split * sizeof(float),
-                           n_heads, dim, n_split, sinks, o_part, ml_part, out);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, attn_combine_kernel, dim3(n_rows, n_heads), dim3(128),
+                                        n_split * sizeof(float), n_heads, dim, n_split, sinks, o_part, ml_part, out));
     return DUET_OK;
 }
 

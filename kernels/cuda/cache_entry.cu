@@ -154,9 +154,8 @@ static duet_status_t load_sel(duet_cuda_t *c, const char *name, const duet_cache
         return DUET_OK;
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", name, n_rows);
-    (void)duet_cuda_launch(c, 1, cache_load_sel_kernel<O>, dim3(k, n_rows), dim3(ENTRY_THREADS), 0, g, base,
-                           l->entries_per_page, sel, k, n_sel, pages, page_off, dst_off, out);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, cache_load_sel_kernel<O>, dim3(k, n_rows), dim3(ENTRY_THREADS), 0, g, base,
+                                        l->entries_per_page, sel, k, n_sel, pages, page_off, dst_off, out));
     return DUET_OK;
 }
 
@@ -187,8 +186,8 @@ extern "C" duet_status_t duet_cuda_cache_store(duet_cuda_t *c, const duet_cache_
                                duet_pool_kind_name(l->kind));
     if (!n)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, cache_store_kernel, dim3(n), dim3(ENTRY_THREADS), 0, g, base, unit, idx, vec);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c,
+                    duet_cuda_launch(c, cache_store_kernel, dim3(n), dim3(ENTRY_THREADS), 0, g, base, unit, idx, vec));
     return DUET_OK;
 }
 
@@ -202,8 +201,8 @@ static duet_status_t load(duet_cuda_t *c, const char *name, const duet_cache_lay
                                duet_pool_kind_name(l->kind), sizeof(O) == 2 ? "KV entry" : "entry");
     if (!n)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, cache_load_kernel<O>, dim3(n), dim3(ENTRY_THREADS), 0, g, base, unit, idx, vec);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(
+        c, duet_cuda_launch(c, cache_load_kernel<O>, dim3(n), dim3(ENTRY_THREADS), 0, g, base, unit, idx, vec));
     return DUET_OK;
 }
 
@@ -244,7 +243,6 @@ extern "C" duet_status_t duet_cuda_kv_entries(duet_cuda_t *c, const uint32_t *pa
         return DUET_OK;
     unsigned bx = duet_cdiv((size_t)max_count, 256);
     dim3 grid(bx < 64 ? bx : 64, (unsigned)n_runs);
-    (void)duet_cuda_launch(c, 1, kv_entries_kernel, grid, dim3(256), 0, pages, runs, epp, unit, idx);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, kv_entries_kernel, grid, dim3(256), 0, pages, runs, epp, unit, idx));
     return DUET_OK;
 }

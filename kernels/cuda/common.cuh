@@ -114,17 +114,17 @@ duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p);
  * for kernels queued after this call and before the next one). */
 duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev);
 
-/* Programmatic dependent launch (sm_90 and later).  A kernel launched with duet_cuda_launch(c, 1,
- * ...) may be scheduled as soon as every block of the kernel ahead of it in the stream has exited,
- * before that kernel's completion (its memory flush) and without the gap of an ordinary launch.
- * It must call duet_pdl_wait() in every block before it reads anything an earlier operation
- * wrote, writes anything an earlier one reads, or exits (so that its own end still implies the
- * end of everything before it); before the wait it may only read what no operation of the stream
- * writes (weights) and use its shared memory.  duet_pdl_wait() returns at once in a kernel
- * launched the ordinary way, and is a no-op below sm_90.  No kernel lets its dependents start
- * earlier than its blocks' exits (griddepcontrol.launch_dependents first thing in every kernel
- * measured 2% slower at prefill, its dependents' blocks placed while the SMs were still busy;
- * docs/PERF.md). */
+/* Programmatic dependent launch (sm_90 and later).  A kernel launched with duet_cuda_launch while
+ * the context has them on (duet_cuda_set_pdl) may be scheduled as soon as every block of the
+ * kernel ahead of it in the stream has exited, before that kernel's completion (its memory flush)
+ * and without the gap of an ordinary launch.  It must call duet_pdl_wait() in every block before
+ * it reads anything an earlier operation wrote, writes anything an earlier one reads, or exits (so
+ * that its own end still implies the end of everything before it); before the wait it may only
+ * read what no operation of the stream writes (weights) and use its shared memory.
+ * duet_pdl_wait() returns at once in a kernel launched the ordinary way, and is a no-op below
+ * sm_90.  No kernel lets its dependents start earlier than its blocks' exits
+ * (griddepcontrol.launch_dependents first thing in every kernel measured 2% slower at prefill,
+ * its dependents' blocks placed while the SMs were still busy; docs/PERF.md). */
 __device__ __forceinline__ void duet_pdl_wait()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -132,10 +132,11 @@ __device__ __forceinline__ void duet_pdl_wait()
 #endif
 }
 
-/* Launch `kernel` on the context's stream; `pdl` (and the context's duet_cuda_set_pdl) makes it a
- * programmatic dependent launch, which the kernel must be written for (duet_pdl_wait). */
+/* Launch `kernel` on the context's stream, a programmatic dependent launch while the context has
+ * them on: every kernel launched this way calls duet_pdl_wait() first (the matmuls after their
+ * first weight loads). */
 template <typename... P, typename... A>
-static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, int pdl, void (*kernel)(P...), dim3 grid, dim3 block,
+static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, void (*kernel)(P...), dim3 grid, dim3 block,
                                            size_t smem, A &&...args)
 {
     cudaLaunchConfig_t cfg = {};
@@ -147,7 +148,7 @@ static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, int pdl, void (
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = pdl && c->pdl ? 1 : 0;
+    cfg.numAttrs = c->pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
 }
 

@@ -37,8 +37,7 @@ extern "C" duet_status_t duet_cuda_compress_pool(duet_cuda_t *c, const float *kv
     size_t total = (size_t)n_entries * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, compress_pool_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, kv, gate, n_slots,
-                           dim, stride, n_entries, entry_stride, out);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, compress_pool_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, kv, gate,
+                                        n_slots, dim, stride, n_entries, entry_stride, out));
     return DUET_OK;
 }

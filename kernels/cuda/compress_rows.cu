@@ -51,9 +51,8 @@ extern "C" duet_status_t duet_cuda_comp_gather(duet_cuda_t *c, const duet_comp_g
     size_t total = (size_t)n * g->dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, comp_gather_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, *g, state, pkv, pgate,
-                           ape, desc, n, kv_out, gate_out);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, comp_gather_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, *g, state,
+                                        pkv, pgate, ape, desc, n, kv_out, gate_out));
     return DUET_OK;
 }
 
@@ -64,8 +63,7 @@ extern "C" duet_status_t duet_cuda_comp_state_write(duet_cuda_t *c, const duet_c
     size_t total = (size_t)n * g->width;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, comp_state_write_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, *g, state, pkv,
-                           pgate, ape, desc, n);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, comp_state_write_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, *g,
+                                        state, pkv, pgate, ape, desc, n));
     return DUET_OK;
 }

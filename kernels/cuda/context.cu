@@ -99,10 +99,7 @@ static duet_status_t ctx_open(duet_cuda_t *c)
     DUET_CUDA_CHECK(c, cudaGetDeviceProperties(&prop, c->device));
     snprintf(c->info.name, sizeof c->info.name, "%s", prop.name);
     c->info.cc_major = prop.major;
-#ifndef DUET_CUDA_PDL_DEFAULT /* a build setting for timing variants: 0 starts with them off */
-#define DUET_CUDA_PDL_DEFAULT 1
-#endif
-    c->pdl = prop.major >= 9 && DUET_CUDA_PDL_DEFAULT;
+    c->pdl = prop.major >= 9;
     c->info.cc_minor = prop.minor;
     c->info.sm_count = prop.multiProcessorCount;
     c->info.l2_bytes = (size_t)prop.l2CacheSize;

@@ -23,8 +23,7 @@ extern "C" duet_status_t duet_cuda_embed(duet_cuda_t *c, const void *table, duet
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, embed_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, table, dtype == DUET_DT_BF16,
-                           dim, tok, n, hc, h);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, embed_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, table,
+                                        dtype == DUET_DT_BF16, dim, tok, n, hc, h));
     return DUET_OK;
 }

@@ -406,18 +406,18 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
     const float *part = (const float *)scr;
-    (void)duet_cuda_launch(c, 1, hc_partial_kernel, dim3(S, (n + HC_RG - 1) / HC_RG), dim3(HC_THREADS), 0, x, n,
-                           flat_dim, fn, mix, slice, (float *)scr);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_kernel, dim3(S, (n + HC_RG - 1) / HC_RG), dim3(HC_THREADS), 0, x,
+                                        n, flat_dim, fn, mix, slice, (float *)scr));
 #define HC_FINISH(HEAD, HCT)                                                                                           \
     do {                                                                                                               \
         if (norm)                                                                                                      \
-            (void)duet_cuda_launch(c, 1, hc_finish_norm_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, dim, S,   \
-                                   part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb, norm_w, \
-                                   eps, y);                                                                            \
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_finish_norm_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, \
+                                                dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps,          \
+                                                norm_eps, post, comb, norm_w, eps, y));                                \
         else                                                                                                           \
-            (void)duet_cuda_launch(c, 1, hc_finish_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, dim, S, part,  \
-                                   base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb, y);           \
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_finish_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, dim, \
+                                                S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps,     \
+                                                post, comb, y));                                                       \
     } while (0)
     if (head && hc == 4)
         HC_FINISH(true, 4);
@@ -428,7 +428,6 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
     else
         HC_FINISH(false, 0);
 #undef HC_FINISH
-    DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
 
@@ -449,12 +448,11 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
     if (!total)
         return DUET_OK;
     if (hc == 4)
-        (void)duet_cuda_launch(c, 1, hc_post_kernel<4>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc, dim, f,
-                               post, comb);
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_kernel<4>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc,
+                                            dim, f, post, comb));
     else
-        (void)duet_cuda_launch(c, 1, hc_post_kernel<0>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc, dim, f,
-                               post, comb);
-    DUET_CUDA_CHECK_LAUNCH(c);
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_kernel<0>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc,
+                                            dim, f, post, comb));
     return DUET_OK;
 }
 

@@ -208,9 +208,8 @@ static duet_status_t is_launch(duet_cuda_t *c, const float *q, const float *w, i
     if (n_rows > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
     dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
-    (void)duet_cuda_launch(c, 1, index_score_kernel<KS>, grid, dim3(IS_THREADS), 0, q, w, n_heads, dim, ks,
-                           key_off, n_keys, score_off, scale, score);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_kernel<KS>, grid, dim3(IS_THREADS), 0, q, w, n_heads, dim, ks,
+                                        key_off, n_keys, score_off, scale, score));
     return DUET_OK;
 }
 

@@ -144,7 +144,6 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
         rr[r] = min(r0 + r, a.row_end - 1);
         wr[r] = a.w + (size_t)rr[r] * a.row_bytes;
     }
-    int nchunks = (int)(a.row_bytes / 16);
     duet_pdl_wait(); /* x is the kernel ahead's */
     const float *xt[NT];
 #pragma unroll
@@ -158,6 +157,7 @@ __device__ __forceinline__ void gemv_body(const gemv_args &a, const TM &tm, int 
         for (int t = 0; t < NT; t++)
             acc[r][t] = 0.0f;
 
+    int nchunks = (int)(a.row_bytes / 16);
 #pragma unroll 2
     for (int ch = warp * 32 + lane; ch < nchunks; ch += ksplit * 32) {
         uint4 wv[R];
@@ -270,12 +270,6 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_ROWS 32 /* rows a warp */
 #define TC_BLOCK_ROWS (TC_WARPS * TC_ROWS)
 #define TC_MAX_NT 4
-/* Launches of at most this many x rows (tokens, or a grouped launch's assignments: a decode step
- * of 128 rows at top-8) are programmatic dependent launches (duet_cuda_launch); larger ones, a
- * prefill's, launch the ordinary way: after cuBLASLt's GEMMs the dependent form made a 4096-token
- * prefill 1.4% slower (docs/PERF.md). */
-#define TC_PDL_MAX_N 1024
-static inline int pdl_for(int n) { return n <= TC_PDL_MAX_N; }
 #define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
@@ -1221,8 +1215,8 @@ template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a,
     uint4 *rec = (uint4 *)c->tc_xrec;
     float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
     size_t threads = pairs * 4 * h16_traits<WT>::FG;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(rows), tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)),
-                                        dim3(256), 0, a.x, xrow, rows, a.cols, rec, rs));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, a.x,
+                                        xrow, rows, a.cols, rec, rs));
     a.xrec = rec;
     a.xrec_scale = rs;
     return DUET_OK;
@@ -1244,8 +1238,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c,
-                    duet_cuda_launch(c, pdl_for(a.n), gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1324,8 +1317,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(
-        c, duet_cuda_launch(c, pdl_for(a.n), gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
@@ -1424,7 +1416,7 @@ template <int WT> static duet_status_t gemv_launch(duet_cuda_t *c, const gemv_ar
              : nt == 2 ? gemv_kernel<WT, 2>
              : nt <= 4 ? gemv_kernel<WT, 4>
                        : gemv_kernel<WT, 8>;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(a.n), k, grid, dim3(threads), 0, a));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, k, grid, dim3(threads), 0, a));
     return DUET_OK;
 }
 
@@ -1494,7 +1486,6 @@ extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_wei
         DUET_TRY(gemv_tc_launch<WT_F8>(c, a));
     else
         DUET_TRY(gemv_tc_launch<WT_F4>(c, a));
-    DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
 
@@ -1739,8 +1730,8 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
         constexpr bool PRE = decltype(pre_c)::value;
         constexpr int smem = tc_smem_bytes<W, NT>();
         DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, NT, PRE>, smem, (PRE ? TC_PRE_BIT : 0) + 32 + W * 8 + NT));
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(TC_WARPS * 32),
-                                            smem, a, g, sp));
+        DUET_CUDA_CHECK(
+            c, duet_cuda_launch(c, gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(TC_WARPS * 32), smem, a, g, sp));
         return DUET_OK;
     };
     using one = std::integral_constant<int, 1>;
@@ -1815,19 +1806,18 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         dim3 grid(duet_cdiv(n, GEMV_TOKENS) + nonempty, g.row_tiles * n_mat);
         int threads = ksplit * 32;
         if (wt == WT_BF16)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_BF16, GEMV_TOKENS>, grid,
-                                                dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c,
+                            duet_cuda_launch(c, gemv_group_kernel<WT_BF16, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
         else if (wt == WT_F8)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F8, GEMV_TOKENS>, grid,
-                                                dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c,
+                            duet_cuda_launch(c, gemv_group_kernel<WT_F8, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
         else if (wt == WT_F4)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F4, GEMV_TOKENS>, grid,
-                                                dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c,
+                            duet_cuda_launch(c, gemv_group_kernel<WT_F4, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
         else
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, pdl_for(n), gemv_group_kernel<WT_F32, GEMV_TOKENS>, grid,
-                                                dim3(threads), 0, a, g));
+            DUET_CUDA_CHECK(c,
+                            duet_cuda_launch(c, gemv_group_kernel<WT_F32, GEMV_TOKENS>, grid, dim3(threads), 0, a, g));
     }
-    DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
 
@@ -2084,7 +2074,6 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
     case WT_F8: DUET_TRY(gemv_tc_multi<WT_F8>(c, a, m)); break;
     default: DUET_TRY(gemv_tc_multi<WT_F4>(c, a, m)); break;
     }
-    DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
 

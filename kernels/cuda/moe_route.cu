@@ -322,8 +322,8 @@ extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe
     size_t smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
     if (smem > 48 * 1024 - ROUTE_STATIC_SMEM)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_route: %d experts (shared memory)", p->n_experts);
-    (void)duet_cuda_launch(c, 1, moe_route_kernel, dim3(n_rows), dim3(ROUTE_THREADS), smem, *p, logits, sel, wt);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(
+        c, duet_cuda_launch(c, moe_route_kernel, dim3(n_rows), dim3(ROUTE_THREADS), smem, *p, logits, sel, wt));
     return DUET_OK;
 }
 
@@ -343,9 +343,8 @@ extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, 
     ns = (size_t)ns * row <= smem_max ? ns : (int)(smem_max / row);
     ns = ns > 1 ? ns : 1;
     int seg = (n + ns - 1) / ns;
-    (void)duet_cuda_launch(c, 1, moe_sort_kernel, dim3(1), dim3(SORT_THREADS), (size_t)ns * row, sel, n, top_k,
-                           n_experts, ns, seg, offs, tiles, xrow, pos);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, moe_sort_kernel, dim3(1), dim3(SORT_THREADS), (size_t)ns * row, sel, n,
+                                        top_k, n_experts, ns, seg, offs, tiles, xrow, pos));
     return DUET_OK;
 }
 
@@ -358,9 +357,8 @@ extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *se
     if (n_rows <= 0 || dim <= 0)
         return DUET_OK;
     dim3 grid(n_rows, duet_cdiv(dim, 256) < 8 ? duet_cdiv(dim, 256) : 8);
-    (void)duet_cuda_launch(c, 1, moe_combine_kernel, grid, dim3(256), 0, sel, wt, pos, top_k, y, shared, dim,
-                           out);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(
+        c, duet_cuda_launch(c, moe_combine_kernel, grid, dim3(256), 0, sel, wt, pos, top_k, y, shared, dim, out));
     return DUET_OK;
 }
 
@@ -420,9 +418,8 @@ extern "C" duet_status_t duet_cuda_moe_tiles_own(duet_cuda_t *c, int32_t *tiles,
 {
     if (n_experts <= 0 || e0 < 0 || e1 > n_experts || e0 > e1)
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_tiles_own: experts [%d, %d) of %d", e0, e1, n_experts);
-    (void)duet_cuda_launch(c, 1, moe_tiles_own_kernel, dim3(1), dim3(256),
-                           sizeof(int32_t) * 2 * (size_t)(n_experts + 1), tiles, n_experts, e0, e1);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, moe_tiles_own_kernel, dim3(1), dim3(256),
+                                        sizeof(int32_t) * 2 * (size_t)(n_experts + 1), tiles, n_experts, e0, e1));
     return DUET_OK;
 }
 
@@ -433,8 +430,7 @@ extern "C" duet_status_t duet_cuda_moe_pick(duet_cuda_t *c, float *y, const floa
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_pick: dim %d, %d experts, %d ranks", dim, n_experts, n_ranks);
     if (n_assign <= 0)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, moe_pick_kernel, dim3(n_assign), dim3(128), 0, y, recv, (size_t)n_assign * dim, dim,
-                           offs, n_experts, n_ranks);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, moe_pick_kernel, dim3(n_assign), dim3(128), 0, y, recv,
+                                        (size_t)n_assign * dim, dim, offs, n_experts, n_ranks));
     return DUET_OK;
 }

@@ -28,7 +28,6 @@ extern "C" duet_status_t duet_cuda_rmsnorm(duet_cuda_t *c, const float *x, const
     if (n <= 0 || dim <= 0)
         return DUET_OK;
     int threads = duet_cuda_rmsnorm_threads(dim);
-    (void)duet_cuda_launch(c, 1, rmsnorm_kernel, dim3(n), dim3(threads), 0, x, weight, dim, eps, y);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, rmsnorm_kernel, dim3(n), dim3(threads), 0, x, weight, dim, eps, y));
     return DUET_OK;
 }

@@ -40,8 +40,7 @@ extern "C" duet_status_t duet_cuda_rope(duet_cuda_t *c, float *x, int n, int n_h
     rope_table t;
     memset(&t, 0, sizeof t);
     memcpy(t.inv_freq, r->inv_freq, sizeof(float) * (size_t)pairs);
-    (void)duet_cuda_launch(c, 1, rope_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, n_heads, head_dim, pos,
-                           t, pairs, (float)sign);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, rope_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, n_heads,
+                                        head_dim, pos, t, pairs, (float)sign));
     return DUET_OK;
 }

@@ -31,9 +31,8 @@ static duet_status_t gather_rows_to(duet_cuda_t *c, O *dst, const int32_t *dst_i
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, gather_rows_to_kernel<O>, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_idx, src,
-                           src_idx, n, dim);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gather_rows_to_kernel<O>, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst,
+                                        dst_idx, src, src_idx, n, dim));
     return DUET_OK;
 }
 
@@ -80,8 +79,8 @@ extern "C" duet_status_t duet_cuda_gather_rows(duet_cuda_t *c, float *dst, const
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, gather_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, src, idx, n, dim);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(
+        c, duet_cuda_launch(c, gather_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, src, idx, n, dim));
     return DUET_OK;
 }
 
@@ -103,9 +102,8 @@ extern "C" duet_status_t duet_cuda_copy_2d(duet_cuda_t *c, float *dst, size_t ds
     size_t total = (size_t)rows * cols;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, copy_2d_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_ld, src, src_ld,
-                           rows, cols);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, copy_2d_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, dst, dst_ld, src,
+                                        src_ld, rows, cols));
     return DUET_OK;
 }
 
@@ -115,9 +113,8 @@ extern "C" duet_status_t duet_cuda_scale_add_rows(duet_cuda_t *c, float *y, cons
     size_t total = (size_t)n * dim;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, scale_add_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, y, rows, w, x, n,
-                           dim);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, scale_add_rows_kernel, dim3(duet_cdiv(total, 256)), dim3(256), 0, y, rows, w,
+                                        x, n, dim));
     return DUET_OK;
 }
 
@@ -125,8 +122,7 @@ extern "C" duet_status_t duet_cuda_add(duet_cuda_t *c, float *y, const float *x,
 {
     if (!n)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, add_kernel, dim3(duet_cdiv(n, 256)), dim3(256), 0, y, x, n);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, add_kernel, dim3(duet_cdiv(n, 256)), dim3(256), 0, y, x, n));
     return DUET_OK;
 }
 
@@ -134,7 +130,6 @@ extern "C" duet_status_t duet_cuda_scale(duet_cuda_t *c, float *x, size_t n, flo
 {
     if (!n)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, scale_kernel, dim3(duet_cdiv(n, 256)), dim3(256), 0, x, n, s);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, scale_kernel, dim3(duet_cdiv(n, 256)), dim3(256), 0, x, n, s));
     return DUET_OK;
 }

@@ -39,8 +39,7 @@ extern "C" duet_status_t duet_cuda_swiglu(duet_cuda_t *c, const float *gate, con
     size_t total = (size_t)n * inter;
     if (!total)
         return DUET_OK;
-    (void)duet_cuda_launch(c, 1, swiglu_kernel, dim3(duet_cdiv(duet_cdiv(total, 4), 256)), dim3(256), 0, gate, up,
-                           total, limit, y);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, swiglu_kernel, dim3(duet_cdiv(duet_cdiv(total, 4), 256)), dim3(256), 0, gate,
+                                        up, total, limit, y));
     return DUET_OK;
 }

@@ -167,7 +167,7 @@ extern "C" duet_status_t duet_cuda_topk(duet_cuda_t *c, const float *v, const in
                                                 TOPK_SMEM_KEYS * (int)sizeof(uint32_t)));
         c->topk_smem_set = 1;
     }
-    (void)duet_cuda_launch(c, 1, topk_kernel, dim3(n_rows), dim3(TOPK_THREADS), smem, v, off, n, k, cap, idx);
-    DUET_CUDA_CHECK_LAUNCH(c);
+    DUET_CUDA_CHECK(c,
+                    duet_cuda_launch(c, topk_kernel, dim3(n_rows), dim3(TOPK_THREADS), smem, v, off, n, k, cap, idx));
     return DUET_OK;
 }
