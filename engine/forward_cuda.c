@@ -962,10 +962,11 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     if (F->wo_group) { /* group g's rows g*R .. : att's row r*Gl + g; mid's row r*Gl + g from g*R + r */
         int32_t *wo_offs = HB(int32_t, F->o_wo_offs), *wo_tiles = HB(int32_t, F->o_wo_tiles);
         int32_t *wo_xrow = HB(int32_t, F->o_wo_xrow), *wo_yrow = HB(int32_t, F->o_wo_yrow);
+        int wide = duet_cuda_moe_wide_tile();
         for (int g = 0; g <= Gl; g++) {
             wo_offs[g] = g * R;
             wo_tiles[g] = g * ((R + 7) / 8);
-            wo_tiles[Gl + 1 + g] = g * ((R + 31) / 32);
+            wo_tiles[Gl + 1 + g] = g * ((R + wide - 1) / wide);
         }
         for (int g = 0; g < Gl; g++)
             for (int r = 0; r < R; r++) {

@@ -1799,11 +1799,12 @@ static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
     for (int i = 0; i < n; i++)
         if (sel[i] >= 0 && sel[i] < E)
             offs[sel[i] + 1]++;
+    int wide = duet_cuda_moe_wide_tile();
     tiles[0] = tiles[E + 1] = 0;
     for (int e = 0; e < E; e++) {
         int c = offs[e + 1];
         tiles[e + 1] = tiles[e] + (c + 7) / 8;
-        tiles[E + 2 + e] = tiles[E + 1 + e] + (c + 31) / 32;
+        tiles[E + 2 + e] = tiles[E + 1 + e] + (c + wide - 1) / wide;
         offs[e + 1] += offs[e];
     }
     int *next = xmalloc(sizeof(int) * (size_t)E);

@@ -37,6 +37,13 @@ extern "C" {
 #include "duet_cuda.h"
 
 #define DUET_CUDA_MAX_PLANS 32
+/* Tokens a wide tile of the grouped matmul holds (moe_sort's second tile prefix sums; a build
+ * setting for timing variants, a multiple of 8 up to 32) */
+#ifndef DUET_CUDA_MOE_WIDE_TILE
+#define DUET_CUDA_MOE_WIDE_TILE 32
+#endif
+static_assert(DUET_CUDA_MOE_WIDE_TILE % 8 == 0 && DUET_CUDA_MOE_WIDE_TILE >= 8 && DUET_CUDA_MOE_WIDE_TILE <= 32,
+              "a wide tile is one to four groups of 8 tokens");
 
 /* A cached cuBLASLt problem: descriptors and the algorithm the heuristic chose. */
 struct duet_lt_plan {

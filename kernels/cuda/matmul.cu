@@ -279,6 +279,19 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #ifndef TC_GROUP_SPLIT_WAVES
 #define TC_GROUP_SPLIT_WAVES 4
 #endif
+/* Launches of at most TC_NT2_MAX_ROW_BLOCKS row blocks (2,048 rows) and TC_NT2_MAX_N tokens take
+ * at most two groups of 8 tokens a tile instead of four (tc_max_nt): 136 registers instead of
+ * 228 for fp8, three blocks an SM instead of two, twice the blocks.  Measured on the H200
+ * (docs/PERF.md): a decode step at batch 32 2% shorter (fp8 1024x4096 at 32 tokens 19.3 ->
+ * 15.4 us); at 32 row blocks (4096 rows) the launches were slower, and at a 4096-token prefill
+ * the batch-invariant column 4% slower, hence the two limits.  Build settings, for timing
+ * variants (0: off). */
+#ifndef TC_NT2_MAX_ROW_BLOCKS
+#define TC_NT2_MAX_ROW_BLOCKS 16
+#endif
+#ifndef TC_NT2_MAX_N
+#define TC_NT2_MAX_N 256
+#endif
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
@@ -1053,7 +1066,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_
 {
     tok_plain tm{a.x, a.n, a.cols};
     gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
-                         blockIdx.y * gridDim.x + blockIdx.x);
+                                blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 /* Shapes the tensor-core kernel takes: bf16/fp8/fp4 weights, columns a multiple of 128, rows
@@ -1242,12 +1255,21 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     return DUET_OK;
 }
 
-/* f(std::integral_constant<int, NT>()) with the token tiles (8 tokens each) a block takes for
- * n tokens: as many as n needs, at most TC_MAX_NT. */
-static_assert(TC_MAX_NT == 4, "tc_with_nt instantiates one to four token tiles");
-template <class F> static duet_status_t tc_with_nt(int n, F &&f)
+/* The groups of 8 tokens a tile of a launch of n tokens over row_blocks row blocks holds at most
+ * (TC_NT2_MAX_ROW_BLOCKS above).  A token's result does not depend on its tile, so either way
+ * gives the same bits. */
+static int tc_max_nt(int row_blocks, int n)
 {
-    switch (n >= 8 * TC_MAX_NT ? TC_MAX_NT : (n + 7) / 8) {
+    return row_blocks <= TC_NT2_MAX_ROW_BLOCKS && n <= TC_NT2_MAX_N ? 2 : TC_MAX_NT;
+}
+
+/* f(std::integral_constant<int, NT>()) with the token tiles (8 tokens each) a block takes for
+ * n tokens: as many as n needs, at most max_nt (TC_MAX_NT). */
+static_assert(TC_MAX_NT == 4, "tc_with_nt instantiates one to four token tiles");
+template <class F> static duet_status_t tc_with_nt(int n, F &&f, int max_nt = TC_MAX_NT)
+{
+    int nt = n >= 8 * TC_MAX_NT ? TC_MAX_NT : (n + 7) / 8;
+    switch (nt < max_nt ? nt : max_nt) {
     case 1: return f(std::integral_constant<int, 1>());
     case 2: return f(std::integral_constant<int, 2>());
     case 3: return f(std::integral_constant<int, 3>());
@@ -1257,7 +1279,9 @@ template <class F> static duet_status_t tc_with_nt(int n, F &&f)
 
 template <int WT> static duet_status_t gemv_tc_launch(duet_cuda_t *c, const gemv_args &a)
 {
-    return tc_with_nt(a.n, [&](auto nt) { return gemv_tc_launch_nt<WT, decltype(nt)::value>(c, a); });
+    int row_blocks = duet_cdiv(a.row_end - a.row_begin, TC_BLOCK_ROWS);
+    return tc_with_nt(
+        a.n, [&](auto nt) { return gemv_tc_launch_nt<WT, decltype(nt)::value>(c, a); }, tc_max_nt(row_blocks, a.n));
 }
 
 /* ---- several weights times one x (duet_cuda_matmul_multi) ---- */
@@ -1323,7 +1347,9 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
 
 template <int WT> static duet_status_t gemv_tc_multi(duet_cuda_t *c, const gemv_args &a, multi_args &m)
 {
-    return tc_with_nt(a.n, [&](auto nt) { return gemv_tc_multi_nt<WT, decltype(nt)::value>(c, a, m); });
+    return tc_with_nt(
+        a.n, [&](auto nt) { return gemv_tc_multi_nt<WT, decltype(nt)::value>(c, a, m); },
+        tc_max_nt(m.tile0[m.n_parts], a.n));
 }
 
 /* Any shape and alignment: one thread per (token, row), scalar decode. */
@@ -1735,7 +1761,7 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
         return DUET_OK;
     };
     using one = std::integral_constant<int, 1>;
-    using all = std::integral_constant<int, TC_MAX_NT>;
+    using all = std::integral_constant<int, DUET_CUDA_MOE_WIDE_TILE / 8>;
     if constexpr (W != WT_BF16) {
         if (tc_presplit_on<W>(c, nt, n)) {
             DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
@@ -1779,9 +1805,10 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
     int wt = weight_kind(w), E = p->n_experts, n = p->n_assign;
     int nonempty = n < E ? n : E;
     if (kind == 1) {
-        /* 32-token tiles once experts average 16 tokens (each weight row tile is read once a
-         * tile), else 8; a token's result does not depend on the tile size */
-        int nt = n >= 16 * E ? TC_MAX_NT : 1;
+        /* wide tiles (DUET_CUDA_MOE_WIDE_TILE tokens) once experts average 16 tokens (each
+         * weight row tile is read once a tile), else 8; a token's result does not depend on the
+         * tile size */
+        int nt = n >= 16 * E ? DUET_CUDA_MOE_WIDE_TILE / 8 : 1;
         g.tiles = p->tiles + (nt == 1 ? 0 : E + 1);
         g.row_tiles = duet_cdiv(w->rows, TC_BLOCK_ROWS);
         dim3 grid(duet_cdiv(n, 8 * nt) + nonempty, g.row_tiles * n_mat);

@@ -101,7 +101,7 @@ typedef struct {
     int n_experts;
     int n_assign;         /* rows * top_k: the sorted positions */
     const int32_t *offs;  /* (E+1) device */
-    const int32_t *tiles; /* (2, E+1) device: prefix sums of ceil(m_e / 8), then of ceil(m_e / 32) */
+    const int32_t *tiles; /* (2, E+1) device: prefix sums of ceil(m_e / 8), then of ceil(m_e / wide tile) */
     const int32_t *xrow;  /* (n_assign) device: the x row of each position */
 } duet_cuda_moe_plan_t;
 

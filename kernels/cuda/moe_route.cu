@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
             pos[i] = -1;
     }
     __syncthreads();
-    /* exclusive prefix sums of the counts and of the 8- and 32-token tiles, blockDim experts a
+    /* exclusive prefix sums of the counts and of the 8-token and wide tiles, blockDim experts a
      * pass (a warp scan, then the warps' totals scanned by warp 0) */
     __shared__ int wsum[3][SORT_THREADS / 32];
     int lane = tid & 31, warp = tid >> 5, nw = bd >> 5;
@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
         if (e < E)
             for (int s = 0; s < ns; s++)
                 c += cnt[s * E + e];
-        int v[3] = {c, (c + 7) / 8, (c + 31) / 32};
+        constexpr int W = DUET_CUDA_MOE_WIDE_TILE;
+        int v[3] = {c, (c + 7) / 8, (c + W - 1) / W};
 #pragma unroll
         for (int k = 0; k < 3; k++)
 #pragma unroll
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
             int o = b0 + v[0] - c;
             offs[e] = o;
             tiles[e] = b8 + v[1] - (c + 7) / 8;
-            tiles[E + 1 + e] = b32 + v[2] - (c + 31) / 32;
+            tiles[E + 1 + e] = b32 + v[2] - (c + W - 1) / W;
             for (int s = 0; s < ns; s++) {
                 int t = cnt[s * E + e];
                 cnt[s * E + e] = o;
@@ -326,6 +327,8 @@ extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe
         c, duet_cuda_launch(c, moe_route_kernel, dim3(n_rows), dim3(ROUTE_THREADS), smem, *p, logits, sel, wt));
     return DUET_OK;
 }
+
+extern "C" int duet_cuda_moe_wide_tile(void) { return DUET_CUDA_MOE_WIDE_TILE; }
 
 extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k,
                                             int n_experts, int32_t *offs, int32_t *tiles, int32_t *xrow,

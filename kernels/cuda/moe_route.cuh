@@ -12,7 +12,8 @@
  *                are the CPU's IEEE operations in its order, so weights agree to an ulp
  *                or two (checked at 1e-6).
  *   moe_sort     a counting sort of the (row, k) assignments by expert id, in one
- *                block: offs (E+1), tile prefix sums for 8- and 32-token tiles
+ *                block: offs (E+1), tile prefix sums for 8-token and wide tiles
+ *                (duet_cuda_moe_wide_tile tokens: 32)
  *                (duet_cuda_moe_plan_t, matmul.cuh), xrow (the row of each sorted
  *                position, ascending rows within an expert) and pos (the sorted position
  *                of assignment r*K + j; -1 for an id outside [0, E)).  Deterministic.
@@ -48,6 +49,7 @@ typedef struct {
 duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe_route_t *p, const float *logits, int n_rows,
                                   int32_t *sel, float *wt);
 /* sel (n_rows, K) -> offs (E+1), tiles (2, E+1), xrow (n_rows*K), pos (n_rows*K). */
+int duet_cuda_moe_wide_tile(void);
 duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k, int n_experts,
                                  int32_t *offs, int32_t *tiles, int32_t *xrow, int32_t *pos);
 /* y (n_rows*K, dim) in sorted order; shared (n_rows, dim) or NULL; out (n_rows, dim). */
