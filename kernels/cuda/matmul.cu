@@ -292,6 +292,16 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #ifndef TC_NT2_MAX_N
 #define TC_NT2_MAX_N 256
 #endif
+/* Launches of at most TC_NT1_MAX_ROW_BLOCKS row blocks (512 rows: the MoE gate) and TC_NT2_MAX_N
+ * tokens take one-group tiles (0: off; a decode step at batch 32 about 1% shorter).  Plain and
+ * multi launches split along the columns when they have fewer blocks than TC_PLAIN_SPLIT_WAVES an
+ * SM (a timing variant: at 3, wq_b's 256 row blocks at 32 tokens split in two, 26.8 -> 33.1 us). */
+#ifndef TC_NT1_MAX_ROW_BLOCKS
+#define TC_NT1_MAX_ROW_BLOCKS 4
+#endif
+#ifndef TC_PLAIN_SPLIT_WAVES
+#define TC_PLAIN_SPLIT_WAVES 1
+#endif
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
@@ -646,34 +656,50 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         ue = min(ub + TC_CHUNK_UNITS, units);
     }
 
+    /* The loads walk the block's units in order, one a call (ub, ub + 1, ...): each source is a
+     * running pointer that a call moves on by a unit, instead of a product by the unit's index
+     * (64-bit multiplies and adds a call in the unit loop). */
+    const size_t w_step = WT == WT_F4                ? (a.tiled ? TC_F4_TILE_BYTES : 64)
+                          : WT == WT_BF16 && a.tiled ? TC_BF16_TILE_BYTES
+                                                     : CPR * 64;
+    const size_t s_step = a.tiled ? TC_F4_TILE_SCALE_BYTES : 4; /* fp4 scales */
+    const uint8_t *w_src, *s_src = NULL;
+    ptrdiff_t w_d[4]; /* the other rows' (or pieces') distances from w_src, fixed */
+    if constexpr (WT == WT_F4) {
+        w_src = frow[0];
+        s_src = srow + (size_t)ub * s_step;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w_d[k] = a.tiled ? 512 * k : frow[k] - frow[0];
+    } else {
+        w_src = WT == WT_BF16 && a.tiled ? btile : rp[0];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w_d[k] = rp[k] - rp[0];
+    }
+    w_src += (size_t)ub * w_step;
     auto load_w = [&](int u, int slot) {
         if (!active)
             return;
         uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
         if constexpr (WT == WT_F4) {
-            if (a.tiled) { /* one run: the pieces 512 bytes apart */
-                const uint8_t *tp = frow[0] + (size_t)u * TC_F4_TILE_BYTES;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), tp + 512 * j);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), frow[j] + (size_t)u * 64);
-            }
-            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, srow + (size_t)u * (a.tiled ? TC_F4_TILE_SCALE_BYTES : 4));
+            for (int j = 0; j < 4; j++) /* tiled: one run, the pieces 512 bytes apart */
+                cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), w_src + w_d[j]);
+            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, s_src);
+            s_src += s_step;
         } else if (WT == WT_BF16 && a.tiled) { /* the tile's records in order: one run */
-            const uint8_t *tp = btile + (size_t)u * TC_BF16_TILE_BYTES;
 #pragma unroll
             for (int i = 0; i < TC_BF16_TILE_BYTES / 512; i++)
-                cp_async16(st + 16 * (32 * i + lane), tp + 512 * i);
+                cp_async16(st + 16 * (32 * i + lane), w_src + 512 * i);
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
 #pragma unroll
                 for (int j = 0; j < CPR; j++)
-                    cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, rp[r4] + (size_t)u * (CPR * 64) + 64 * j);
+                    cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, w_src + w_d[r4] + 64 * j);
         }
+        w_src += w_step;
     };
     /* x: the thread's row pointers once (a gathered row's index is read once), each unit's
      * values read XD units ahead (two with one token tile, where a unit's MMAs are few).
@@ -781,16 +807,21 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         for (int it = 0; it < NI; it++)
             xr_ok |= (unsigned)tm.ok(t0 + 4 * it + warp) << it;
     }
+    /* the thread's token scale (threads below NT * 8 whose token the tile has), walked as the
+     * records are: a unit a call */
+    const float *xs_src = NULL;
+    if constexpr (PRE)
+        if (threadIdx.x < NT * 8 && tm.ok(t0 + threadIdx.x))
+            xs_src = a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + ub;
     auto load_xr = [&](int u, int slot) {
-        const char *g = xr_g + (size_t)(u - ub) * (RU * 16);
         unsigned so = slot * XSPLIT;
 #pragma unroll
         for (int it = 0; it < NI; it++)
             if (xr_ok >> it & 1)
-                cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), g + it * xr_step);
-        if (threadIdx.x < NT * 8 && tm.ok(t0 + threadIdx.x))
-            cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x,
-                      a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + u);
+                cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), xr_g + it * xr_step);
+        xr_g += RU * 16;
+        if (xs_src)
+            cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x, xs_src++);
     };
 
     float pc[2][NT][4], tot[2][NT][4];
@@ -840,13 +871,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < ue) {
-            load_w(u + S - 1, (i + S - 1) % S);
+            load_w(u + S - 1, (unsigned)(i + S - 1) % S);
             if constexpr (PRE)
                 load_xr(u + S - 1, (unsigned)(i + S - 1) % XS);
         }
         cp_commit();
         if (active) {
-            const uint8_t *wwarp = wsm + (i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
+            const uint8_t *wwarp = wsm + ((unsigned)i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
             float part[2][NT][4];
             tc_each<NT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
             /* the parts in turn across all accumulators: consecutive MMAs are independent */
@@ -1249,7 +1280,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
-    DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
+    DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, TC_PLAIN_SPLIT_WAVES, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
@@ -1260,7 +1291,9 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
  * gives the same bits. */
 static int tc_max_nt(int row_blocks, int n)
 {
-    return row_blocks <= TC_NT2_MAX_ROW_BLOCKS && n <= TC_NT2_MAX_N ? 2 : TC_MAX_NT;
+    if (n > TC_NT2_MAX_N)
+        return TC_MAX_NT;
+    return row_blocks <= TC_NT1_MAX_ROW_BLOCKS ? 1 : row_blocks <= TC_NT2_MAX_ROW_BLOCKS ? 2 : TC_MAX_NT;
 }
 
 /* f(std::integral_constant<int, NT>()) with the token tiles (8 tokens each) a block takes for
@@ -1335,7 +1368,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
     for (int i = 0; i < m.n_parts; i++)
         rows += (size_t)(m.row_end[i] - m.row_begin[i]);
     tc_split sp;
-    DUET_TRY(tc_split_plan(c, a.cols, (long)tiles * tok_tiles, 1, (size_t)a.n * rows, &sp));
+    DUET_TRY(tc_split_plan(c, a.cols, (long)tiles * tok_tiles, TC_PLAIN_SPLIT_WAVES, (size_t)a.n * rows, &sp));
     for (int i = 0, acc = 0; i < m.n_parts; i++) { /* each part's chunk planes, one after another */
         m.part_off[i] = (size_t)sp.chunks * a.n * acc;
         acc += m.row_end[i] - m.row_begin[i];
