@@ -678,7 +678,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             w_d[k] = rp[k] - rp[0];
     }
     w_src += (size_t)ub * w_step;
-    auto load_w = [&](int u, int slot) {
+    auto load_w = [&](int slot) {
         if (!active)
             return;
         uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
@@ -813,7 +813,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     if constexpr (PRE)
         if (threadIdx.x < NT * 8 && tm.ok(t0 + threadIdx.x))
             xs_src = a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + ub;
-    auto load_xr = [&](int u, int slot) {
+    auto load_xr = [&](int slot) {
         unsigned so = slot * XSPLIT;
 #pragma unroll
         for (int it = 0; it < NI; it++)
@@ -840,13 +840,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
         if (ub + s < ue)
-            load_w(ub + s, s);
+            load_w(s); /* unit ub + s */
     duet_pdl_wait();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if constexpr (PRE)
             if (ub + s < ue)
-                load_xr(ub + s, s);
+                load_xr(s);
         cp_commit(); /* group 0 holds all the first stages' weights */
     }
     if constexpr (!PRE) {
@@ -871,9 +871,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < ue) {
-            load_w(u + S - 1, (unsigned)(i + S - 1) % S);
+            load_w((unsigned)(i + S - 1) % S); /* unit u + S - 1 */
             if constexpr (PRE)
-                load_xr(u + S - 1, (unsigned)(i + S - 1) % XS);
+                load_xr((unsigned)(i + S - 1) % XS);
         }
         cp_commit();
         if (active) {
