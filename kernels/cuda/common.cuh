@@ -83,6 +83,7 @@ struct duet_cuda {
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
     int attn_no_tc;       /* duet_cuda_set_attn_tc(c, 0): attn_rows on the fp32 units only */
     int pdl;              /* duet_cuda_set_pdl: launches that may start before the kernel ahead ends */
+    int pdl_hold;         /* the next duet_cuda_launch the ordinary way: the stream wrote weights */
     unsigned attn_smem_set; /* attn_rows' tensor-core kernels whose shared-memory limit was raised */
     struct duet_cuda_phases *phases; /* duet_cuda_phases_enable: NULL when off */
     void *flush_buf; /* duet_cuda_flush_l2 */
@@ -127,7 +128,10 @@ duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, voi
  * and without the gap of an ordinary launch.  It must call duet_pdl_wait() in every block before
  * it reads anything an earlier operation wrote, writes anything an earlier one reads, or exits (so
  * that its own end still implies the end of everything before it); before the wait it may only
- * read what no operation of the stream writes (weights) and use its shared memory.
+ * read what no operation of the stream writes (weights) and use its shared memory.  The one
+ * operation that writes weights, duet_cuda_weight_tile (at upload), sets pdl_hold, so that the
+ * next launch waits for it whole; the launches after that one start after it has begun, so after
+ * the tiling has ended.
  * duet_pdl_wait() returns at once in a kernel launched the ordinary way, and is a no-op below
  * sm_90.  No kernel lets its dependents start earlier than its blocks' exits
  * (griddepcontrol.launch_dependents first thing in every kernel measured 2% slower at prefill,
@@ -143,8 +147,8 @@ __device__ __forceinline__ void duet_pdl_wait()
  * them on: every kernel launched this way calls duet_pdl_wait() first (the matmuls after their
  * first weight loads). */
 template <typename... P, typename... A>
-static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, void (*kernel)(P...), dim3 grid, dim3 block,
-                                           size_t smem, A &&...args)
+static inline cudaError_t duet_cuda_launch(duet_cuda_t *c, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                                           A &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -155,7 +159,8 @@ static inline cudaError_t duet_cuda_launch(const duet_cuda_t *c, void (*kernel)(
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    cfg.numAttrs = c->pdl && !c->pdl_hold ? 1 : 0;
+    c->pdl_hold = 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
 }
 

@@ -293,14 +293,9 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_NT2_MAX_N 256
 #endif
 /* Launches of at most TC_NT1_MAX_ROW_BLOCKS row blocks (512 rows: the MoE gate) and TC_NT2_MAX_N
- * tokens take one-group tiles (0: off; a decode step at batch 32 about 1% shorter).  Plain and
- * multi launches split along the columns when they have fewer blocks than TC_PLAIN_SPLIT_WAVES an
- * SM (a timing variant: at 3, wq_b's 256 row blocks at 32 tokens split in two, 26.8 -> 33.1 us). */
+ * tokens take one-group tiles (0: off; a decode step at batch 32 about 1% shorter). */
 #ifndef TC_NT1_MAX_ROW_BLOCKS
 #define TC_NT1_MAX_ROW_BLOCKS 4
-#endif
-#ifndef TC_PLAIN_SPLIT_WAVES
-#define TC_PLAIN_SPLIT_WAVES 1
 #endif
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
@@ -1280,7 +1275,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
-    DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, TC_PLAIN_SPLIT_WAVES, (size_t)a.n * rows, &sp));
+    DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
@@ -1368,7 +1363,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
     for (int i = 0; i < m.n_parts; i++)
         rows += (size_t)(m.row_end[i] - m.row_begin[i]);
     tc_split sp;
-    DUET_TRY(tc_split_plan(c, a.cols, (long)tiles * tok_tiles, TC_PLAIN_SPLIT_WAVES, (size_t)a.n * rows, &sp));
+    DUET_TRY(tc_split_plan(c, a.cols, (long)tiles * tok_tiles, 1, (size_t)a.n * rows, &sp));
     for (int i = 0, acc = 0; i < m.n_parts; i++) { /* each part's chunk planes, one after another */
         m.part_off[i] = (size_t)sp.chunks * a.n * acc;
         acc += m.row_end[i] - m.row_begin[i];
@@ -1636,6 +1631,7 @@ extern "C" duet_status_t duet_cuda_weight_tile(duet_cuda_t *c, duet_weight_t *w)
                                "weight_tile: %s weight %dx%d%s (needs bf16, or fp4 with ue8m0 scales; rows a "
                                "multiple of 32, columns of 128, not tiled yet)",
                                duet_dtype_name(w->dtype), w->rows, w->cols, w->tiled ? ", tiled" : "");
+    c->pdl_hold = 1; /* the weight's next reader may load it before its wait (duet_cuda_launch) */
     if (w->dtype == DUET_DT_BF16)
         return bf16_tile(c, w);
     size_t data_bytes = row_bytes_of(w) * (size_t)w->rows, scale_bytes = (size_t)w->rows * w->scale_cols;
