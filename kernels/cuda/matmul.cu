@@ -436,6 +436,71 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* wgmma (sm_90a): the launches of four token tiles with bf16 or fp8 weights take their MMAs as
+ * wgmma m64n32k16 instead of mma.sync m16n8k16: one instruction a k-step, part and warp row
+ * tile (a warp's 16 rows of the warpgroup's 64, its A operand from its registers) for all 32
+ * tokens, where mma.sync takes four; B (the split x) straight from shared memory.  On the H200
+ * the two give the same bits on the same operands and accumulator (every result of 2.7e8
+ * random cases, fp16 in, f32 accumulated), and mma.sync m16n8k16 reaches 647 TFLOP/s against
+ * wgmma m64n32k16's 970 (fp16, A from registers; wgmma m64n8k16 only 298): so the tiles of
+ * fewer tokens keep mma.sync and every token's result keeps its bits whichever tile it is in.
+ * TC_WGMMA=0 keeps mma.sync everywhere (a build setting, for timing variants). */
+#ifndef TC_WGMMA
+#define TC_WGMMA 1
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TC_HAVE_WGMMA 1
+#else
+#define TC_HAVE_WGMMA 0
+#endif
+template <int WT, int NT, bool PRE> __device__ constexpr bool tc_wg()
+{
+    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && !PRE && (WT == WT_F8 || WT == WT_BF16);
+}
+/* The split x as wgmma's B in shared memory (K-major, no swizzle): for each k-step and part a 1 KB
+ * tile [kc][token n][16 bytes], k-slots 8 kc .. 8 kc + 7 of token n, so that the 32-bit word of
+ * lane (n % 8, tq) of n tile n / 8 that mma.sync reads as b0 (k-slots 2 tq, 2 tq + 1) is at kc 0,
+ * byte 16 n + 4 tq, and b1 (k-slots 2 tq + 8, + 9) the same at kc 1: the tensor core multiplies
+ * the same x values in the same k-slots.  The tiles take the bytes the mma.sync records took. */
+__device__ __forceinline__ uint32_t *wg_b_word(void *xs, int parts, int ks, int s, int kc, int n, int tq)
+{
+    return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(xs) + ((ks * parts + s) * 2 + kc) * 512 + n * 16 +
+                                        4 * tq);
+}
+__device__ __forceinline__ uint64_t wg_b_desc(const void *tile)
+{
+    uint32_t addr = (uint32_t)__cvta_generic_to_shared(tile);
+    /* start address, leading (k) byte offset 512, stride (n) byte offset 128, in 16-byte units */
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(512 >> 4) << 16 | (uint64_t)(128 >> 4) << 32;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+/* keeps the compiler from moving a register's uses across the wgmma issue and wait */
+__device__ __forceinline__ void wg_keep(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void wg_keep(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+/* d (a warp's m16 row tile by 32 tokens: [n tile][4], mma.sync's accumulator layout) += A B */
+template <int WT> __device__ __forceinline__ void wg_mma(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc)
+{
+#if TC_HAVE_WGMMA
+#define WG_D                                                                                                           \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),           \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),       \
+        "+f"(d[3][2]), "+f"(d[3][3])
+    if constexpr (WT == WT_BF16)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                     "%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+                     : WG_D
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                     "%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+                     : WG_D
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#undef WG_D
+#endif
+}
+
 /* A word of eight e2m1 codes c0..c7 (c0 in bits 0-3) as fp16 pairs of their values times 2^-14:
  * each code's fp16 high byte (magnitude to bits 1-3, sign to 7; the low byte is 0), the even
  * codes' bytes in one word (half 0: pairs (c0,c4), (c2,c6)) and the odd ones' in another
@@ -606,6 +671,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr unsigned XS = tc_xslots<WT, NT>();
     constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<WT, NT>();
     constexpr int NX = 2 * NT; /* bf16: x quads a thread splits per unit */
+    constexpr bool WG = tc_wg<WT, NT, PRE>(); /* wgmma: every warp of the block takes part */
     extern __shared__ __align__(16) uint8_t tc_smem[];
     uint8_t *wsm = tc_smem;
     uint2 *xsm = reinterpret_cast<uint2 *>(tc_smem + S * WSTAGE);
@@ -761,9 +827,18 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 float scale;
                 h16_split<WT>(&src[i * (GC / 4)], rec, &scale);
 #pragma unroll
-                for (int k = 0; k < KPG; k++)
-                    reinterpret_cast<uint4 *>(dst)[(nt * 8 + f * KPG + k) * 32 + (ln ^ h16_swizzle<WT>(f * KPG + k))] =
-                        rec[k];
+                for (int k = 0; k < KPG; k++) {
+                    if constexpr (WG) { /* rec: hi b0, hi b1, lo b0, lo b1 */
+                        int ks = f * KPG + k, n = 8 * nt + tok;
+                        *wg_b_word(dst, 2, ks, 0, 0, n, tq) = rec[k].x;
+                        *wg_b_word(dst, 2, ks, 0, 1, n, tq) = rec[k].y;
+                        *wg_b_word(dst, 2, ks, 1, 0, n, tq) = rec[k].z;
+                        *wg_b_word(dst, 2, ks, 1, 1, n, tq) = rec[k].w;
+                    } else {
+                        reinterpret_cast<uint4 *>(
+                            dst)[(nt * 8 + f * KPG + k) * 32 + (ln ^ h16_swizzle<WT>(f * KPG + k))] = rec[k];
+                    }
+                }
                 if (tq == 0 && f == 0)
                     reinterpret_cast<float *>(dst + XFRAG)[nt * 8 + tok] = scale;
             } else {
@@ -771,8 +846,14 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 uint2 p[3];
                 bf16_split(src[i], p);
 #pragma unroll
-                for (int s = 0; s < 3; s++)
-                    dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = p[s];
+                for (int s = 0; s < 3; s++) {
+                    if constexpr (WG) {
+                        *wg_b_word(dst, 3, ks, s, 0, 8 * nt + (ln >> 2), ln & 3) = p[s].x;
+                        *wg_b_word(dst, 3, ks, s, 1, 8 * nt + (ln >> 2), ln & 3) = p[s].y;
+                    } else {
+                        dst[((nt * 8 + ks) * 3 + s) * 32 + ln] = p[s];
+                    }
+                }
             }
         }
     };
@@ -871,7 +952,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 load_xr((unsigned)(i + S - 1) % XS);
         }
         cp_commit();
-        if (active) {
+        if (active || WG) {
             const uint8_t *wwarp = wsm + ((unsigned)i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
             float part[2][NT][4];
             tc_each<NT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
@@ -903,6 +984,64 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         }
                 }
             };
+            /* wgmma, in mma.sync's order for each accumulator ((k-step, part)): fp8 issues each
+             * k-step's MMAs as soon as its A operands are decoded (the next k-step's decode
+             * overlapping them); bf16 gathers the unit's A operands first (issued a k-step at a
+             * time, its three parts spill: 580 bytes, sm_90a).  The A registers are held until
+             * the unit's wait. */
+            constexpr bool WG_EACH = WT == WT_F8;
+            uint32_t wga[WG ? 8 : 1][2][4];
+            if constexpr (WG)
+                tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
+            auto wg_issue = [&](int ks) {
+                if constexpr (WG) {
+                    constexpr int P = tc_parts<WT>();
+#pragma unroll
+                    for (int s = 0; s < P; s++) {
+                        uint64_t desc = wg_b_desc(reinterpret_cast<const char *>(xs) + (ks * P + s) * 1024);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+                            wg_mma<WT>(part[mt], wga[ks][mt], desc);
+                    }
+                }
+            };
+            auto take = [&](int ks, const uint32_t(&wa)[4][2]) {
+                if constexpr (WG) {
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        wga[ks][mt][0] = wa[2 * mt][0];
+                        wga[ks][mt][1] = wa[2 * mt + 1][0];
+                        wga[ks][mt][2] = wa[2 * mt][1];
+                        wga[ks][mt][3] = wa[2 * mt + 1][1];
+                    }
+                    if constexpr (WG_EACH) {
+                        wg_fence();
+                        wg_issue(ks);
+                    }
+                } else {
+                    mmas(ks, wa);
+                }
+            };
+            auto wg_run = [&]() {
+                if constexpr (WG) {
+                    if constexpr (!WG_EACH) {
+                        wg_fence();
+#pragma unroll
+                        for (int ks = 0; ks < 8; ks++)
+                            wg_issue(ks);
+                    }
+                    wg_commit();
+                    wg_wait0();
+                    tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
+#pragma unroll
+                    for (int ks = 0; ks < 8; ks++)
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                            for (int r = 0; r < 4; r++)
+                                wg_keep(wga[ks][mt][r]);
+                }
+            };
             /* bf16/fp8: the lane's 16-byte chunk j of its four rows, one k-step a column quad */
             auto chunk_mmas = [&](int j) {
                 const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
@@ -923,7 +1062,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                             tc_quad(wc[r4], q, wa[r4]);
                         }
                     }
-                    mmas(j * QPC + q, wa);
+                    take(j * QPC + q, wa);
                 }
             };
             if constexpr (H16) {
@@ -982,6 +1121,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                     for (int f = 0; f < FG; f++) /* the lane's 16-byte chunk f of each row: columns 64f + 16tq .. +15 */
                         chunk_mmas(f);
+                    wg_run();
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
@@ -1007,13 +1147,14 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     for (int ks = 0; ks < CPR * QPC; ks++) {
                         uint4 h0 = rec[(2 * ks) * 32], h1 = rec[(2 * ks + 1) * 32]; /* rows 0-15, 16-31 */
                         const uint32_t wa[4][2] = {{h0.x, h0.z}, {h0.y, h0.w}, {h1.x, h1.z}, {h1.y, h1.w}};
-                        mmas(ks, wa);
+                        take(ks, wa);
                     }
                 } else {
 #pragma unroll
                     for (int j = 0; j < CPR; j++)
                         chunk_mmas(j);
                 }
+                wg_run();
                 const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
                 tc_fold<NT>(pc, part, one);
             }
