@@ -298,6 +298,17 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_NT1_MAX_ROW_BLOCKS 4
 #endif
 
+/* TC_WGMMA=0: mma.sync for every tile (see tc_wg below); a build setting, for timing variants. */
+#ifndef TC_WGMMA
+#define TC_WGMMA 1
+#endif
+/* TC_WG_DEFER: a unit's wgmmas waited for only after the block has split the next unit's x (the
+ * tensor cores busy meanwhile), its fold then; fp8 keeps its running total in shared memory
+ * for the registers this holds (a build setting, for timing variants). */
+#ifndef TC_WG_DEFER
+#define TC_WG_DEFER 0
+#endif
+
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
  * STAGES: units in shared memory.  Measured on the H200 (with the bf16 split and again with
@@ -407,7 +418,10 @@ template <int WT> __host__ __device__ constexpr int tc_wscale_bytes() { return W
 /* fp4 with more than one token tile keeps its running total in shared memory ([accumulator]
  * [thread]), added to once a chunk: the unit's partial that the fold groups add into leaves no
  * registers for it otherwise (spills, 26% slower at 300 tokens). */
-template <int WT, int NT> __host__ __device__ constexpr bool tc_tot_smem() { return WT == WT_F4 && NT > 1; }
+template <int WT, int NT> __host__ __device__ constexpr bool tc_tot_smem()
+{
+    return (WT == WT_F4 && NT > 1) || (TC_WGMMA && TC_WG_DEFER && WT == WT_F8 && NT == 4);
+}
 template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
 {
     return tc_tot_smem<WT, NT>() ? TC_WARPS * 32 * 2 * NT * 4 * 4 : 0;
@@ -443,11 +457,7 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
  * the two give the same bits on the same operands and accumulator (every result of 2.7e8
  * random cases, fp16 in, f32 accumulated), and mma.sync m16n8k16 reaches 647 TFLOP/s against
  * wgmma m64n32k16's 970 (fp16, A from registers; wgmma m64n8k16 only 298): so the tiles of
- * fewer tokens keep mma.sync and every token's result keeps its bits whichever tile it is in.
- * TC_WGMMA=0 keeps mma.sync everywhere (a build setting, for timing variants). */
-#ifndef TC_WGMMA
-#define TC_WGMMA 1
-#endif
+ * fewer tokens keep mma.sync and every token's result keeps its bits whichever tile it is in. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TC_HAVE_WGMMA 1
 #else
@@ -909,6 +919,63 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         if constexpr (TOT_SMEM)
             tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
     });
+    /* a unit's partial (the MMAs' accumulators) and, with wgmma, its A operands */
+    float part[2][NT][4];
+    uint32_t wga[WG ? 8 : 1][2][4];
+    constexpr bool DEFER = WG && TC_WG_DEFER;
+    /* a chunk's partial into the running total, after its last unit uf */
+    auto chunk_fold = [&](int uf) {
+        if ((uf + 1) % TC_CHUNK_UNITS == 0 || uf + 1 == units) {
+            if constexpr (TOT_SMEM) {
+                tc_each<NT>([&](int mt, int nt, int e) {
+                    float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
+                    t = fmaf(pc[mt][nt][e], 1.0f, t);
+                    pc[mt][nt][e] = 0.0f;
+                });
+            } else {
+                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                tc_fold<NT>(tot, pc, one);
+            }
+        }
+    };
+    /* DEFER: the wait for unit uf's wgmmas (x split xsf), then its fold as below */
+    auto wg_fold = [&](int uf, const uint2 *xsf) {
+        if constexpr (DEFER) {
+            wg_wait0();
+            tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++)
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        wg_keep(wga[ks][mt][r]);
+            if constexpr (H16) {
+                const float *xsc = reinterpret_cast<const float *>(xsf + XFRAG);
+                float ws[4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    ws[2 * mt] = ws[2 * mt + 1] =
+                        scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + uf);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float xa = xsc[nt * 8 + 2 * tq], xb1 = xsc[nt * 8 + 2 * tq + 1];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float xv = (e & 1) ? xb1 : xa;
+                            pc[mt][nt][e] = fmaf(part[mt][nt][e], ws[2 * mt + (e >> 1)] * xv, pc[mt][nt][e]);
+                            part[mt][nt][e] = 0.0f;
+                        }
+                }
+            } else {
+                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                tc_fold<NT>(pc, part, one);
+            }
+            chunk_fold(uf);
+        }
+    };
 
     /* the first weight stages before the wait for the kernel ahead (a programmatic dependent
      * launch: duet_pdl_wait); sending the block's next units toward L2 there as well measured
@@ -944,6 +1011,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     load_x(xr[XD - 1], u + XD);
             }
         }
+        if constexpr (DEFER)
+            if (u > ub)
+                wg_fold(u - 1, xsm + ((unsigned)(i - 1) % XS) * (XSPLIT / 8));
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < ue) {
@@ -954,7 +1024,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         cp_commit();
         if (active || WG) {
             const uint8_t *wwarp = wsm + ((unsigned)i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
-            float part[2][NT][4];
             tc_each<NT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
             /* the parts in turn across all accumulators: consecutive MMAs are independent */
             auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
@@ -989,7 +1058,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
              * the A registers held until the unit's wait.  Issued a k-step at a time as decoded,
              * fp8 measured slower at batch 32 and 128 (4.27 / 9.74 ms against 4.18 / 9.50) and bf16
              * spilled (580 bytes, sm_90a). */
-            uint32_t wga[WG ? 8 : 1][2][4];
             auto take = [&](int ks, const uint32_t(&wa)[4][2]) {
                 if constexpr (WG) {
 #pragma unroll
@@ -1018,6 +1086,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                 wg_mma<WT>(part[mt], wga[ks][mt], desc);
                         }
                     wg_commit();
+                    if constexpr (DEFER)
+                        return; /* waited for after the next unit's split (wg_fold) */
                     wg_wait0();
                     tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
 #pragma unroll
@@ -1111,7 +1181,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     wg_run();
                 }
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
+                for (int nt = 0; nt < (DEFER ? 0 : NT); nt++) {
                     float xa = xsc[nt * 8 + 2 * tq], xb1 = xsc[nt * 8 + 2 * tq + 1];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
@@ -1142,23 +1212,18 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         chunk_mmas(j);
                 }
                 wg_run();
-                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                tc_fold<NT>(pc, part, one);
-            }
-            if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
-                if constexpr (TOT_SMEM) {
-                    tc_each<NT>([&](int mt, int nt, int e) {
-                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
-                        t = fmaf(pc[mt][nt][e], 1.0f, t);
-                        pc[mt][nt][e] = 0.0f;
-                    });
-                } else {
+                if constexpr (!DEFER) {
                     const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                    tc_fold<NT>(tot, pc, one);
+                    tc_fold<NT>(pc, part, one);
                 }
             }
+            if constexpr (!DEFER)
+                chunk_fold(u);
         }
     }
+    if constexpr (DEFER)
+        if (ue > ub)
+            wg_fold(ue - 1, xsm + ((unsigned)(ue - 1 - ub) % XS) * (XSPLIT / 8));
     cp_wait<0>();
     if constexpr (TOT_SMEM)
         tc_each<NT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)]; });

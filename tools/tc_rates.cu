@@ -1,0 +1,232 @@
+/* tc_rates: the H200's tensor-core rates for the instruction forms the decode matmuls can use,
+ * and whether wgmma and mma.sync give the same bits.
+ *
+ *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o tc-rates tools/tc_rates.cu && ./tc-rates
+ *
+ * (on the GPU machine; a Hopper GPU, sm_90a).  Prints mma.sync m16n8k16 (f16 and bf16 in, f32
+ * accumulated, eight independent accumulators a warp) and wgmma m64nNk16 (f16, A from
+ * registers, N = 8, 16, 32) in TFLOP/s at 4, 8 and 16 warps an SM, then runs both forms on the
+ * same random operands and accumulators (fp16 values of many exponents, zeros now and then)
+ * and counts the results whose bits differ.  docs/PERF.md ("wgmma for the tiles of 32 tokens")
+ * holds what it printed. */
+#include <cstdio>
+#include <cstdint>
+#include <cuda_runtime.h>
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            printf("%s: %s\n", #x, cudaGetErrorString(e_));                                                            \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+
+template <int ACC, bool BF> __global__ void mma_sync_k(int iters, float *out)
+{
+    float d[ACC][4] = {};
+    uint32_t a0 = threadIdx.x, a1 = a0 * 3, a2 = a0 * 5, a3 = a0 * 7, b0 = a0 ^ 0x3c003c00u, b1 = b0 + 1;
+    for (int i = 0; i < iters; i++) {
+#pragma unroll
+        for (int j = 0; j < ACC; j++) {
+            if (BF)
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};"
+                             : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            else
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                             "{%0,%1,%2,%3};"
+                             : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        }
+    }
+    float s = 0;
+    for (int j = 0; j < ACC; j++)
+        s += d[j][0] + d[j][1] + d[j][2] + d[j][3];
+    if (s == 1.2345f)
+        out[0] = s;
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HAVE_WGMMA 1
+#endif
+
+template <int N> __global__ void wgmma_k(int iters, float *out)
+{
+#ifdef HAVE_WGMMA
+    __shared__ __align__(128) uint16_t bs[64 * 16];
+    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x)
+        bs[i] = 0x3c00;
+    __syncthreads();
+    uint32_t addr = (uint32_t)__cvta_generic_to_shared(bs);
+    // no swizzle; LBO 128 B, SBO 256 B (values irrelevant for rate, must be legal)
+    uint64_t desc = ((uint64_t)((addr & 0x3ffff) >> 4)) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+    float d[2][N / 2] = {};
+    uint32_t a0 = threadIdx.x, a1 = a0 * 3, a2 = a0 * 5, a3 = a0 * 7;
+    for (int i = 0; i < iters; i++) {
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            if constexpr (N == 8)
+                asm volatile(
+                    "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;"
+                    : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+            else if constexpr (N == 16)
+                asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+                             "{%8,%9,%10,%11}, %12, 1, 1, 1, 0;"
+                             : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[j][4]), "+f"(d[j][5]),
+                               "+f"(d[j][6]), "+f"(d[j][7])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+            else if constexpr (N == 32)
+                asm volatile(
+                    "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+                    : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3]), "+f"(d[j][4]), "+f"(d[j][5]),
+                      "+f"(d[j][6]), "+f"(d[j][7]), "+f"(d[j][8]), "+f"(d[j][9]), "+f"(d[j][10]), "+f"(d[j][11]),
+                      "+f"(d[j][12]), "+f"(d[j][13]), "+f"(d[j][14]), "+f"(d[j][15])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    float s = 0;
+    for (int j = 0; j < 2; j++)
+        for (int k = 0; k < N / 2; k++)
+            s += d[j][k];
+    if (s == 1.2345f)
+        out[0] = s;
+#endif
+}
+
+__device__ __forceinline__ uint32_t hsh(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+__device__ __forceinline__ uint16_t rnd_h(uint32_t s, int lo, int span)
+{ /* random fp16: sign, exponent field lo..lo+span-1, mantissa; or zero now and then */
+    uint32_t h = hsh(s);
+    if ((h & 63) == 0)
+        return 0;
+    uint32_t e = lo + (h >> 8) % span;
+    return (uint16_t)(((h >> 6) & 1) << 15 | e << 10 | (h >> 20) & 0x3ff);
+}
+/* wgmma m64n8k16 (A from registers, B K-major in shared memory, no swizzle) against mma.sync
+ * m16n8k16 on the same operands and accumulator: mismatching result bits counted */
+__global__ void eq_k(int trials, unsigned long long *bad, unsigned long long *tot)
+{
+#ifdef HAVE_WGMMA
+    __shared__ __align__(128) uint16_t bs[8 * 16];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    uint32_t addr = (uint32_t)__cvta_generic_to_shared(bs);
+    uint64_t desc = ((uint64_t)((addr & 0x3ffff) >> 4)) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+    unsigned long long nb = 0, nt = 0;
+    for (int t = 0; t < trials; t++) {
+        uint32_t seed = (blockIdx.x * trials + t) * 7919u;
+        int alo = 1 + hsh(seed) % 8, blo = 1 + hsh(seed + 1) % 8; /* exponent ranges vary by trial */
+        __syncthreads();
+        for (int i = threadIdx.x; i < 128; i += blockDim.x) { /* element (n, k) at (k/8)*64 + n*8 + k%8 */
+            int n = (i >> 4), k = i & 15;
+            bs[(k >> 3) * 64 + n * 8 + (k & 7)] = rnd_h(seed * 31 + 1000 + i, blo, 22);
+        }
+        __syncthreads();
+        uint32_t a[4];
+        for (int r = 0; r < 4; r++) { /* a0: (g, 2tq..), a1: (g+8, 2tq..), a2: (g, 2tq+8..), a3: (g+8, 2tq+8..) */
+            int row = 16 * warp + g + 8 * (r & 1), col = 2 * tq + 8 * (r >> 1);
+            uint32_t lo = rnd_h(seed * 31 + 5000 + row * 16 + col, alo, 22),
+                     hi = rnd_h(seed * 31 + 5000 + row * 16 + col + 1, alo, 22);
+            a[r] = lo | hi << 16;
+        }
+        float c[4], d1[4], d2[4];
+        for (int e = 0; e < 4; e++) {
+            uint32_t h = hsh(seed * 131 + threadIdx.x * 4 + e);
+            c[e] = (h & 7) == 0 ? 0.0f
+                                : __uint_as_float((h & 0x80000000u) | ((100 + (h >> 8) % 60) << 23) | (h & 0x7fffff));
+            d1[e] = d2[e] = c[e];
+        }
+        uint32_t b0 = *(const uint32_t *)(bs + 0 * 64 + g * 8 + 2 * tq),
+                 b1 = *(const uint32_t *)(bs + 64 + g * 8 + 2 * tq);
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1, 0;"
+                     : "+f"(d2[0]), "+f"(d2[1]), "+f"(d2[2]), "+f"(d2[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        for (int e = 0; e < 4; e++) {
+            nt++;
+            if (__float_as_uint(d1[e]) != __float_as_uint(d2[e]))
+                nb++;
+        }
+    }
+    atomicAdd(bad, nb);
+    atomicAdd(tot, nt);
+#endif
+}
+
+template <class K> static float run(K k, int blocks, int threads, int iters, float *out)
+{
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    k<<<blocks, threads>>>(iters / 10, out);
+    cudaEventRecord(e0);
+    k<<<blocks, threads>>>(iters, out);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return ms;
+}
+
+int main()
+{
+    float *out;
+    CK(cudaMalloc(&out, 4));
+    int sms;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    int iters = 20000;
+    for (int wps : {4, 8, 16}) { // warps an SM
+        int blocks = sms * wps / 4;
+        double flop = 2.0 * 16 * 8 * 16 * 8 * (double)iters * blocks * 4;
+        float ms = run(mma_sync_k<8, false>, blocks, 128, iters, out);
+        float msb = run(mma_sync_k<8, true>, blocks, 128, iters, out);
+        printf("mma.sync m16n8k16 f32 acc, %2d warps/SM, 8 acc: f16 %.1f TFLOP/s (%.2f clk/MMA/SMSP at 1.98 GHz), bf16 "
+               "%.1f TFLOP/s\n",
+               wps, flop / ms / 1e9, (ms * 1e-3 * 1.98e9) / ((double)iters * 8 * blocks * 4 / (sms * 4)),
+               flop / msb / 1e9);
+    }
+    CK(cudaGetLastError());
+    for (int wps : {4, 8, 16}) {
+        int blocks = sms * wps / 4;
+        double mm8 = 2.0 * 64 * 8 * 16 * 2 * (double)iters * blocks;
+        float t8 = run(wgmma_k<8>, blocks, 128, iters, out);
+        float t16 = run(wgmma_k<16>, blocks, 128, iters, out);
+        float t32 = run(wgmma_k<32>, blocks, 128, iters, out);
+        printf("wgmma m64nNk16 f16 A regs, %2d warps/SM: N=8 %.1f, N=16 %.1f, N=32 %.1f TFLOP/s\n", wps, mm8 / t8 / 1e9,
+               2 * mm8 / t16 / 1e9, 4 * mm8 / t32 / 1e9);
+    }
+    CK(cudaGetLastError());
+
+    unsigned long long *cnt;
+    CK(cudaMalloc(&cnt, 16));
+    CK(cudaMemset(cnt, 0, 16));
+    eq_k<<<264, 128>>>(2000, cnt, cnt + 1);
+    CK(cudaDeviceSynchronize());
+    unsigned long long h[2];
+    CK(cudaMemcpy(h, cnt, 16, cudaMemcpyDeviceToHost));
+    printf("wgmma m64n8k16 vs mma.sync m16n8k16, same operands and accumulator: %llu of %llu results differ in their "
+           "bits\n",
+           h[0], h[1]);
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
