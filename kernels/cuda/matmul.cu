@@ -298,17 +298,6 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_NT1_MAX_ROW_BLOCKS 4
 #endif
 
-/* TC_WGMMA=0: mma.sync for every tile (see tc_wg below); a build setting, for timing variants. */
-#ifndef TC_WGMMA
-#define TC_WGMMA 1
-#endif
-/* TC_WG_DEFER: a unit's wgmmas waited for only after the block has split the next unit's x (the
- * tensor cores busy meanwhile), its fold then; fp8 keeps its running total in shared memory
- * for the registers this holds (a build setting, for timing variants). */
-#ifndef TC_WG_DEFER
-#define TC_WG_DEFER 0
-#endif
-
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
  * STAGES: units in shared memory.  Measured on the H200 (with the bf16 split and again with
@@ -418,10 +407,7 @@ template <int WT> __host__ __device__ constexpr int tc_wscale_bytes() { return W
 /* fp4 with more than one token tile keeps its running total in shared memory ([accumulator]
  * [thread]), added to once a chunk: the unit's partial that the fold groups add into leaves no
  * registers for it otherwise (spills, 26% slower at 300 tokens). */
-template <int WT, int NT> __host__ __device__ constexpr bool tc_tot_smem()
-{
-    return (WT == WT_F4 && NT > 1) || (TC_WGMMA && TC_WG_DEFER && WT == WT_F8 && NT == 4);
-}
+template <int WT, int NT> __host__ __device__ constexpr bool tc_tot_smem() { return WT == WT_F4 && NT > 1; }
 template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
 {
     return tc_tot_smem<WT, NT>() ? TC_WARPS * 32 * 2 * NT * 4 * 4 : 0;
@@ -457,7 +443,11 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
  * the two give the same bits on the same operands and accumulator (every result of 2.7e8
  * random cases, fp16 in, f32 accumulated), and mma.sync m16n8k16 reaches 647 TFLOP/s against
  * wgmma m64n32k16's 970 (fp16, A from registers; wgmma m64n8k16 only 298): so the tiles of
- * fewer tokens keep mma.sync and every token's result keeps its bits whichever tile it is in. */
+ * fewer tokens keep mma.sync and every token's result keeps its bits whichever tile it is in.
+ * TC_WGMMA=0 keeps mma.sync everywhere (a build setting, for timing variants). */
+#ifndef TC_WGMMA
+#define TC_WGMMA 1
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TC_HAVE_WGMMA 1
 #else
@@ -465,8 +455,12 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
 #endif
 template <int WT, int NT, bool PRE> __device__ constexpr bool tc_wg()
 {
-    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && !PRE && (WT == WT_F8 || WT == WT_BF16);
+    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && (WT == WT_F8 || (WT == WT_BF16 && !PRE));
 }
+/* Whether the launches of four-tile fp8 blocks on this device take wgmma (the host's view of
+ * tc_wg: sm_90a code runs on compute capability 9.x), so that x split ahead for them comes in
+ * the wgmma layout (tc_presplit_kernel) */
+static bool tc_wg_device(const duet_cuda_t *c) { return TC_WGMMA && c->info.cc_major == 9; }
 /* The split x as wgmma's B in shared memory (K-major, no swizzle): for each k-step and part a 1 KB
  * tile [kc][token n][16 bytes], k-slots 8 kc .. 8 kc + 7 of token n, so that the 32-bit word of
  * lane (n % 8, tq) of n tile n / 8 that mma.sync reads as b0 (k-slots 2 tq, 2 tq + 1) is at kc 0,
@@ -885,8 +879,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     unsigned xr_s = 0, xr_ok = 0;
     if constexpr (PRE) {
         int ks = lane >> 2;
+        /* wgmma: record piece `lane` of token 4 it + warp is its 16 bytes of tile `lane` (wg_b_word) */
         xr_s = (unsigned)__cvta_generic_to_shared(xsm) +
-               16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks)));
+               (WG ? 512 * lane + 16 * warp : 16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks))));
         xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)(tm.yrow(t0) + warp) * units_all + ub) * RU + lane);
         xr_step = (size_t)4 * units_all * RU * 16;
 #pragma unroll
@@ -904,7 +899,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int it = 0; it < NI; it++)
             if (xr_ok >> it & 1)
-                cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), xr_g + it * xr_step);
+                cp_async16_s(xr_s + so + (WG ? 64 * it : 16 * ((it >> 1) * 256 + 16 * (it & 1))), xr_g + it * xr_step);
         xr_g += RU * 16;
         if (xs_src)
             cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x, xs_src++);
@@ -919,63 +914,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         if constexpr (TOT_SMEM)
             tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
     });
-    /* a unit's partial (the MMAs' accumulators) and, with wgmma, its A operands */
-    float part[2][NT][4];
-    uint32_t wga[WG ? 8 : 1][2][4];
-    constexpr bool DEFER = WG && TC_WG_DEFER;
-    /* a chunk's partial into the running total, after its last unit uf */
-    auto chunk_fold = [&](int uf) {
-        if ((uf + 1) % TC_CHUNK_UNITS == 0 || uf + 1 == units) {
-            if constexpr (TOT_SMEM) {
-                tc_each<NT>([&](int mt, int nt, int e) {
-                    float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
-                    t = fmaf(pc[mt][nt][e], 1.0f, t);
-                    pc[mt][nt][e] = 0.0f;
-                });
-            } else {
-                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                tc_fold<NT>(tot, pc, one);
-            }
-        }
-    };
-    /* DEFER: the wait for unit uf's wgmmas (x split xsf), then its fold as below */
-    auto wg_fold = [&](int uf, const uint2 *xsf) {
-        if constexpr (DEFER) {
-            wg_wait0();
-            tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
-#pragma unroll
-            for (int ks = 0; ks < 8; ks++)
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        wg_keep(wga[ks][mt][r]);
-            if constexpr (H16) {
-                const float *xsc = reinterpret_cast<const float *>(xsf + XFRAG);
-                float ws[4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-                    ws[2 * mt] = ws[2 * mt + 1] =
-                        scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + uf);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    float xa = xsc[nt * 8 + 2 * tq], xb1 = xsc[nt * 8 + 2 * tq + 1];
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float xv = (e & 1) ? xb1 : xa;
-                            pc[mt][nt][e] = fmaf(part[mt][nt][e], ws[2 * mt + (e >> 1)] * xv, pc[mt][nt][e]);
-                            part[mt][nt][e] = 0.0f;
-                        }
-                }
-            } else {
-                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                tc_fold<NT>(pc, part, one);
-            }
-            chunk_fold(uf);
-        }
-    };
 
     /* the first weight stages before the wait for the kernel ahead (a programmatic dependent
      * launch: duet_pdl_wait); sending the block's next units toward L2 there as well measured
@@ -1011,9 +949,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     load_x(xr[XD - 1], u + XD);
             }
         }
-        if constexpr (DEFER)
-            if (u > ub)
-                wg_fold(u - 1, xsm + ((unsigned)(i - 1) % XS) * (XSPLIT / 8));
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < ue) {
@@ -1024,6 +959,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         cp_commit();
         if (active || WG) {
             const uint8_t *wwarp = wsm + ((unsigned)i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
+            float part[2][NT][4];
             tc_each<NT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
             /* the parts in turn across all accumulators: consecutive MMAs are independent */
             auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
@@ -1058,6 +994,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
              * the A registers held until the unit's wait.  Issued a k-step at a time as decoded,
              * fp8 measured slower at batch 32 and 128 (4.27 / 9.74 ms against 4.18 / 9.50) and bf16
              * spilled (580 bytes, sm_90a). */
+            uint32_t wga[WG ? 8 : 1][2][4];
             auto take = [&](int ks, const uint32_t(&wa)[4][2]) {
                 if constexpr (WG) {
 #pragma unroll
@@ -1086,8 +1023,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                                 wg_mma<WT>(part[mt], wga[ks][mt], desc);
                         }
                     wg_commit();
-                    if constexpr (DEFER)
-                        return; /* waited for after the next unit's split (wg_fold) */
                     wg_wait0();
                     tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
 #pragma unroll
@@ -1181,7 +1116,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     wg_run();
                 }
 #pragma unroll
-                for (int nt = 0; nt < (DEFER ? 0 : NT); nt++) {
+                for (int nt = 0; nt < NT; nt++) {
                     float xa = xsc[nt * 8 + 2 * tq], xb1 = xsc[nt * 8 + 2 * tq + 1];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++)
@@ -1212,18 +1147,23 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         chunk_mmas(j);
                 }
                 wg_run();
-                if constexpr (!DEFER) {
+                const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+                tc_fold<NT>(pc, part, one);
+            }
+            if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
+                if constexpr (TOT_SMEM) {
+                    tc_each<NT>([&](int mt, int nt, int e) {
+                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
+                        t = fmaf(pc[mt][nt][e], 1.0f, t);
+                        pc[mt][nt][e] = 0.0f;
+                    });
+                } else {
                     const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                    tc_fold<NT>(pc, part, one);
+                    tc_fold<NT>(tot, pc, one);
                 }
             }
-            if constexpr (!DEFER)
-                chunk_fold(u);
         }
     }
-    if constexpr (DEFER)
-        if (ue > ub)
-            wg_fold(ue - 1, xsm + ((unsigned)(ue - 1 - ub) % XS) * (XSPLIT / 8));
     cp_wait<0>();
     if constexpr (TOT_SMEM)
         tc_each<NT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)]; });
@@ -1392,8 +1332,10 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
 
 /* One thread per item of a row's unit: a fold group's GC columns (the 4 FG items of a unit in
  * consecutive lanes, for h16_split's shuffles).
- * Row r is x's row xrow[r] (or r); records [row][unit][TC_REC_PER_UNIT], scales [row][unit]. */
-template <int WT>
+ * Row r is x's row xrow[r] (or r); records [row][unit][TC_REC_PER_UNIT], scales [row][unit].
+ * WGL: a row's unit in wgmma's layout instead, its 32 16-byte pieces those of the B tiles
+ * (wg_b_word: piece (k-step, part, kc) holds the words of the four lane quad positions). */
+template <int WT, bool WGL>
 __global__ void __launch_bounds__(256)
     tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
 {
@@ -1418,8 +1360,19 @@ __global__ void __launch_bounds__(256)
     h16_split<WT>(v, r, &scale);
     if (i < items) {
 #pragma unroll
-        for (int k = 0; k < KPG; k++)
-            rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
+        for (int k = 0; k < KPG; k++) {
+            if constexpr (WGL) {
+                static_assert(WT == WT_F8, "wgmma takes fp8 weights' records");
+                uint32_t *w = reinterpret_cast<uint32_t *>(rec + ru * TC_REC_PER_UNIT) + tq;
+                int ks = f * KPG + k; /* piece ((ks * 2 + part) * 2 + kc), word tq */
+                w[16 * ks] = r[k].x;
+                w[16 * ks + 4] = r[k].y;
+                w[16 * ks + 8] = r[k].z;
+                w[16 * ks + 12] = r[k].w;
+            } else {
+                rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
+            }
+        }
         if (tq == 0 && f == 0)
             rs[ru] = scale;
     }
@@ -1438,7 +1391,8 @@ template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n
 /* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
  * buffer and point a at it.  The buffer (516 bytes a row and unit) is grown on demand and kept:
  * a grouped launch's rows are its sorted positions, top_k a token. */
-template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
+template <int WT>
+static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows, bool wgl = false)
 {
     size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
     size_t rec_bytes = duet_round_up(pairs * TC_REC_PER_UNIT * 16, 256);
@@ -1447,8 +1401,16 @@ template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a,
     uint4 *rec = (uint4 *)c->tc_xrec;
     float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
     size_t threads = pairs * 4 * h16_traits<WT>::FG;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, a.x,
-                                        xrow, rows, a.cols, rec, rs));
+    if constexpr (WT == WT_F8)
+        if (wgl) {
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT, true>, dim3(duet_cdiv(threads, 256)),
+                                                dim3(256), 0, a.x, xrow, rows, a.cols, rec, rs));
+            a.xrec = rec;
+            a.xrec_scale = rs;
+            return DUET_OK;
+        }
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT, false>, dim3(duet_cdiv(threads, 256)), dim3(256), 0,
+                                        a.x, xrow, rows, a.cols, rec, rs));
     a.xrec = rec;
     a.xrec_scale = rs;
     return DUET_OK;
@@ -1986,7 +1948,8 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
     using all = std::integral_constant<int, DUET_CUDA_MOE_WIDE_TILE / 8>;
     if constexpr (W != WT_BF16) {
         if (tc_presplit_on<W>(c, nt, n)) {
-            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
+            /* four-tile fp8 blocks on wgmma read the records as its B tiles */
+            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n, W == WT_F8 && nt != 1 && tc_wg_device(c)));
             return nt == 1 ? launch(one(), std::true_type()) : launch(all(), std::true_type());
         }
     }
