@@ -455,12 +455,8 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
 #endif
 template <int WT, int NT, bool PRE> __device__ constexpr bool tc_wg()
 {
-    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && (WT == WT_F8 || (WT == WT_BF16 && !PRE));
+    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && !PRE && (WT == WT_F8 || WT == WT_BF16);
 }
-/* Whether the launches of four-tile fp8 blocks on this device take wgmma (the host's view of
- * tc_wg: sm_90a code runs on compute capability 9.x), so that x split ahead for them comes in
- * the wgmma layout (tc_presplit_kernel) */
-static bool tc_wg_device(const duet_cuda_t *c) { return TC_WGMMA && c->info.cc_major == 9; }
 /* The split x as wgmma's B in shared memory (K-major, no swizzle): for each k-step and part a 1 KB
  * tile [kc][token n][16 bytes], k-slots 8 kc .. 8 kc + 7 of token n, so that the 32-bit word of
  * lane (n % 8, tq) of n tile n / 8 that mma.sync reads as b0 (k-slots 2 tq, 2 tq + 1) is at kc 0,
@@ -879,9 +875,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     unsigned xr_s = 0, xr_ok = 0;
     if constexpr (PRE) {
         int ks = lane >> 2;
-        /* wgmma: record piece `lane` of token 4 it + warp is its 16 bytes of tile `lane` (wg_b_word) */
         xr_s = (unsigned)__cvta_generic_to_shared(xsm) +
-               (WG ? 512 * lane + 16 * warp : 16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks))));
+               16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks)));
         xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)(tm.yrow(t0) + warp) * units_all + ub) * RU + lane);
         xr_step = (size_t)4 * units_all * RU * 16;
 #pragma unroll
@@ -899,7 +894,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int it = 0; it < NI; it++)
             if (xr_ok >> it & 1)
-                cp_async16_s(xr_s + so + (WG ? 64 * it : 16 * ((it >> 1) * 256 + 16 * (it & 1))), xr_g + it * xr_step);
+                cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), xr_g + it * xr_step);
         xr_g += RU * 16;
         if (xs_src)
             cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x, xs_src++);
@@ -1332,10 +1327,8 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
 
 /* One thread per item of a row's unit: a fold group's GC columns (the 4 FG items of a unit in
  * consecutive lanes, for h16_split's shuffles).
- * Row r is x's row xrow[r] (or r); records [row][unit][TC_REC_PER_UNIT], scales [row][unit].
- * WGL: a row's unit in wgmma's layout instead, its 32 16-byte pieces those of the B tiles
- * (wg_b_word: piece (k-step, part, kc) holds the words of the four lane quad positions). */
-template <int WT, bool WGL>
+ * Row r is x's row xrow[r] (or r); records [row][unit][TC_REC_PER_UNIT], scales [row][unit]. */
+template <int WT>
 __global__ void __launch_bounds__(256)
     tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
 {
@@ -1360,19 +1353,8 @@ __global__ void __launch_bounds__(256)
     h16_split<WT>(v, r, &scale);
     if (i < items) {
 #pragma unroll
-        for (int k = 0; k < KPG; k++) {
-            if constexpr (WGL) {
-                static_assert(WT == WT_F8, "wgmma takes fp8 weights' records");
-                uint32_t *w = reinterpret_cast<uint32_t *>(rec + ru * TC_REC_PER_UNIT) + tq;
-                int ks = f * KPG + k; /* piece ((ks * 2 + part) * 2 + kc), word tq */
-                w[16 * ks] = r[k].x;
-                w[16 * ks + 4] = r[k].y;
-                w[16 * ks + 8] = r[k].z;
-                w[16 * ks + 12] = r[k].w;
-            } else {
-                rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
-            }
-        }
+        for (int k = 0; k < KPG; k++)
+            rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
         if (tq == 0 && f == 0)
             rs[ru] = scale;
     }
@@ -1391,8 +1373,7 @@ template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n
 /* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
  * buffer and point a at it.  The buffer (516 bytes a row and unit) is grown on demand and kept:
  * a grouped launch's rows are its sorted positions, top_k a token. */
-template <int WT>
-static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows, bool wgl = false)
+template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
 {
     size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
     size_t rec_bytes = duet_round_up(pairs * TC_REC_PER_UNIT * 16, 256);
@@ -1401,16 +1382,8 @@ static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xr
     uint4 *rec = (uint4 *)c->tc_xrec;
     float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
     size_t threads = pairs * 4 * h16_traits<WT>::FG;
-    if constexpr (WT == WT_F8)
-        if (wgl) {
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT, true>, dim3(duet_cdiv(threads, 256)),
-                                                dim3(256), 0, a.x, xrow, rows, a.cols, rec, rs));
-            a.xrec = rec;
-            a.xrec_scale = rs;
-            return DUET_OK;
-        }
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT, false>, dim3(duet_cdiv(threads, 256)), dim3(256), 0,
-                                        a.x, xrow, rows, a.cols, rec, rs));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, a.x,
+                                        xrow, rows, a.cols, rec, rs));
     a.xrec = rec;
     a.xrec_scale = rs;
     return DUET_OK;
@@ -1948,8 +1921,7 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
     using all = std::integral_constant<int, DUET_CUDA_MOE_WIDE_TILE / 8>;
     if constexpr (W != WT_BF16) {
         if (tc_presplit_on<W>(c, nt, n)) {
-            /* four-tile fp8 blocks on wgmma read the records as its B tiles */
-            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n, W == WT_F8 && nt != 1 && tc_wg_device(c)));
+            DUET_TRY(tc_presplit<W>(c, a, g.xrow, n));
             return nt == 1 ? launch(one(), std::true_type()) : launch(all(), std::true_type());
         }
     }
