@@ -944,6 +944,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     load_x(xr[XD - 1], u + XD);
             }
         }
+        if constexpr (WG) /* the split x, written through the generic proxy, read by wgmma's async one */
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < ue) {
