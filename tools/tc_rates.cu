@@ -1,14 +1,15 @@
-/* tc_rates: the H200's tensor-core rates for the instruction forms the decode matmuls can use,
+/* tc_rates: the GPU's tensor-core rates for the instruction forms the decode matmuls can use,
  * and whether wgmma and mma.sync give the same bits.
  *
- *   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o tc-rates tools/tc_rates.cu && ./tc-rates
+ *   ninja -C build-cuda tools/duet-tc-rates   (meson setup build-cuda -Dcuda=enabled)
+ *   build-cuda/tools/duet-tc-rates             (on the GPU machine)
  *
- * (on the GPU machine; a Hopper GPU, sm_90a).  Prints mma.sync m16n8k16 (f16 and bf16 in, f32
- * accumulated, eight independent accumulators a warp) and wgmma m64nNk16 (f16, A from
+ * Prints mma.sync m16n8k16 (f16 and bf16 in, f32 accumulated, eight independent accumulators a
+ * warp) and, on Hopper (compute capability 9.x, the sm_90a code), wgmma m64nNk16 (f16, A from
  * registers, N = 8, 16, 32) in TFLOP/s at 4, 8 and 16 warps an SM, then runs both forms on the
- * same random operands and accumulators (fp16 values of many exponents, zeros now and then)
- * and counts the results whose bits differ.  docs/PERF.md ("wgmma for the tiles of 32 tokens")
- * holds what it printed. */
+ * same random operands and accumulators (fp16 values of many exponents, zeros now and then) and
+ * counts the results whose bits differ.  docs/PERF.md ("wgmma for the tiles of 32 tokens") holds
+ * what it printed on the H200. */
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -206,6 +207,12 @@ int main()
                flop / msb / 1e9);
     }
     CK(cudaGetLastError());
+    int major = 0;
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    if (major != 9) {
+        printf("wgmma: not measured, compute capability %d.x (the wgmma forms are Hopper's, sm_90a)\n", major);
+        return 0;
+    }
     for (int wps : {4, 8, 16}) {
         int blocks = sms * wps / 4;
         double mm8 = 2.0 * 64 * 8 * 16 * 2 * (double)iters * blocks;
