@@ -989,8 +989,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             /* wgmma: the unit's A operands gathered first (each k-step's for both row tiles), then
              * its MMAs issued at once, in mma.sync's order for each accumulator ((k-step, part));
              * the A registers held until the unit's wait.  Issued a k-step at a time as decoded,
-             * fp8 measured slower at batch 32 and 128 (4.27 / 9.74 ms against 4.18 / 9.50) and bf16
-             * spilled (580 bytes, sm_90a). */
+             * fp8 gained less against mma.sync in its own call (batch 32 2% and batch 128 4% shorter
+             * instead of 3% and 5%, docs/PERF.md) and bf16 spilled (580 bytes, sm_90a). */
             uint32_t wga[WG ? 8 : 1][2][4];
             auto take = [&](int ks, const uint32_t(&wa)[4][2]) {
                 if constexpr (WG) {
