@@ -418,6 +418,14 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
            tc_wscale_bytes<WT>() + tc_tot_bytes<WT, NT>();
 }
 
+/* A fragment register r (a0..a3) of row tile mt from a warp's operand words wa[r4][half] (rows
+ * g, g + 8 of each m16 tile: r4 = 2 mt + row half; half: k-slots 2 tq.. or 2 tq + 8..): the one
+ * order mma.sync and wgmma take it in */
+__device__ __forceinline__ uint32_t tc_afrag(const uint32_t (&wa)[4][2], int mt, int r)
+{
+    return wa[2 * mt + (r & 1)][r >> 1];
+}
+
 __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1)
 {
@@ -462,16 +470,20 @@ template <int WT, int NT, bool PRE> __device__ constexpr bool tc_wg()
  * lane (n % 8, tq) of n tile n / 8 that mma.sync reads as b0 (k-slots 2 tq, 2 tq + 1) is at kc 0,
  * byte 16 n + 4 tq, and b1 (k-slots 2 tq + 8, + 9) the same at kc 1: the tensor core multiplies
  * the same x values in the same k-slots.  The tiles take the bytes the mma.sync records took. */
+#define WG_B_ROW 16             /* bytes: a token's 8 k-slots */
+#define WG_B_KC (32 * WG_B_ROW) /* a kc half of a tile: 32 tokens */
 __device__ __forceinline__ uint32_t *wg_b_word(void *xs, int parts, int ks, int s, int kc, int n, int tq)
 {
-    return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(xs) + ((ks * parts + s) * 2 + kc) * 512 + n * 16 +
-                                        4 * tq);
+    return reinterpret_cast<uint32_t *>(reinterpret_cast<char *>(xs) + ((ks * parts + s) * 2 + kc) * WG_B_KC +
+                                        n * WG_B_ROW + 4 * tq);
 }
-__device__ __forceinline__ uint64_t wg_b_desc(const void *tile)
+/* the descriptor of tile (ks, s): its start address, leading (k) byte offset a kc half, stride (n)
+ * byte offset 8 tokens, in 16-byte units */
+__device__ __forceinline__ uint64_t wg_b_desc(const void *xs, int parts, int ks, int s)
 {
-    uint32_t addr = (uint32_t)__cvta_generic_to_shared(tile);
-    /* start address, leading (k) byte offset 512, stride (n) byte offset 128, in 16-byte units */
-    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(512 >> 4) << 16 | (uint64_t)(128 >> 4) << 32;
+    uint32_t addr =
+        (uint32_t)__cvta_generic_to_shared(reinterpret_cast<const char *>(xs) + (ks * parts + s) * 2 * WG_B_KC);
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WG_B_KC >> 4) << 16 | (uint64_t)(8 * WG_B_ROW >> 4) << 32;
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -971,8 +983,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                             for (int mt = 0; mt < 2; mt++)
-                                mma_f16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
-                                        wa[2 * mt + 1][1], s ? b[nt].z : b[nt].x, s ? b[nt].w : b[nt].y);
+                                mma_f16(part[mt][nt], tc_afrag(wa, mt, 0), tc_afrag(wa, mt, 1), tc_afrag(wa, mt, 2),
+                                        tc_afrag(wa, mt, 3), s ? b[nt].z : b[nt].x, s ? b[nt].w : b[nt].y);
                 } else {
 #pragma unroll
                     for (int s = 0; s < 3; s++)
@@ -981,8 +993,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                             uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
 #pragma unroll
                             for (int mt = 0; mt < 2; mt++)
-                                mma_bf16(part[mt][nt], wa[2 * mt][0], wa[2 * mt + 1][0], wa[2 * mt][1],
-                                         wa[2 * mt + 1][1], b.x, b.y);
+                                mma_bf16(part[mt][nt], tc_afrag(wa, mt, 0), tc_afrag(wa, mt, 1), tc_afrag(wa, mt, 2),
+                                         tc_afrag(wa, mt, 3), b.x, b.y);
                         }
                 }
             };
@@ -995,12 +1007,10 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             auto take = [&](int ks, const uint32_t(&wa)[4][2]) {
                 if constexpr (WG) {
 #pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        wga[ks][mt][0] = wa[2 * mt][0];
-                        wga[ks][mt][1] = wa[2 * mt + 1][0];
-                        wga[ks][mt][2] = wa[2 * mt][1];
-                        wga[ks][mt][3] = wa[2 * mt + 1][1];
-                    }
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                            wga[ks][mt][r] = tc_afrag(wa, mt, r);
                 } else {
                     mmas(ks, wa);
                 }
@@ -1014,7 +1024,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     for (int ks = 0; ks < 8; ks++)
 #pragma unroll
                         for (int s = 0; s < P; s++) {
-                            uint64_t desc = wg_b_desc(reinterpret_cast<const char *>(xs) + (ks * P + s) * 1024);
+                            uint64_t desc = wg_b_desc(xs, P, ks, s);
 #pragma unroll
                             for (int mt = 0; mt < 2; mt++)
                                 wg_mma<WT>(part[mt], wga[ks][mt], desc);
