@@ -344,11 +344,15 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_xslots()
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
  * (a warp's 4-byte reads, eight rows by four words, hit distinct banks), then the rows' scale
- * words ([row][unit]). */
+ * words ([row][unit]); tiled, the tile's 2 KB as they are in memory (the first 2 KB of the
+ * rows' room), the scale words in the same place. */
 #define TC_F4_ROW_STRIDE 80
-/* The fp4 tiled layout (duet_cuda_weight_tile): a tile is a warp's TC_ROWS rows of one unit (64
- * bytes a row, row r at 64 r) and, apart, their scale words (4 bytes a row); tile (rt, u) at
- * (rt * units + u) times its size. */
+/* The fp4 tiled layout (duet_cuda_weight_tile): a tile is a warp's TC_ROWS rows of one unit and,
+ * apart, their scale words (4 bytes a row); tile (rt, u) at (rt * units + u) times its size.  The
+ * 2 KB of codes in the order the MMAs take them: 16 bytes [fold group f][lane], lane (g, tq)'s
+ * words of rows g, g + 8, g + 16, g + 24, each columns 32 f + 8 tq .. + 7 (f4_tile_word's bit
+ * order), so that a lane reads a fold group's four words at once and the warp's 512 bytes are
+ * consecutive. */
 #define TC_F4_TILE_BYTES (TC_ROWS * 64)
 #define TC_F4_TILE_SCALE_BYTES (TC_ROWS * 4)
 /* The bf16 tiled layout: a tile is a warp's TC_ROWS rows of one unit (8 KB), as 16-byte records
@@ -757,9 +761,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             return;
         uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
         if constexpr (WT == WT_F4) {
+            if (a.tiled) { /* one run, the pieces 512 bytes apart, as they come */
 #pragma unroll
-            for (int j = 0; j < 4; j++) /* tiled: one run, the pieces 512 bytes apart */
-                cp_async16_w(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), w_src + w_d[j], w_pol);
+                for (int j = 0; j < 4; j++)
+                    cp_async16_w(st + 16 * (32 * j + lane), w_src + w_d[j], w_pol);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    cp_async16_w(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), w_src + w_d[j],
+                                 w_pol);
+            }
             cp_async4_w(st + 32 * TC_F4_ROW_STRIDE + lane * 4, s_src, w_pol);
             s_src += s_step;
         } else if (WT == WT_BF16 && a.tiled) { /* the tile's records in order: one run */
@@ -1073,10 +1084,17 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 float ws[4], pu[2][NT][4];
                 const float *wsf = NULL;
                 if constexpr (WT == WT_F4) {
+                    /* row `lane`'s four group scales, kept as [f][g][r4] (row g + 8 r4): a lane's
+                     * four rows of a group in one 16-byte read */
                     uint32_t sc = reinterpret_cast<const uint32_t *>(wwarp + 32 * TC_F4_ROW_STRIDE)[lane];
                     float *own = reinterpret_cast<float *>(tc_smem + S * WSTAGE + XS * XSPLIT) + warp * 32 * 4;
+                    float4 sv = duet_d_e8m0x4_to_f32(sc);
+                    int at = 4 * (lane & 7) + (lane >> 3);
                     __syncwarp(); /* the previous unit's scales are read */
-                    reinterpret_cast<float4 *>(own)[lane] = duet_d_e8m0x4_to_f32(sc);
+                    own[at] = sv.x;
+                    own[32 + at] = sv.y;
+                    own[64 + at] = sv.z;
+                    own[96 + at] = sv.w;
                     __syncwarp();
                     wsf = own;
                 } else {
@@ -1089,13 +1107,20 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 auto f4_groups = [&](auto tiled) {
 #pragma unroll
                     for (int f = 0; f < FG; f++) {
-                        /* the lane's word of each row: columns 32f + 8tq .. +7 */
+                        /* the lane's word of each row (g + 8 r4): columns 32f + 8tq .. +7 */
                         uint32_t wv[4];
+                        if constexpr (decltype(tiled)::value) {
+                            uint4 v = reinterpret_cast<const uint4 *>(wwarp)[32 * f + lane];
+                            wv[0] = v.x, wv[1] = v.y, wv[2] = v.z, wv[3] = v.w;
+                        } else {
 #pragma unroll
-                        for (int r4 = 0; r4 < 4; r4++) {
-                            wv[r4] = *reinterpret_cast<const uint32_t *>(
-                                wwarp + (16 * (r4 >> 1) + g + 8 * (r4 & 1)) * TC_F4_ROW_STRIDE + 16 * f + 4 * tq);
-                            ws[r4] = wsf[(16 * (r4 >> 1) + g + 8 * (r4 & 1)) * 4 + f];
+                            for (int r4 = 0; r4 < 4; r4++)
+                                wv[r4] = *reinterpret_cast<const uint32_t *>(wwarp + (g + 8 * r4) * TC_F4_ROW_STRIDE +
+                                                                             16 * f + 4 * tq);
+                        }
+                        {
+                            float4 v = reinterpret_cast<const float4 *>(wsf)[8 * f + g];
+                            ws[0] = v.x, ws[1] = v.y, ws[2] = v.z, ws[3] = v.w;
                         }
 #pragma unroll
                         for (int hf = 0; hf < 2; hf++) { /* columns (0, 4 | 2, 6), then (1, 5 | 3, 7) */
@@ -1688,17 +1713,20 @@ extern "C" duet_status_t duet_cuda_matmul_gemv_tc(duet_cuda_t *c, const duet_wei
 
 static unsigned grid_for(size_t n, unsigned threads);
 
-/* A thread a 16-byte piece of the tiled data: tile t = (rt, u), piece cc = 4 r + p of its
- * TC_F4_TILE_BYTES / 16. */
+/* A thread a 16-byte piece of the tiled data: tile t = (rt, u), piece 32 f + lane of its
+ * TC_F4_TILE_BYTES / 16: lane (g, tq)'s word 4 f + tq of rows g, g + 8, g + 16, g + 24. */
 __global__ void f4_tile_kernel(const uint8_t *src, uint8_t *dst, size_t row_bytes, int units, size_t pieces)
 {
     constexpr int TP = TC_F4_TILE_BYTES / 16;
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < pieces; q += (size_t)gridDim.x * blockDim.x) {
         size_t t = q / TP, rt = t / units, u = t % units;
-        int cc = (int)(q % TP), r = cc >> 2, pc = cc & 3;
-        uint4 v = *reinterpret_cast<const uint4 *>(src + (rt * TC_ROWS + r) * row_bytes + u * 64 + 16 * pc);
-        *reinterpret_cast<uint4 *>(dst + 16 * q) =
-            make_uint4(f4_tile_word(v.x), f4_tile_word(v.y), f4_tile_word(v.z), f4_tile_word(v.w));
+        int pc = (int)(q % TP), f = pc >> 5, lane = pc & 31;
+        const uint8_t *w = src + (rt * TC_ROWS + (lane >> 2)) * row_bytes + u * 64 + 4 * (4 * f + (lane & 3));
+        uint32_t v[4];
+#pragma unroll
+        for (int r4 = 0; r4 < 4; r4++)
+            v[r4] = f4_tile_word(*reinterpret_cast<const uint32_t *>(w + 8 * r4 * row_bytes));
+        *reinterpret_cast<uint4 *>(dst + 16 * q) = make_uint4(v[0], v[1], v[2], v[3]);
     }
 }
 
