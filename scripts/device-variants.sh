@@ -13,6 +13,9 @@
 #       archive under build-var/src) and puts them, stripped, in
 #       build-var/bin/NAME, with duet-mkmodel, packed as build-var/variants.tgz (about 4 MB a
 #       variant), and the runtime bundle (scripts/make-bundle.sh).
+#   A variant NAME=+OTHER:VAR=VALUE[,VAR=VALUE...] runs the binaries of variant OTHER (named
+#       before it) with those environment variables set, e.g. a=. b=+a:DUET_CUDA_SIDE=0 (nothing
+#       built twice).
 # There (on the GPU machine, with build-var/variants.tgz and .bundle copied into the checkout there):
 #   bash scripts/device-variants.sh
 #
@@ -55,6 +58,18 @@ prepare() {
     name="${spec%%=*}"
     rest="${spec#*=}"
     [ "$name" != "$spec" ] && [[ "$name" =~ ^[A-Za-z0-9_-]+$ ]] || { echo "device-variants: bad variant '$spec' (NAME=REV[:ARGS])" >&2; exit 2; }
+    if [ "${rest#+}" != "$rest" ]; then # another variant's binaries, with environment variables
+      local other="${rest#+}" envs=""
+      envs="${other#*:}"
+      other="${other%%:*}"
+      [ -x "$VAR/bin/$other/duet-check-ops" ] && [ "$envs" != "${rest#+}" ] ||
+        { echo "device-variants: '$spec': no variant '$other' built before it, or no VAR=VALUE" >&2; exit 2; }
+      mkdir -p "$VAR/bin/$name"
+      echo "$other" >"$VAR/bin/$name/same"
+      echo "$envs" | tr ',' '\n' >"$VAR/bin/$name/env"
+      echo "$(cat "$VAR/bin/$other/what") with $envs" >"$VAR/bin/$name/what"
+      continue
+    fi
     rev="${rest%%:*}"
     args=""
     [ "$rest" = "$rev" ] || args="${rest#*:}"
@@ -119,14 +134,17 @@ if [ -f "$VAR/variants.tgz" ]; then # what this run was given, not what an earli
 fi
 names=()
 for d in "$VAR"/bin/*/; do
-  [ -x "$d/duet-check-ops" ] && names+=("$(basename "$d")")
+  { [ -x "$d/duet-check-ops" ] || [ -f "$d/same" ]; } && names+=("$(basename "$d")")
 done
+# a variant's binaries (another's, for a NAME=+OTHER variant) and its environment (VAR=VALUE lines)
+vbin() { if [ -f "$VAR/bin/$1/same" ]; then echo "$VAR/bin/$(cat "$VAR/bin/$1/same")"; else echo "$VAR/bin/$1"; fi; }
+venv() { cat "$VAR/bin/$1/env" 2>/dev/null; }
 [ ${#names[@]} -gt 0 ] || { echo "device-variants: no variants in $VAR/bin (--prepare here, and copy build-var/bin there)" >&2; exit 2; }
 mkdir -p "$RES" "$FIX"
 LOG="$RES/device-variants.log"
 : >"$LOG"
 
-duet_device_runtime /tmp/duet-variants "$VAR/bin/${names[0]}/duet-check-ops" "$VAR/bin/duet-mkmodel" >>"$LOG" 2>&1 || {
+duet_device_runtime /tmp/duet-variants "$(vbin "${names[0]}")/duet-check-ops" "$VAR/bin/duet-mkmodel" >>"$LOG" 2>&1 || {
   echo "device-variants: the runtime is incomplete (see $LOG)" >&2
   exit 2
 }
@@ -145,10 +163,10 @@ has_group() { "$1/duet-check-ops" --list 2>/dev/null | grep -qx "$2"; }
 rc=0
 ok=()
 for v in "${names[@]}"; do
-  bin="$VAR/bin/$v"
-  echo "== $v: $(cat "$bin/what" 2>/dev/null)" | tee -a "$LOG"
+  bin="$(vbin "$v")"
+  echo "== $v: $(cat "$VAR/bin/$v/what" 2>/dev/null)" | tee -a "$LOG"
   if [ -z "$checks" ]; then
-    timeout 300 "$bin/duet-check-ops" >"$RES/check-$v.txt" 2>>"$LOG"
+    timeout 300 env $(venv "$v") "$bin/duet-check-ops" >"$RES/check-$v.txt" 2>>"$LOG"
     r=$?
   else
     : >"$RES/check-$v.txt"
@@ -156,7 +174,7 @@ for v in "${names[@]}"; do
     for g in $checks; do
       has_group "$bin" "$g" || { echo "$v: no '$g' group in this build, skipped" | tee -a "$LOG"; continue; }
       ran=$((ran + 1))
-      timeout 300 "$bin/duet-check-ops" --op "$g" >>"$RES/check-$v.txt" 2>>"$LOG" || r=$?
+      timeout 300 env $(venv "$v") "$bin/duet-check-ops" --op "$g" >>"$RES/check-$v.txt" 2>>"$LOG" || r=$?
     done
   fi
   p=$(grep -c ' ok ' "$RES/check-$v.txt" || true)
@@ -172,7 +190,8 @@ for v in "${names[@]}"; do
   ok+=("$v")
   for op in $ops; do
     has_group "$bin" "$op" || continue # a group newer than this variant: its column stays empty
-    DUET_CHECK_CASE="$cases" timeout 300 "$bin/duet-check-ops" --bench --op "$op" >"$RES/bench-$v-$op.txt" 2>>"$LOG"
+    DUET_CHECK_CASE="$cases" timeout 300 env $(venv "$v") "$bin/duet-check-ops" --bench --op "$op" \
+      >"$RES/bench-$v-$op.txt" 2>>"$LOG"
   done
 done
 
@@ -207,7 +226,7 @@ slice_rows() {
     for v in "${ok[@]}"; do
       local only=--decode-only
       [ "$prefill" = 1 ] && only=""
-      timeout 300 "$VAR/bin/$v/duet-check-forward" --model "$FIX/slice" --bench $only --ctx "$ctx" \
+      timeout 300 env $(venv "$v") "$(vbin "$v")/duet-check-forward" --model "$FIX/slice" --bench $only --ctx "$ctx" \
         --batches "$batches" >"$RES/slice-$v-$rep.txt" 2>>"$LOG"
       grep '^bench prefill' "$RES/slice-$v-$rep.txt" | while read -r line; do
         mode=$(echo "$line" | sed -E 's/^bench prefill [0-9]+ tokens \(([^ ]+).*/\1/')
