@@ -53,6 +53,7 @@ struct duet_model_cuda {
     int moe_host_route; /* DUET_MOE_HOST=1: routing on the host and one launch set per expert (the older path) */
     int no_tile;        /* DUET_CUDA_TILE=0: fp4 experts kept in the checkpoint's layout (for comparison) */
     int no_pdl;         /* DUET_CUDA_PDL=0: no dependent launches (for comparison) */
+    int no_side;        /* DUET_CUDA_SIDE=0: the shared expert on the main stream (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -343,6 +344,8 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         duet_cuda_set_attn_tc(c, !(ev && atoi(ev) == 0));
         ev = getenv("DUET_CUDA_PDL"); /* 0: every kernel waits for the one ahead to end (for comparison) */
         mc->no_pdl = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_SIDE"); /* 0: the shared expert after the routed ones, on one stream */
+        mc->no_side = ev && *ev && atoi(ev) == 0;
     }
     duet_cuda_set_invariant(c, 1);
     duet_status_t st = DUET_OK;
@@ -705,6 +708,7 @@ typedef struct {
     const duet_model_t *m;
     const duet_model_config_t *c;
     duet_cuda_t *cu;
+    duet_cuda_t *side; /* the shared expert's stream beside the routed experts' (NULL: one stream) */
     duet_fwd_item_t *items;
     int n_items, R;
     int has4, has128;
@@ -740,6 +744,7 @@ typedef struct {
     uint16_t *keys16; /* the same buffer as bf16 keys, where attn_rows reads them (NULL otherwise) */
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
+    float *sg, *su; /* the shared expert's w1 and w3 outputs (R, I) */
     int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
     float *m_wt;                                         /* (R,K) */
     float *tp_send, *tp_recv; /* tensor parallelism: this rank's part, every rank's parts */
@@ -1194,6 +1199,8 @@ static void carve(fc_t *F, bump_t *b)
     F->eg = bump(b, 4 * RK * I);
     F->eu = bump(b, 4 * RK * I);
     F->yg = bump(b, 4 * RK * D);
+    F->sg = bump(b, c->n_shared_experts > 0 ? 4 * R * I : 0);
+    F->su = bump(b, c->n_shared_experts > 0 ? 4 * R * I : 0);
     F->m_sel = bump(b, 4 * RK);
     F->m_wt = bump(b, 4 * RK);
     F->m_xrow = bump(b, 4 * RK);
@@ -1532,14 +1539,34 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     return DUET_OK;
 }
 
-static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *y, duet_err_t *err)
+/* y = w2 · swiglu(w1 · x, w3 · x), through g and u (m rows of w1's width each) */
+static duet_status_t expert_mlp_in(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *g, float *u,
+                                   float *y, duet_err_t *err)
 {
     int D = F->c->hidden_size, I = w3[0].rows;
-    duet_cuda_mm_part_t p[2] = {{&w3[0], 0, I, F->eg}, {&w3[2], 0, I, F->eu}};
+    duet_cuda_mm_part_t p[2] = {{&w3[0], 0, I, g}, {&w3[2], 0, I, u}};
     DUET_TRY(mm_multi(F, p, 2, x, m, err));
-    CU(duet_cuda_swiglu(F->cu, F->eg, F->eu, m, I, (float)F->c->swiglu_limit, F->eg));
-    DUET_TRY(mm(F, &w3[1], 0, D, F->eg, m, y, err));
+    CU(duet_cuda_swiglu(F->cu, g, u, m, I, (float)F->c->swiglu_limit, g));
+    DUET_TRY(mm(F, &w3[1], 0, D, g, m, y, err));
     return DUET_OK;
+}
+
+static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x, int m, float *y, duet_err_t *err)
+{
+    return expert_mlp_in(F, w3, x, m, F->eg, F->eu, y, err);
+}
+
+/* The shared expert into F->xg on the side stream, beside what the main stream queues next:
+ * forked from the main stream here (xn written), joined by the caller before the sum reads it.
+ * Its own buffers (sg, su), and the side context's scratch and split sums. */
+static duet_status_t shared_on_side(fc_t *F, const layer_dev_t *lw, duet_err_t *err)
+{
+    CU(duet_cuda_fork(F->cu));
+    duet_cuda_t *main_cu = F->cu;
+    F->cu = F->side;
+    duet_status_t st = expert_mlp_in(F, lw->sh, F->xn, F->R, F->sg, F->su, F->xg, err);
+    F->cu = main_cu;
+    return st;
 }
 
 static int use_grouped(const fc_t *F, int layer)
@@ -1562,6 +1589,9 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     const layer_dev_t *lw = &F->mc->layers[layer];
     int R = F->R, D = c->hidden_size, E = c->n_routed_experts, K = c->num_experts_per_tok;
     int I = lw->experts[3 * (size_t)F->mc->e0].rows; /* the first expert this rank holds */
+    int side = c->n_shared_experts > 0 && F->side;
+    if (side) /* first, so that it runs beside the routing's short launches too */
+        DUET_TRY(shared_on_side(F, lw, err));
     PH(DUET_FP_MOE_ROUTE);
     DUET_TRY(mm(F, &lw->gate, 0, E, F->xn, R, F->logit, err));
     duet_cuda_moe_route_t rp = {
@@ -1599,9 +1629,12 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     }
     PH(DUET_FP_MOE_SHARED);
     const float *shared = NULL;
-    if (c->n_shared_experts > 0) {
+    if (side) {
+        CU(duet_cuda_join(F->cu));
+        shared = F->xg;
+    } else if (c->n_shared_experts > 0) {
         DUET_TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
-             shared = F->xg;
+        shared = F->xg;
     }
     CU(duet_cuda_moe_combine(F->cu, F->m_sel, F->m_wt, F->m_pos, R, K, F->yg, shared, D, F->f));
     return DUET_OK;
@@ -1978,6 +2011,15 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     /* dependent launches for decode-sized calls; a prefill's kernels launch the ordinary way
      * (after cuBLASLt's GEMMs the dependent form made a prefill slower: docs/PERF.md) */
     duet_cuda_set_pdl(mc->c, !mc->no_pdl && R <= PDL_MAX_ROWS);
+    /* the shared expert beside the routed ones at decode sizes (one GPU: with tensor parallelism
+     * the collective stays alone on the device; phase timing keeps one stream, so that each
+     * phase's events bound its own work) */
+    if (!mc->no_side && mc->tp_size == 1 && R <= PDL_MAX_ROWS && c->n_shared_experts > 0 &&
+        !duet_cuda_phases_enabled(mc->c)) {
+        F.side = duet_cuda_side(mc->c);
+        if (!F.side)
+            return cuda_fail(mc->c, DUET_ERR_CUDA, err);
+    }
     F.hc_fused = hc_fused(&F);
     F.row0 = malloc(sizeof(int) * (size_t)n_items);
     F.tok_h = malloc(sizeof(int32_t) * (size_t)R);

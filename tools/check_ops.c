@@ -1046,8 +1046,102 @@ static void case_pdl_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links,
     weight_free(ck, &W);
 }
 
+/* A side stream (duet_cuda_side, duet_cuda_fork, duet_cuda_join), as the engine runs the shared
+ * expert: t = W x on the main stream; forked, the side stream runs `links` links of pdl_call's
+ * chain from t while the main stream runs its own from x; joined, the main stream computes
+ * y = W h_side.  y and the main chain's result must be the bytes of the same operations all on
+ * the main stream, with dependent launches on and off; a side chain that started before t was
+ * written, or a y that read h_side early, would differ. */
+typedef struct {
+    weight_t *W;
+    int dim, n, links, side;
+    float *dx, *dt, *dhm, *dtm, *dsm, *dts, *dss, *dy;
+} side_arg_t;
+
+static duet_status_t side_call(ck_t *ck, void *p)
+{
+    side_arg_t *a = p;
+    size_t bytes = 4 * (size_t)a->n * a->dim;
+    DUET_TRY(duet_cuda_memcpy(ck->c, a->dhm, a->dx, bytes));
+    DUET_TRY(duet_cuda_matmul(ck->c, &a->W->dw, 0, a->dim, a->dx, a->n, a->dt));
+    duet_cuda_t *sc = ck->c;
+    if (a->side) {
+        if (!(sc = duet_cuda_side(ck->c)))
+            return DUET_ERR_CUDA;
+        DUET_TRY(duet_cuda_fork(ck->c));
+    }
+    pdl_arg_t sa = {a->W, a->dim, a->n, a->links, 0, a->dt, a->dts, a->dss};
+    pdl_arg_t ma = {a->W, a->dim, a->n, a->links, 0, a->dhm, a->dtm, a->dsm};
+    ck_t side_ck = *ck;
+    side_ck.c = sc;
+    DUET_TRY(pdl_call(&side_ck, &sa));
+    DUET_TRY(pdl_call(ck, &ma));
+    if (a->side)
+        DUET_TRY(duet_cuda_join(ck->c));
+    return duet_cuda_matmul(ck->c, &a->W->dw, 0, a->dim, a->dt, a->n, a->dy);
+}
+
+static void case_side_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "side/%d/%d/%d/%d", (int)dt, dim, n, links);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("pdl", "%s %dx%d n=%d %d links, side stream", dt_short(dt, DUET_DT_F8_E8M0), dim, dim, n,
+                        links);
+    weight_t W;
+    weight_make(ck, &r, &W, dt, dim, dim, DUET_DT_F8_E8M0);
+    size_t nx = (size_t)n * dim;
+    float *x = rand_f32(&r, nx, 1.0f), *out[3];
+    side_arg_t a = {&W, dim, n, links, 0, dupload(ck, x, 4 * nx)};
+    float **bufs[] = {&a.dt, &a.dhm, &a.dtm, &a.dsm, &a.dts, &a.dss, &a.dy};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        *bufs[i] = dmalloc(ck, 4 * nx);
+    int inv = duet_cuda_get_invariant(ck->c), was = duet_cuda_set_pdl(ck->c, 1);
+    duet_cuda_set_invariant(ck->c, 1);
+    for (int run = 0; run < 3; run++) { /* one stream; side stream with dependent launches; without */
+        a.side = run > 0;
+        duet_cuda_set_pdl(ck->c, run != 2);
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            dpoison(ck, *bufs[i], 4 * nx);
+        CK(side_call(ck, &a));
+        out[run] = xmalloc(8 * nx);
+        ddownload(ck, out[run], a.dy, 4 * nx);
+        ddownload(ck, out[run] + nx, a.dhm, 4 * nx);
+    }
+    row_bytes(&row, out[1], out[0], 8 * nx);
+    if (row.pass && memcmp(out[2], out[0], 8 * nx)) {
+        row.pass = 0;
+        row.err = 1;
+        snprintf(row.note, sizeof row.note, "the side stream without dependent launches differs");
+    }
+    a.side = 1;
+    duet_cuda_set_pdl(ck->c, 1);
+    if (ck->bench) { /* the same work on one stream, beside the row's (side stream) */
+        a.side = 0;
+        double one = time_op(ck, side_call, &a);
+        a.side = 1;
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "%sone stream %.2f us",
+                 row.note[0] ? "; " : "", one);
+    }
+    bench_row(ck, &row, side_call, &a, (double)(2 * links + 2) * W.data_bytes, 2.0 * (2 * links + 2) * nx * dim,
+              BOUND_BF16);
+    print_row(ck, &row);
+    duet_cuda_set_pdl(ck->c, was);
+    duet_cuda_set_invariant(ck->c, inv);
+    for (int i = 0; i < 3; i++)
+        free(out[i]);
+    free(x);
+    duet_cuda_free(ck->c, a.dx);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        duet_cuda_free(ck->c, *bufs[i]);
+    weight_free(ck, &W);
+}
+
 static void group_pdl(ck_t *ck)
 {
+    case_side_chain(ck, DUET_DT_F8_E4M3, 4096, 32, 4);
+    case_side_chain(ck, DUET_DT_F8_E4M3, 2048, 3, 6);
     case_pdl_chain(ck, DUET_DT_F8_E4M3, 4096, 1, 8, 1);  /* decode batch 1: the fp32-unit kernel */
     case_pdl_chain(ck, DUET_DT_F8_E4M3, 4096, 32, 8, 0); /* batch 32: tensor cores, split along the columns */
     case_pdl_chain(ck, DUET_DT_F8_E4M3, 4096, 5, 8, 0);

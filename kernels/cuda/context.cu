@@ -52,6 +52,11 @@ static void phases_free(duet_cuda_t *c)
 
 static void ctx_release(duet_cuda_t *c)
 {
+    if (c->side) {
+        ctx_release(c->side);
+        free(c->side);
+        c->side = NULL;
+    }
     cudaSetDevice(c->device);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
@@ -71,6 +76,8 @@ static void ctx_release(duet_cuda_t *c)
         cudaEventDestroy(c->t1);
     if (c->args_done)
         cudaEventDestroy(c->args_done);
+    if (c->order)
+        cudaEventDestroy(c->order);
     if (c->args_host)
         cudaFreeHost(c->args_host);
     cudaFree(c->args_dev);
@@ -88,7 +95,9 @@ static void ctx_release(duet_cuda_t *c)
         cudaStreamDestroy(c->stream);
 }
 
-static duet_status_t ctx_open(duet_cuda_t *c)
+/* high: the stream at the device's highest priority (a side stream: its blocks placed first as
+ * SMs free up, so that its short chain overlaps the main stream's long launches) */
+static duet_status_t ctx_open(duet_cuda_t *c, int high)
 {
     int n = 0;
     DUET_CUDA_CHECK(c, cudaGetDeviceCount(&n));
@@ -108,7 +117,9 @@ static duet_status_t ctx_open(duet_cuda_t *c)
     DUET_CUDA_CHECK(c, cudaRuntimeGetVersion(&c->info.runtime_version));
     c->info.cublas_version = (int)cublasLtGetVersion();
 
-    DUET_CUDA_CHECK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    int prio_low = 0, prio_high = 0;
+    DUET_CUDA_CHECK(c, cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
+    DUET_CUDA_CHECK(c, cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, high ? prio_high : prio_low));
     DUET_CUBLAS_CHECK(c, cublasCreate(&c->blas));
     DUET_CUBLAS_CHECK(c, cublasSetStream(c->blas, c->stream));
     DUET_CUBLAS_CHECK(c, cublasLtCreate(&c->lt));
@@ -121,6 +132,7 @@ static duet_status_t ctx_open(duet_cuda_t *c)
     DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->args_done, cudaEventDisableTiming));
     DUET_CUDA_CHECK(c, cudaEventCreate(&c->t0));
     DUET_CUDA_CHECK(c, cudaEventCreate(&c->t1));
+    DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->order, cudaEventDisableTiming));
     return DUET_OK;
 }
 
@@ -130,7 +142,7 @@ extern "C" duet_status_t duet_cuda_create(int device, duet_cuda_t **out, duet_er
     if (!c)
         return duet_err_set(err, DUET_ERR_NOMEM, "cuda context: out of memory");
     c->device = device;
-    duet_status_t st = ctx_open(c);
+    duet_status_t st = ctx_open(c, 0);
     if (st != DUET_OK) {
         if (err)
             *err = c->err;
@@ -149,6 +161,55 @@ extern "C" void duet_cuda_destroy(duet_cuda_t **pc)
     ctx_release(*pc);
     free(*pc);
     *pc = NULL;
+}
+
+extern "C" duet_cuda_t *duet_cuda_side(duet_cuda_t *c)
+{
+    if (!c->side) {
+        duet_cuda_t *s = (duet_cuda_t *)calloc(1, sizeof *s);
+        if (!s) {
+            duet_cuda_failf(c, DUET_ERR_NOMEM, "side stream: out of memory");
+            return NULL;
+        }
+        s->device = c->device;
+        if (ctx_open(s, 1) != DUET_OK) {
+            duet_err_set(&c->err, DUET_ERR_CUDA, "side stream: %s", s->err.msg);
+            ctx_release(s);
+            free(s);
+            return NULL;
+        }
+        c->side = s;
+    }
+    duet_cuda_t *s = c->side; /* the settings that choose kernels and decompositions, as c has them */
+    s->invariant = c->invariant;
+    s->pdl = c->pdl;
+    s->tc_presplit = c->tc_presplit;
+    s->attn_no_tc = c->attn_no_tc;
+    s->fp8_scale_layout = c->fp8_scale_layout;
+    return s;
+}
+
+/* Work queued on `to` from now on starts after all that `from` has queued so far; failures
+ * recorded in c. */
+static duet_status_t stream_after(duet_cuda_t *c, duet_cuda_t *to, duet_cuda_t *from)
+{
+    DUET_CUDA_CHECK(c, cudaEventRecord(from->order, from->stream));
+    DUET_CUDA_CHECK(c, cudaStreamWaitEvent(to->stream, from->order, 0));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_fork(duet_cuda_t *c)
+{
+    if (!c->side)
+        return duet_cuda_failf(c, DUET_ERR_STATE, "fork: the context has no side stream (duet_cuda_side)");
+    return stream_after(c, c->side, c);
+}
+
+extern "C" duet_status_t duet_cuda_join(duet_cuda_t *c)
+{
+    if (!c->side)
+        return duet_cuda_failf(c, DUET_ERR_STATE, "join: the context has no side stream (duet_cuda_side)");
+    return stream_after(c, c, c->side);
 }
 
 extern "C" void duet_cuda_set_invariant(duet_cuda_t *c, int on) { c->invariant = on != 0; }

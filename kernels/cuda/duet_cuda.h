@@ -50,6 +50,18 @@ void duet_cuda_destroy(duet_cuda_t **c);
 /* The last failure recorded on this context ("CUDA: cudaMemcpyAsync(...) at file:line on device 0: ..."). */
 const duet_err_t *duet_cuda_error(const duet_cuda_t *c);
 void duet_cuda_info(const duet_cuda_t *c, duet_cuda_info_t *info);
+/* A side stream: a second context on the same device, owned by c (released with it), whose
+ * stream has the device's highest priority, for a chain of operations that may run beside
+ * the main stream's (its own scratch, split-sum buffers and argument staging, so the two never
+ * share a buffer); the settings that choose kernels and decompositions (batch invariance,
+ * dependent launches, x split ahead) copied from c at every call, so an operation gives the same
+ * bits on either stream.  Created on the first call; NULL when it cannot be (the reason in
+ * duet_cuda_error(c)).  duet_cuda_fork: what is queued on the side stream from now on waits for
+ * all that c has queued so far; duet_cuda_join: what is queued on c from now on waits for all
+ * that the side stream has queued so far.  DUET_ERR_STATE before duet_cuda_side. */
+duet_cuda_t *duet_cuda_side(duet_cuda_t *c);
+duet_status_t duet_cuda_fork(duet_cuda_t *c);
+duet_status_t duet_cuda_join(duet_cuda_t *c);
 /* Wait until every operation queued on the context has finished; reports asynchronous errors. */
 duet_status_t duet_cuda_sync(duet_cuda_t *c);
 
