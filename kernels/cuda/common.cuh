@@ -191,52 +191,6 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-/* Weight streams: bytes read once a step (a step's weights are many times the L2), copied as
- * cp_async16 / cp_async4 do but with an L2 policy, so that they do not push out what is read
- * again (x, its split records, the partial sums, the caches).  DUET_W_L2 picks the form, for
- * timing variants: 0 none (plain cp_async16), 1 evict-first, 2 evict-first and 256-byte L2
- * fetches, 3 256-byte L2 fetches alone. */
-#ifndef DUET_W_L2
-#define DUET_W_L2 0
-#endif
-__device__ __forceinline__ uint64_t w_policy()
-{
-    uint64_t p = 0;
-#if DUET_W_L2 == 1 || DUET_W_L2 == 2
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-#endif
-    return p;
-}
-__device__ __forceinline__ void cp_async16_w(void *smem, const void *gmem, uint64_t pol)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-#if DUET_W_L2 == 1
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "l"(pol)
-                 : "memory");
-#elif DUET_W_L2 == 2
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem),
-                 "l"(pol)
-                 : "memory");
-#elif DUET_W_L2 == 3
-    (void)pol;
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-#else
-    (void)pol;
-    cp_async16_s(s, gmem);
-#endif
-}
-__device__ __forceinline__ void cp_async4_w(void *smem, const void *gmem, uint64_t pol)
-{
-#if DUET_W_L2 == 1 || DUET_W_L2 == 2
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "l"(pol)
-                 : "memory");
-#else
-    (void)pol;
-    cp_async4(smem, gmem);
-#endif
-}
-
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 /* Wait until at most N of the thread's committed groups are still in flight. */

@@ -755,7 +755,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             w_d[k] = rp[k] - rp[0];
     }
     w_src += (size_t)ub * w_step;
-    const uint64_t w_pol = w_policy();
     auto load_w = [&](int slot) {
         if (!active)
             return;
@@ -764,25 +763,24 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             if (a.tiled) { /* one run, the pieces 512 bytes apart, as they come */
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    cp_async16_w(st + 16 * (32 * j + lane), w_src + w_d[j], w_pol);
+                    cp_async16(st + 16 * (32 * j + lane), w_src + w_d[j]);
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    cp_async16_w(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), w_src + w_d[j],
-                                 w_pol);
+                    cp_async16(st + ((lane >> 2) + 8 * j) * TC_F4_ROW_STRIDE + 16 * (lane & 3), w_src + w_d[j]);
             }
-            cp_async4_w(st + 32 * TC_F4_ROW_STRIDE + lane * 4, s_src, w_pol);
+            cp_async4(st + 32 * TC_F4_ROW_STRIDE + lane * 4, s_src);
             s_src += s_step;
         } else if (WT == WT_BF16 && a.tiled) { /* the tile's records in order: one run */
 #pragma unroll
             for (int i = 0; i < TC_BF16_TILE_BYTES / 512; i++)
-                cp_async16_w(st + 16 * (32 * i + lane), w_src + 512 * i, w_pol);
+                cp_async16(st + 16 * (32 * i + lane), w_src + 512 * i);
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
 #pragma unroll
                 for (int j = 0; j < CPR; j++)
-                    cp_async16_w(st + ((r4 * CPR + j) * 32 + lane) * 16, w_src + w_d[r4] + 64 * j, w_pol);
+                    cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, w_src + w_d[r4] + 64 * j);
         }
         w_src += w_step;
     };
