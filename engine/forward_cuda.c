@@ -53,7 +53,7 @@ struct duet_model_cuda {
     int moe_host_route; /* DUET_MOE_HOST=1: routing on the host and one launch set per expert (the older path) */
     int no_tile;        /* DUET_CUDA_TILE=0: fp4 experts kept in the checkpoint's layout (for comparison) */
     int no_pdl;         /* DUET_CUDA_PDL=0: no dependent launches (for comparison) */
-    int no_side;        /* DUET_CUDA_SIDE=0: the shared expert on the main stream (for comparison) */
+    int no_side;        /* DUET_CUDA_SIDE=0: no side stream, every launch on one (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -344,7 +344,7 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         duet_cuda_set_attn_tc(c, !(ev && atoi(ev) == 0));
         ev = getenv("DUET_CUDA_PDL"); /* 0: every kernel waits for the one ahead to end (for comparison) */
         mc->no_pdl = ev && *ev && atoi(ev) == 0;
-        ev = getenv("DUET_CUDA_SIDE"); /* 0: the shared expert after the routed ones, on one stream */
+        ev = getenv("DUET_CUDA_SIDE"); /* 0: every launch on one stream (for comparison) */
         mc->no_side = ev && *ev && atoi(ev) == 0;
     }
     duet_cuda_set_invariant(c, 1);
@@ -1386,16 +1386,27 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         qp[nqp++] = (duet_cuda_mm_part_t){&lw->idx_wq_b, 0, ih * id, F->iq};
     }
     DUET_TRY(mm_multi(F, xp, nxp, F->xn, R, err));
+    /* the queries (q, and the indexer's iq and iw) on the side stream where there is one, beside
+     * the keys' chain below (kv, the compressors, the cache rows); joined before the index
+     * scoring, the first to read them */
+    duet_cuda_t *main_cu = F->cu;
+    if (F->side) {
+        CU(duet_cuda_fork(F->cu));
+        F->cu = F->side;
+    }
     CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
-    DUET_TRY(mm_multi(F, qp, nqp, F->qlora, R, err));
-    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q));
-    CU(duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1));
+    st = mm_multi(F, qp, nqp, F->qlora, R, err);
+    if (st == DUET_OK && (duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q) != DUET_OK ||
+                          duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1) != DUET_OK ||
+                          (hw->ratio == 4 &&
+                           (duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1) != DUET_OK ||
+                            duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)) != DUET_OK))))
+        st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
+    F->cu = main_cu;
+    if (st != DUET_OK)
+        return st;
     CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
     CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
-    if (hw->ratio == 4) {
-        CU(duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1));
-        CU(duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)));
-    }
     /* 1. compressors */
     PH(DUET_FP_COMPRESS);
     if (hw->ratio == 4) {
@@ -1426,6 +1437,8 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
                                 (uint32_t)F->N128e));
         F->st.cache_bytes += (double)F->N128e * l->entry_bytes;
     }
+    if (F->side)
+        CU(duet_cuda_join(F->cu));
     if (hw->ratio == 4 && F->NIK) {
         PH(DUET_FP_INDEX);
         const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_INDEX_K];
@@ -2011,11 +2024,10 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     /* dependent launches for decode-sized calls; a prefill's kernels launch the ordinary way
      * (after cuBLASLt's GEMMs the dependent form made a prefill slower: docs/PERF.md) */
     duet_cuda_set_pdl(mc->c, !mc->no_pdl && R <= PDL_MAX_ROWS);
-    /* the shared expert beside the routed ones at decode sizes (one GPU: with tensor parallelism
-     * the collective stays alone on the device; phase timing keeps one stream, so that each
-     * phase's events bound its own work) */
-    if (!mc->no_side && mc->tp_size == 1 && R <= PDL_MAX_ROWS && c->n_shared_experts > 0 &&
-        !duet_cuda_phases_enabled(mc->c)) {
+    /* a side stream at decode sizes, for the queries beside the keys and the shared expert beside
+     * the routed experts; not with tensor parallelism (the collectives stay alone on the device)
+     * nor with phase timing (one stream, so that each phase's events bound its own work) */
+    if (!mc->no_side && mc->tp_size == 1 && R <= PDL_MAX_ROWS && !duet_cuda_phases_enabled(mc->c)) {
         F.side = duet_cuda_side(mc->c);
         if (!F.side)
             return cuda_fail(mc->c, DUET_ERR_CUDA, err);
