@@ -24,22 +24,50 @@ __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_r
 
 /* Partial sums over one slice of HC_RG rows' hc*dim streams: part[0] = Σ x², part[1+m] = Σ x·fn[m],
  * per row.  grid (slices, row groups); a warp takes mix rows m and reads each fn value once for
- * the group's rows. */
+ * the group's rows.  Slices of at most HC_PRE_COLS columns with at most HC_PRE_M mix rows a warp
+ * (decode steps: 512 columns, 24 mix rows over 8 warps) take a shorter path with the same sums
+ * in the same order: the warp's fn values read before the wait for the kernel ahead (weights),
+ * all at once, and the rows' x slice staged in shared memory by one round of loads, where the
+ * loop read each x value again for every mix row, a load round a 128 columns. */
 #define HC_RG 4
+#define HC_PRE_COLS 512
+#define HC_PRE_M 3
 
 __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
                                                                 int mix, int slice, float *part)
 {
-    duet_pdl_wait();
     __shared__ float red[HC_RG][32];
+    __shared__ __align__(16) float xs[HC_RG][HC_PRE_COLS];
     int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
     int nr = min(HC_RG, n - i0); /* rows of this group */
     int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const bool pre = c1 - c0 <= HC_PRE_COLS && mix <= HC_PRE_M * nw;
+    constexpr int PJ = HC_PRE_COLS / 128;
+    float4 fpre[HC_PRE_M][PJ];
+    if (pre)
+#pragma unroll
+        for (int mi = 0; mi < HC_PRE_M; mi++)
+#pragma unroll
+            for (int j = 0; j < PJ; j++) {
+                int m = warp + mi * nw, c = c0 + lane * 4 + 128 * j;
+                fpre[mi][j] = m < mix && c < c1 ? __ldg((const float4 *)(fn + (size_t)m * flat_dim + c))
+                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+    duet_pdl_wait();
     const float *xr[HC_RG];
 #pragma unroll
     for (int r = 0; r < HC_RG; r++)
         xr[r] = x + (size_t)min(i0 + r, n - 1) * flat_dim;
+    if (pre) { /* the slice is a multiple of 4 columns */
+        int q4 = (c1 - c0) / 4;
+        for (int q = threadIdx.x; q < HC_RG * q4; q += blockDim.x) {
+            int r = q / q4, k = q % q4;
+            reinterpret_cast<float4 *>(xs[r])[k] =
+                *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + c0 + 4 * k);
+        }
+        __syncthreads();
+    }
     /* Σ x² of each row: a block sum each (duet_block_sum's tree), the rows side by side */
     float ss[HC_RG];
 #pragma unroll
@@ -47,8 +75,10 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
         ss[r] = 0.0f;
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
 #pragma unroll
-        for (int r = 0; r < HC_RG; r++) /* rows past n read the last one's (in bounds, unused) */
-            ss[r] = fmaf(xr[r][c], xr[r][c], ss[r]);
+        for (int r = 0; r < HC_RG; r++) { /* rows past n read the last one's (in bounds, unused) */
+            float v = pre ? xs[r][c - c0] : xr[r][c];
+            ss[r] = fmaf(v, v, ss[r]);
+        }
 #pragma unroll
     for (int r = 0; r < HC_RG; r++) {
         ss[r] = duet_warp_sum(ss[r]);
@@ -63,6 +93,40 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
             if (lane == 0 && r < nr)
                 part[((size_t)(i0 + r) * S + s) * (1 + mix)] = t;
         }
+    if (pre) {
+#pragma unroll
+        for (int mi = 0; mi < HC_PRE_M; mi++) {
+            int m = warp + mi * nw;
+            if (m >= mix)
+                break;
+            float acc[HC_RG];
+#pragma unroll
+            for (int r = 0; r < HC_RG; r++)
+                acc[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PJ; j++) {
+                int c = c0 + lane * 4 + 128 * j;
+                if (c >= c1)
+                    break;
+                float4 fv = fpre[mi][j];
+#pragma unroll
+                for (int r = 0; r < HC_RG; r++) {
+                    float4 xv = reinterpret_cast<const float4 *>(xs[r])[(c - c0) / 4];
+                    acc[r] = fmaf(xv.x, fv.x, acc[r]);
+                    acc[r] = fmaf(xv.y, fv.y, acc[r]);
+                    acc[r] = fmaf(xv.z, fv.z, acc[r]);
+                    acc[r] = fmaf(xv.w, fv.w, acc[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < HC_RG; r++) {
+                float v = duet_warp_sum(acc[r]);
+                if (lane == 0 && r < nr)
+                    part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
+            }
+        }
+        return;
+    }
     for (int m = warp; m < mix; m += nw) {
         const float *f = fn + (size_t)m * flat_dim;
         float acc[HC_RG];
@@ -279,6 +343,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(const float *x, i
  * thread the columns that kernel gives it (at most HC_NORM_COLS), so the sum of squares has its
  * order and y its bits; the collapse is hc_collapse's per column. */
 #define HC_NORM_COLS 8
+#define HC_PRE_J 4 /* dim 4096 at 1024 threads */
 template <bool HEAD, int HCT>
 __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, int hc_rt, int dim, int S,
                                                               const float *part, const float *base,
@@ -293,9 +358,21 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
     __shared__ float pre[HC_MAX];
     __shared__ float red[33];
     const int hc = HCT > 0 ? HCT : hc_rt;
+    const float *xi = x + (size_t)blockIdx.x * hc * dim;
+    /* hc known: the thread's x values of its first HC_PRE_J columns read before the mixes are
+     * (their loads beside the slices'), HC_PRE_J x hc registers */
+    constexpr int XK = HCT > 0 ? HCT : 1;
+    float xk[HC_PRE_J][XK];
+    if constexpr (HCT > 0)
+#pragma unroll
+        for (int j = 0; j < HC_PRE_J; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+#pragma unroll
+            for (int k = 0; k < XK; k++)
+                xk[j][k] = c < dim ? xi[(size_t)k * dim + c] : 0.0f;
+        }
     hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb,
                              vals, cb_s, pre);
-    const float *xi = x + (size_t)blockIdx.x * hc * dim;
     float v[HC_NORM_COLS], ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < HC_NORM_COLS; j++) {
@@ -307,7 +384,12 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
             for (int k = 0; k < (HCT > 0 ? HCT : HC_MAX); k++) {
                 if (k >= hc)
                     break;
-                acc = __fadd_rn(acc, __fmul_rn(pre[k], xi[(size_t)k * dim + c]));
+                float xv;
+                if constexpr (HCT > 0)
+                    xv = j < HC_PRE_J ? xk[j < HC_PRE_J ? j : 0][k] : xi[(size_t)k * dim + c];
+                else
+                    xv = xi[(size_t)k * dim + c];
+                acc = __fadd_rn(acc, __fmul_rn(pre[k], xv));
             }
             v[j] = acc;
             ss = fmaf(acc, acc, ss);
