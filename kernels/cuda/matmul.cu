@@ -277,6 +277,7 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #ifndef TC_SPLIT_UNROLL
 #define TC_SPLIT_UNROLL 2
 #endif
+constexpr int tc_split_unroll = TC_SPLIT_UNROLL; /* (#pragma unroll takes no macro) */
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
  * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
  * experts: 4,320 working blocks of 32 units (w1 and w3) or 16 (w2), 8.2 rounds of 132 SMs'
@@ -1237,7 +1238,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int k = 0; k < 8 * NT; k++)
             v[k] = 0.0f;
-#pragma unroll TC_SPLIT_UNROLL
+#pragma unroll tc_split_unroll
         for (int z = 0; z < sp.chunks; z++) {
             const float *pz = sp.part + z * plane + o;
             float p[8 * NT];
