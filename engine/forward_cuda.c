@@ -744,7 +744,7 @@ typedef struct {
     uint16_t *keys16; /* the same buffer as bf16 keys, where attn_rows reads them (NULL otherwise) */
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
-    float *sg, *su; /* the shared expert's w1 and w3 outputs (R, I) */
+    float *sg, *su;                                     /* the shared expert's w1 and w3 outputs (R, I) */
     int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
     float *m_wt;                                         /* (R,K) */
     float *tp_send, *tp_recv; /* tensor parallelism: this rank's part, every rank's parts */
@@ -1396,11 +1396,11 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     }
     CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
     st = mm_multi(F, qp, nqp, F->qlora, R, err);
-    if (st == DUET_OK && (duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q) != DUET_OK ||
-                          duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1) != DUET_OK ||
-                          (hw->ratio == 4 &&
-                           (duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1) != DUET_OK ||
-                            duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)) != DUET_OK))))
+    if (st == DUET_OK &&
+        (duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q) != DUET_OK ||
+         duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1) != DUET_OK ||
+         (hw->ratio == 4 && (duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1) != DUET_OK ||
+                             duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)) != DUET_OK))))
         st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
     F->cu = main_cu;
     if (st != DUET_OK)

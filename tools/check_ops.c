@@ -1087,8 +1087,8 @@ static void case_side_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links
     char tag[96];
     snprintf(tag, sizeof tag, "side/%d/%d/%d/%d", (int)dt, dim, n, links);
     rng_init(&r, ck->seed, tag);
-    row_t row = row_new("pdl", "%s %dx%d n=%d %d links, side stream", dt_short(dt, DUET_DT_F8_E8M0), dim, dim, n,
-                        links);
+    row_t row =
+        row_new("pdl", "%s %dx%d n=%d %d links, side stream", dt_short(dt, DUET_DT_F8_E8M0), dim, dim, n, links);
     weight_t W;
     weight_make(ck, &r, &W, dt, dim, dim, DUET_DT_F8_E8M0);
     size_t nx = (size_t)n * dim;

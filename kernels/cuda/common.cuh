@@ -86,8 +86,8 @@ struct duet_cuda {
     int pdl_hold;         /* the next duet_cuda_launch the ordinary way: the stream wrote weights */
     unsigned attn_smem_set; /* attn_rows' tensor-core kernels whose shared-memory limit was raised */
     struct duet_cuda_phases *phases; /* duet_cuda_phases_enable: NULL when off */
-    struct duet_cuda *side; /* duet_cuda_side: NULL until asked for */
-    cudaEvent_t order;      /* duet_cuda_fork / duet_cuda_join: the point other streams wait for */
+    struct duet_cuda *side;          /* duet_cuda_side: NULL until asked for */
+    cudaEvent_t order;               /* duet_cuda_fork / duet_cuda_join: the point other streams wait for */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
     duet_cuda_info_t info;

@@ -24,61 +24,24 @@ __device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_r
 
 /* Partial sums over one slice of HC_RG rows' hc*dim streams: part[0] = Σ x², part[1+m] = Σ x·fn[m],
  * per row.  grid (slices, row groups); a warp takes mix rows m and reads each fn value once for
- * the group's rows.  Slices of at most HC_PRE_COLS columns with at most HC_PRE_M mix rows a warp
- * (decode steps: 512 columns, 24 mix rows over 8 warps) take a shorter path with the same sums
- * in the same order: the warp's fn values read before the wait for the kernel ahead (weights),
- * all at once, and the rows' x slice staged in shared memory by one round of loads, where the
- * loop read each x value again for every mix row, a load round a 128 columns. */
+ * the group's rows.  PRE (decode sizes: at most HC_PRE_ROWS rows, slices of at most HC_PRE_COLS
+ * columns, at most HC_PRE_M mix rows a warp) the same sums in the same order by a shorter path:
+ * the warp's fn values read before the wait for the kernel ahead (weights), all at once, and the
+ * rows' x slice staged in shared memory by one round of loads, where the loop reads each x value
+ * again for every mix row, a round of loads a 128 columns.  Its registers and shared memory
+ * would cost the larger calls blocks an SM (512 rows: 78 -> 134 us in one kernel with both
+ * paths), so those keep the loop. */
 #define HC_RG 4
 #define HC_PRE_COLS 512
 #define HC_PRE_M 3
+#define HC_PRE_ROWS 256
 
-__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
-                                                                int mix, int slice, float *part)
+/* The rows' Σ x² of the slice (ss: the thread's share of each), a block sum each (duet_block_sum's
+ * tree, the rows side by side), into part. */
+__device__ __forceinline__ void hc_sumsq_store(float (&ss)[HC_RG], float (*red)[32], int i0, int nr, int S, int s,
+                                               int mix, float *part)
 {
-    __shared__ float red[HC_RG][32];
-    __shared__ __align__(16) float xs[HC_RG][HC_PRE_COLS];
-    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
-    int nr = min(HC_RG, n - i0); /* rows of this group */
-    int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const bool pre = c1 - c0 <= HC_PRE_COLS && mix <= HC_PRE_M * nw;
-    constexpr int PJ = HC_PRE_COLS / 128;
-    float4 fpre[HC_PRE_M][PJ];
-    if (pre)
-#pragma unroll
-        for (int mi = 0; mi < HC_PRE_M; mi++)
-#pragma unroll
-            for (int j = 0; j < PJ; j++) {
-                int m = warp + mi * nw, c = c0 + lane * 4 + 128 * j;
-                fpre[mi][j] = m < mix && c < c1 ? __ldg((const float4 *)(fn + (size_t)m * flat_dim + c))
-                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-    duet_pdl_wait();
-    const float *xr[HC_RG];
-#pragma unroll
-    for (int r = 0; r < HC_RG; r++)
-        xr[r] = x + (size_t)min(i0 + r, n - 1) * flat_dim;
-    if (pre) { /* the slice is a multiple of 4 columns */
-        int q4 = (c1 - c0) / 4;
-        for (int q = threadIdx.x; q < HC_RG * q4; q += blockDim.x) {
-            int r = q / q4, k = q % q4;
-            reinterpret_cast<float4 *>(xs[r])[k] =
-                *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + c0 + 4 * k);
-        }
-        __syncthreads();
-    }
-    /* Σ x² of each row: a block sum each (duet_block_sum's tree), the rows side by side */
-    float ss[HC_RG];
-#pragma unroll
-    for (int r = 0; r < HC_RG; r++)
-        ss[r] = 0.0f;
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
-#pragma unroll
-        for (int r = 0; r < HC_RG; r++) { /* rows past n read the last one's (in bounds, unused) */
-            float v = pre ? xs[r][c - c0] : xr[r][c];
-            ss[r] = fmaf(v, v, ss[r]);
-        }
 #pragma unroll
     for (int r = 0; r < HC_RG; r++) {
         ss[r] = duet_warp_sum(ss[r]);
@@ -93,40 +56,30 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
             if (lane == 0 && r < nr)
                 part[((size_t)(i0 + r) * S + s) * (1 + mix)] = t;
         }
-    if (pre) {
+}
+
+__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
+                                                                int mix, int slice, float *part)
+{
+    duet_pdl_wait();
+    __shared__ float red[HC_RG][32];
+    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
+    int nr = min(HC_RG, n - i0); /* rows of this group */
+    int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const float *xr[HC_RG];
 #pragma unroll
-        for (int mi = 0; mi < HC_PRE_M; mi++) {
-            int m = warp + mi * nw;
-            if (m >= mix)
-                break;
-            float acc[HC_RG];
+    for (int r = 0; r < HC_RG; r++)
+        xr[r] = x + (size_t)min(i0 + r, n - 1) * flat_dim;
+    float ss[HC_RG];
 #pragma unroll
-            for (int r = 0; r < HC_RG; r++)
-                acc[r] = 0.0f;
+    for (int r = 0; r < HC_RG; r++)
+        ss[r] = 0.0f;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
 #pragma unroll
-            for (int j = 0; j < PJ; j++) {
-                int c = c0 + lane * 4 + 128 * j;
-                if (c >= c1)
-                    break;
-                float4 fv = fpre[mi][j];
-#pragma unroll
-                for (int r = 0; r < HC_RG; r++) {
-                    float4 xv = reinterpret_cast<const float4 *>(xs[r])[(c - c0) / 4];
-                    acc[r] = fmaf(xv.x, fv.x, acc[r]);
-                    acc[r] = fmaf(xv.y, fv.y, acc[r]);
-                    acc[r] = fmaf(xv.z, fv.z, acc[r]);
-                    acc[r] = fmaf(xv.w, fv.w, acc[r]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < HC_RG; r++) {
-                float v = duet_warp_sum(acc[r]);
-                if (lane == 0 && r < nr)
-                    part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
-            }
-        }
-        return;
-    }
+        for (int r = 0; r < HC_RG; r++) /* rows past n read the last one's (in bounds, unused) */
+            ss[r] = fmaf(xr[r][c], xr[r][c], ss[r]);
+    hc_sumsq_store(ss, red, i0, nr, S, s, mix, part);
     for (int m = warp; m < mix; m += nw) {
         const float *f = fn + (size_t)m * flat_dim;
         float acc[HC_RG];
@@ -138,6 +91,78 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
 #pragma unroll
             for (int r = 0; r < HC_RG; r++) {
                 float4 xv = *(const float4 *)(xr[r] + c);
+                acc[r] = fmaf(xv.x, fv.x, acc[r]);
+                acc[r] = fmaf(xv.y, fv.y, acc[r]);
+                acc[r] = fmaf(xv.z, fv.z, acc[r]);
+                acc[r] = fmaf(xv.w, fv.w, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++) {
+            float v = duet_warp_sum(acc[r]);
+            if (lane == 0 && r < nr)
+                part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
+        }
+    }
+}
+
+/* hc_partial_kernel's sums, in its order, at decode sizes (the host checked the slice and mix
+ * widths: hc_launch) */
+__global__ void __launch_bounds__(HC_THREADS)
+    hc_partial_pre_kernel(const float *x, int n, int flat_dim, const float *fn, int mix, int slice, float *part)
+{
+    constexpr int PJ = HC_PRE_COLS / 128; /* a lane's float4 of fn a mix row */
+    __shared__ float red[HC_RG][32];
+    __shared__ __align__(16) float xs[HC_RG][HC_PRE_COLS];
+    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
+    int nr = min(HC_RG, n - i0); /* rows of this group */
+    int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float4 fpre[HC_PRE_M][PJ]; /* mix rows warp + mi * nw */
+#pragma unroll
+    for (int mi = 0; mi < HC_PRE_M; mi++)
+#pragma unroll
+        for (int j = 0; j < PJ; j++) {
+            int m = warp + mi * nw, c = c0 + lane * 4 + 128 * j;
+            fpre[mi][j] = m < mix && c < c1 ? __ldg((const float4 *)(fn + (size_t)m * flat_dim + c))
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    duet_pdl_wait();
+    /* the rows' slice (a multiple of 4 columns); rows past n read the last one's (in bounds, unused) */
+    int q4 = (c1 - c0) / 4;
+    for (int q = threadIdx.x; q < HC_RG * q4; q += blockDim.x) {
+        int r = q / q4, k = q % q4;
+        reinterpret_cast<float4 *>(xs[r])[k] =
+            *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + c0 + 4 * k);
+    }
+    __syncthreads();
+    float ss[HC_RG];
+#pragma unroll
+    for (int r = 0; r < HC_RG; r++)
+        ss[r] = 0.0f;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++)
+            ss[r] = fmaf(xs[r][c - c0], xs[r][c - c0], ss[r]);
+    hc_sumsq_store(ss, red, i0, nr, S, s, mix, part);
+#pragma unroll
+    for (int mi = 0; mi < HC_PRE_M; mi++) {
+        int m = warp + mi * nw;
+        if (m >= mix)
+            break;
+        float acc[HC_RG];
+#pragma unroll
+        for (int r = 0; r < HC_RG; r++)
+            acc[r] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PJ; j++) {
+            int c = c0 + lane * 4 + 128 * j;
+            if (c >= c1)
+                break;
+            float4 fv = fpre[mi][j];
+#pragma unroll
+            for (int r = 0; r < HC_RG; r++) {
+                float4 xv = reinterpret_cast<const float4 *>(xs[r])[(c - c0) / 4];
                 acc[r] = fmaf(xv.x, fv.x, acc[r]);
                 acc[r] = fmaf(xv.y, fv.y, acc[r]);
                 acc[r] = fmaf(xv.z, fv.z, acc[r]);
@@ -488,8 +513,15 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
     const float *part = (const float *)scr;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_kernel, dim3(S, (n + HC_RG - 1) / HC_RG), dim3(HC_THREADS), 0, x,
-                                        n, flat_dim, fn, mix, slice, (float *)scr));
+    /* the partial kernel's shorter path (its slices and mix rows within what it holds) */
+    bool pre = n <= HC_PRE_ROWS && slice <= HC_PRE_COLS && mix <= HC_PRE_M * (HC_THREADS / 32);
+    dim3 pgrid(S, (n + HC_RG - 1) / HC_RG);
+    if (pre)
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_pre_kernel, pgrid, dim3(HC_THREADS), 0, x, n, flat_dim, fn,
+                                            mix, slice, (float *)scr));
+    else
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_kernel, pgrid, dim3(HC_THREADS), 0, x, n, flat_dim, fn, mix,
+                                            slice, (float *)scr));
 #define HC_FINISH(HEAD, HCT)                                                                                           \
     do {                                                                                                               \
         if (norm)                                                                                                      \

@@ -272,12 +272,6 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_MAX_NT 4
 #define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
-/* chunks whose partial sums the last block of a split launch reads at once (a build setting, for
- * timing variants) */
-#ifndef TC_SPLIT_UNROLL
-#define TC_SPLIT_UNROLL 2
-#endif
-constexpr int tc_split_unroll = TC_SPLIT_UNROLL; /* (#pragma unroll takes no macro) */
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
  * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
  * experts: 4,320 working blocks of 32 units (w1 and w3) or 16 (w2), 8.2 rounds of 132 SMs'
@@ -1229,8 +1223,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         return;
     __threadfence();
     /* a thread a row (blockDim is TC_BLOCK_ROWS), all the tile's tokens side by side: each
-     * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k), and
-     * TC_SPLIT_UNROLL chunks' at once (the sum still in chunk order) */
+     * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k); two
+     * chunks' at once (four measured no faster: docs/PERF.md) */
     int row = rb0 + threadIdx.x;
     if (row < a.row_end) {
         size_t o = tm.yrow(t0) * m_out + (row - a.row_begin);
@@ -1238,7 +1232,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int k = 0; k < 8 * NT; k++)
             v[k] = 0.0f;
-#pragma unroll tc_split_unroll
+#pragma unroll 2
         for (int z = 0; z < sp.chunks; z++) {
             const float *pz = sp.part + z * plane + o;
             float p[8 * NT];
