@@ -29,9 +29,10 @@
 # deadline, default 100), --run-limit S (one encoding's run, default 420), -- BENCH FLAGS
 # (instead of --scenario agents-80x4).
 #
-# Time on the H200 (2026-11-29): each run's load took about 175 s and its 310-odd references
+# Time on the H200: on 2026-11-29 each run's load took about 175 s and its 310-odd references
 # (duet-generate --device cuda, about 2.3 s each, 8 at a time) about 90 s, so the two encodings
-# do not fit one 10-minute run on the GPU machine: give each its own, --encodings bf16 and --encodings fp8.
+# did not fit one 10-minute run on the GPU machine; on 2026-11-30 a run took about 80 s in all
+# (the load 2 s, the references about 70 s), each encoding still given its own call there.
 # Exit status 0 when every run was clean.
 set -uo pipefail
 
