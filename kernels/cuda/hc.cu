@@ -58,6 +58,27 @@ __device__ __forceinline__ void hc_sumsq_store(float (&ss)[HC_RG], float (*red)[
         }
 }
 
+/* acc += x · f over four columns, in column order */
+__device__ __forceinline__ void hc_fma4(float &acc, const float4 &xv, const float4 &fv)
+{
+    acc = fmaf(xv.x, fv.x, acc);
+    acc = fmaf(xv.y, fv.y, acc);
+    acc = fmaf(xv.z, fv.z, acc);
+    acc = fmaf(xv.w, fv.w, acc);
+}
+
+/* Mix row m's sums of the rows (acc: the lane's share of each), a warp sum each, into part. */
+__device__ __forceinline__ void hc_mix_store(float (&acc)[HC_RG], int i0, int nr, int S, int s, int mix, int m,
+                                             float *part)
+{
+#pragma unroll
+    for (int r = 0; r < HC_RG; r++) {
+        float v = duet_warp_sum(acc[r]);
+        if ((threadIdx.x & 31) == 0 && r < nr)
+            part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
+    }
+}
+
 __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
                                                                 int mix, int slice, float *part)
 {
@@ -86,23 +107,14 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
 #pragma unroll
         for (int r = 0; r < HC_RG; r++)
             acc[r] = 0.0f;
+#pragma unroll 4
         for (int c = c0 + lane * 4; c < c1; c += 128) {
             float4 fv = __ldg((const float4 *)(f + c));
 #pragma unroll
-            for (int r = 0; r < HC_RG; r++) {
-                float4 xv = *(const float4 *)(xr[r] + c);
-                acc[r] = fmaf(xv.x, fv.x, acc[r]);
-                acc[r] = fmaf(xv.y, fv.y, acc[r]);
-                acc[r] = fmaf(xv.z, fv.z, acc[r]);
-                acc[r] = fmaf(xv.w, fv.w, acc[r]);
-            }
+            for (int r = 0; r < HC_RG; r++)
+                hc_fma4(acc[r], *(const float4 *)(xr[r] + c), fv);
         }
-#pragma unroll
-        for (int r = 0; r < HC_RG; r++) {
-            float v = duet_warp_sum(acc[r]);
-            if (lane == 0 && r < nr)
-                part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
-        }
+        hc_mix_store(acc, i0, nr, S, s, mix, m, part);
     }
 }
 
@@ -161,20 +173,10 @@ __global__ void __launch_bounds__(HC_THREADS)
                 break;
             float4 fv = fpre[mi][j];
 #pragma unroll
-            for (int r = 0; r < HC_RG; r++) {
-                float4 xv = reinterpret_cast<const float4 *>(xs[r])[(c - c0) / 4];
-                acc[r] = fmaf(xv.x, fv.x, acc[r]);
-                acc[r] = fmaf(xv.y, fv.y, acc[r]);
-                acc[r] = fmaf(xv.z, fv.z, acc[r]);
-                acc[r] = fmaf(xv.w, fv.w, acc[r]);
-            }
+            for (int r = 0; r < HC_RG; r++)
+                hc_fma4(acc[r], reinterpret_cast<const float4 *>(xs[r])[(c - c0) / 4], fv);
         }
-#pragma unroll
-        for (int r = 0; r < HC_RG; r++) {
-            float v = duet_warp_sum(acc[r]);
-            if (lane == 0 && r < nr)
-                part[((size_t)(i0 + r) * S + s) * (1 + mix) + 1 + m] = v;
-        }
+        hc_mix_store(acc, i0, nr, S, s, mix, m, part);
     }
 }
 
