@@ -270,7 +270,9 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_ROWS 32 /* rows a warp */
 #define TC_BLOCK_ROWS (TC_WARPS * TC_ROWS)
 #define TC_MAX_NT 4
+#ifndef TC_CHUNK_UNITS /* a build setting, for timing variants */
 #define TC_CHUNK_UNITS 4 /* 1, 2 and 8 measured slower in decode steps (docs/PERF.md) */
+#endif
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
  * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
