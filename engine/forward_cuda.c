@@ -708,7 +708,7 @@ typedef struct {
     const duet_model_t *m;
     const duet_model_config_t *c;
     duet_cuda_t *cu;
-    duet_cuda_t *side; /* the shared expert's stream beside the routed experts' (NULL: one stream) */
+    duet_cuda_t *side; /* the side stream (duet_cuda_side): the queries, the shared expert (NULL: one stream) */
     duet_fwd_item_t *items;
     int n_items, R;
     int has4, has128;
@@ -2047,6 +2047,10 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     }
     F.st.rows = R;
     duet_status_t st = run(&F, opts, err);
+    /* a call that failed between a fork and its join: what the next call queues on the main
+     * stream still waits for the side stream's work (its buffers are the next call's too) */
+    if (st != DUET_OK && F.side)
+        duet_cuda_join(mc->c);
     if (st == DUET_OK && opts && opts->stats)
         *opts->stats = F.st;
     free(F.row0);
