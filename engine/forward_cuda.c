@@ -1347,6 +1347,27 @@ static duet_status_t compressor(fc_t *F, const duet_cache_layer_t *v, const duet
     return DUET_OK;
 }
 
+/* The queries' chain of attention, on F->cu: q_lora's norm, the projections of the normalized q
+ * latent (qp), q's norm and rotation, and for a C4 layer the indexer's iq rotation and iw scale. */
+static duet_status_t queries(fc_t *F, int layer, const duet_cuda_mm_part_t *qp, int nqp, const int64_t *pos,
+                             const duet_rope_t *rope, duet_err_t *err)
+{
+    const duet_model_config_t *c = F->c;
+    const layer_dev_t *lw = &F->mc->layers[layer];
+    int R = F->R, hd = c->head_dim, qr = c->q_lora_rank, ih = c->index_n_heads, id = c->index_head_dim;
+    int Hl = F->mc->h1 - F->mc->h0;
+    float eps = (float)c->rms_norm_eps;
+    CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
+    DUET_TRY(mm_multi(F, qp, nqp, F->qlora, R, err));
+    CU(duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q));
+    CU(duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1));
+    if (F->m->layers[layer].ratio == 4) {
+        CU(duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1));
+        CU(duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)));
+    }
+    return DUET_OK;
+}
+
 static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
 {
     const duet_model_config_t *c = F->c;
@@ -1389,22 +1410,16 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     /* the queries (q, and the indexer's iq and iw) on the side stream where there is one, beside
      * the keys' chain below (kv, the compressors, the cache rows); joined before the index
      * scoring, the first to read them */
-    duet_cuda_t *main_cu = F->cu;
     if (F->side) {
         CU(duet_cuda_fork(F->cu));
+        duet_cuda_t *main_cu = F->cu;
         F->cu = F->side;
+        st = queries(F, layer, qp, nqp, pos, rope, err);
+        F->cu = main_cu;
+        DUET_TRY(st);
+    } else {
+        DUET_TRY(queries(F, layer, qp, nqp, pos, rope, err));
     }
-    CU(duet_cuda_rmsnorm(F->cu, F->qlora, lw->q_norm, R, qr, eps, F->qlora));
-    st = mm_multi(F, qp, nqp, F->qlora, R, err);
-    if (st == DUET_OK &&
-        (duet_cuda_rmsnorm(F->cu, F->q, NULL, R * Hl, hd, eps, F->q) != DUET_OK ||
-         duet_cuda_rope(F->cu, F->q, R, Hl, hd, pos, rope, 1) != DUET_OK ||
-         (hw->ratio == 4 && (duet_cuda_rope(F->cu, F->iq, R, ih, id, pos, &F->m->rope_compress, 1) != DUET_OK ||
-                             duet_cuda_scale(F->cu, F->iw, (size_t)R * ih, 1.0f / sqrtf((float)ih)) != DUET_OK))))
-        st = cuda_fail(F->cu, DUET_ERR_CUDA, err);
-    F->cu = main_cu;
-    if (st != DUET_OK)
-        return st;
     CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
     CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
     /* 1. compressors */

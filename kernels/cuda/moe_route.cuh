@@ -48,8 +48,9 @@ typedef struct {
 /* logits (n_rows, E) -> sel (n_rows, K) expert ids, wt (n_rows, K) weights. */
 duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe_route_t *p, const float *logits, int n_rows,
                                   int32_t *sel, float *wt);
-/* sel (n_rows, K) -> offs (E+1), tiles (2, E+1), xrow (n_rows*K), pos (n_rows*K). */
+/* Tokens a wide tile holds (the second tile prefix sums of moe_sort). */
 int duet_cuda_moe_wide_tile(void);
+/* sel (n_rows, K) -> offs (E+1), tiles (2, E+1), xrow (n_rows*K), pos (n_rows*K). */
 duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k, int n_experts,
                                  int32_t *offs, int32_t *tiles, int32_t *xrow, int32_t *pos);
 /* y (n_rows*K, dim) in sorted order; shared (n_rows, dim) or NULL; out (n_rows, dim). */
