@@ -272,11 +272,11 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_MAX_NT 4
 /* Units a block of a split launch walks, and the grouping of every launch's running total (so
  * the bits depend on it).  1, 2 and 8 measured slower in decode steps at first; since the side
- * stream and wgmma, 8 measured 2% faster at batch 32 and 128 and 2 slower (docs/PERF.md, "A side
- * stream, and fp4 tiles in lane order"), not yet through the full checks: a build setting, for
- * timing variants. */
+ * stream and wgmma, 8 measured 2% faster than 4 at batch 32 and 128 and 2 slower (docs/PERF.md,
+ * "A side stream, and fp4 tiles in lane order"), and passed the full checks.  A build setting,
+ * for timing variants. */
 #ifndef TC_CHUNK_UNITS
-#define TC_CHUNK_UNITS 4
+#define TC_CHUNK_UNITS 8
 #endif
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
