@@ -1259,8 +1259,15 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         sp.count[tile_id] = 0;
 }
 
+/* Blocks an SM the launches of four-token-group tiles with fp8 weights are compiled for (the
+ * register cap that follows): a build setting, for timing variants. */
+#ifndef TC_NT4_MIN_BLOCKS
+#define TC_NT4_MIN_BLOCKS 1
+#endif
+template <int WT, int NT> constexpr int tc_min_blocks() { return NT == 4 && WT == WT_F8 ? TC_NT4_MIN_BLOCKS : 1; }
+
 template <int WT, int NT>
-__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32, tc_min_blocks<WT, NT>()) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     tok_plain tm{a.x, a.n, a.cols};
     gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
@@ -1501,7 +1508,8 @@ struct multi_args {
 };
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32, tc_min_blocks<WT, NT>())
+    gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
     int bx = blockIdx.x, rb0 = 0;
     size_t po = 0;
@@ -1905,7 +1913,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
 #endif
 template <int WT, int NT, bool PRE>
 __global__ void __launch_bounds__(TC_WARPS * 32,
-                                  NT == 1 && WT == WT_F4 ? (PRE ? TC_GROUP_PRE_MIN_BLOCKS : TC_GROUP_MIN_BLOCKS) : 1)
+                                  NT == 1 && WT == WT_F4 ? (PRE ? TC_GROUP_PRE_MIN_BLOCKS : TC_GROUP_MIN_BLOCKS)
+                                                         : tc_min_blocks<WT, NT>())
     gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
     duet_pdl_wait(); /* the expert lists (and x split ahead) are the kernels ahead's */
