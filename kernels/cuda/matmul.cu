@@ -336,40 +336,17 @@ template <> struct tc_traits<WT_F4> { static constexpr int CPR = 1, QPC = 8, STA
 #ifndef TC_F4_STAGES1
 #define TC_F4_STAGES1 TC_F4_STAGES
 #endif
-/* m16 row tiles a warp owns: two, or one in the launches of four token groups with fp8 weights
- * and x split in the block (TC_F8_MT1), whose blocks then have twice the warps (the same 128
- * rows): half the accumulators and A registers a thread, so twice the warps an SM, and half a
- * block's x split a thread.  Which warp holds a row does not change its sums, so the bits are
- * the same either way.  A build setting, for timing variants. */
-#ifndef TC_F8_MT1
-#define TC_F8_MT1 0
-#endif
-/* their weight stages, and the units their x is read ahead (registers) */
-#ifndef TC_MT1_STAGES
-#define TC_MT1_STAGES 2
-#endif
-#ifndef TC_MT1_XD
-#define TC_MT1_XD 1
-#endif
-template <int WT, int NT, bool PRE> __host__ __device__ constexpr int tc_mt()
-{
-    return TC_F8_MT1 && WT == WT_F8 && NT == 4 && !PRE ? 1 : 2;
-}
-template <int WT, int NT, bool PRE> __host__ __device__ constexpr int tc_warps()
-{
-    return TC_BLOCK_ROWS / (16 * tc_mt<WT, NT, PRE>());
-}
 /* the units a launch of WT weights in NT token tiles holds in shared memory */
-template <int WT, int NT, bool PRE = false> __host__ __device__ constexpr int tc_stages()
+template <int WT, int NT> __host__ __device__ constexpr int tc_stages()
 {
-    return tc_mt<WT, NT, PRE>() == 1 ? TC_MT1_STAGES : WT == WT_F4 && NT == 1 ? TC_F4_STAGES1 : tc_traits<WT>::STAGES;
+    return WT == WT_F4 && NT == 1 ? TC_F4_STAGES1 : tc_traits<WT>::STAGES;
 }
 /* x slots: the split x (or its records) of the unit being computed and the next ones, at least
  * two (one written while the other is read), one a weight stage where records come with the
- * weights (one row tile a warp: two, the split x being written while the other is read) */
-template <int WT, int NT, bool PRE = false> __host__ __device__ constexpr int tc_xslots()
+ * weights */
+template <int WT, int NT> __host__ __device__ constexpr int tc_xslots()
 {
-    return tc_mt<WT, NT, PRE>() == 1 || tc_stages<WT, NT, PRE>() <= 2 ? 2 : tc_stages<WT, NT, PRE>();
+    return tc_stages<WT, NT>() > 2 ? tc_stages<WT, NT>() : 2;
 }
 
 /* fp4 stages a warp's 32 rows whole: 64 bytes a row and unit, rows 16 bytes apart beyond that
@@ -391,9 +368,9 @@ template <int WT, int NT, bool PRE = false> __host__ __device__ constexpr int tc
  * (row g: c, c+1), (row g+8: c, c+1), (row g: c+2, c+3), (row g+8: c+2, c+3); tile (rt, u) at
  * (rt * units + u) times its size, the same bytes as rows 32 rt .. 32 rt + 31 untiled. */
 #define TC_BF16_TILE_BYTES (TC_ROWS * 256)
-template <int WT, int MT = 2> __host__ __device__ constexpr int tc_wwarp_bytes()
+template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
-    return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 2 * MT * tc_traits<WT>::CPR * 32 * 16;
+    return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 4 * tc_traits<WT>::CPR * 32 * 16;
 }
 template <int WT> __host__ __device__ constexpr int tc_wstage_bytes() { return TC_WARPS * tc_wwarp_bytes<WT>(); }
 /* fp8 and fp4 weights are exact in fp16 (fp4 as its value times 2^-14: the e2m1 bits moved
@@ -446,9 +423,9 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
 {
     return tc_tot_smem<WT, NT>() ? TC_WARPS * 32 * 2 * NT * 4 * 4 : 0;
 }
-template <int WT, int NT, bool PRE = false> __host__ __device__ constexpr int tc_smem_bytes()
+template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
-    return tc_stages<WT, NT, PRE>() * tc_wstage_bytes<WT>() + tc_xslots<WT, NT, PRE>() * tc_split_bytes<WT, NT>() +
+    return tc_stages<WT, NT>() * tc_wstage_bytes<WT>() + tc_xslots<WT, NT>() * tc_split_bytes<WT, NT>() +
            tc_wscale_bytes<WT>() + tc_tot_bytes<WT, NT>();
 }
 
@@ -678,12 +655,12 @@ __device__ __forceinline__ void bf16_split(const float4 &x, uint2 (&p)[3])
  * row's unit, [k-step][tq], both fp16 parts. */
 #define TC_REC_PER_UNIT 32
 
-/* f(mt, nt, e) for each accumulator value of a warp's MT x NT m16n8 tiles (e: the four values
+/* f(mt, nt, e) for each accumulator value of a warp's 2 x NT m16n8 tiles (e: the four values
  * of a lane's fragment: row half e >> 1, token e & 1). */
-template <int NT, int MT = 2, class F> __device__ __forceinline__ void tc_each(F &&f)
+template <int NT, class F> __device__ __forceinline__ void tc_each(F &&f)
 {
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -693,10 +670,10 @@ template <int NT, int MT = 2, class F> __device__ __forceinline__ void tc_each(F
 
 /* dst += src * s, then src = 0: s per row of the m16 tiles' accumulator halves (index
  * 2*mt + (e >> 1)); s = 1 is an exact add. */
-template <int NT, int MT = 2>
+template <int NT>
 __device__ __forceinline__ void tc_fold(float (&dst)[2][NT][4], float (&src)[2][NT][4], const float (&s)[4])
 {
-    tc_each<NT, MT>([&](int mt, int nt, int e) {
+    tc_each<NT>([&](int mt, int nt, int e) {
         dst[mt][nt][e] = fmaf(src[mt][nt][e], s[2 * mt + (e >> 1)], dst[mt][nt][e]);
         src[mt][nt][e] = 0.0f;
     });
@@ -713,24 +690,23 @@ template <int WT, int NT, bool PRE, class TM>
 __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
                                              int tile_id)
 {
-    constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_stages<WT, NT, PRE>();
-    constexpr unsigned XS = tc_xslots<WT, NT, PRE>();
+    constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_stages<WT, NT>();
+    constexpr unsigned XS = tc_xslots<WT, NT>();
     constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<WT, NT>();
     constexpr int NX = 2 * NT; /* bf16: x quads a thread splits per unit */
     constexpr bool WG = tc_wg<WT, NT, PRE>(); /* wgmma: every warp of the block takes part */
-    constexpr int MT = tc_mt<WT, NT, PRE>(), NW = tc_warps<WT, NT, PRE>(); /* m16 row tiles a warp, warps */
     extern __shared__ __align__(16) uint8_t tc_smem[];
     uint8_t *wsm = tc_smem;
     uint2 *xsm = reinterpret_cast<uint2 *>(tc_smem + S * WSTAGE);
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, tq = lane & 3;
-    int r0 = rb0 + 16 * MT * warp;
+    int r0 = rb0 + TC_ROWS * warp;
     bool active = r0 < a.row_end;
     const uint8_t *rp[4]; /* rows g, g+8, g+16, g+24 of the warp: (mt, h) = (r4 >> 1, r4 & 1) */
     int rrow[4];
 #pragma unroll
-    for (int r4 = 0; r4 < 2 * MT; r4++) {
+    for (int r4 = 0; r4 < 4; r4++) {
         rrow[r4] = min(r0 + 16 * (r4 >> 1) + g + 8 * (r4 & 1), a.row_end - 1);
         rp[r4] = a.w + (size_t)rrow[r4] * a.row_bytes + 16 * tq;
     }
@@ -782,14 +758,14 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     } else {
         w_src = WT == WT_BF16 && a.tiled ? btile : rp[0];
 #pragma unroll
-        for (int k = 0; k < 2 * MT; k++)
+        for (int k = 0; k < 4; k++)
             w_d[k] = rp[k] - rp[0];
     }
     w_src += (size_t)ub * w_step;
     auto load_w = [&](int slot) {
         if (!active)
             return;
-        uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT, MT>();
+        uint8_t *st = wsm + slot * WSTAGE + warp * tc_wwarp_bytes<WT>();
         if constexpr (WT == WT_F4) {
             if (a.tiled) { /* one run, the pieces 512 bytes apart, as they come */
 #pragma unroll
@@ -808,7 +784,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 cp_async16(st + 16 * (32 * i + lane), w_src + 512 * i);
         } else {
 #pragma unroll
-            for (int r4 = 0; r4 < 2 * MT; r4++)
+            for (int r4 = 0; r4 < 4; r4++)
 #pragma unroll
                 for (int j = 0; j < CPR; j++)
                     cp_async16(st + ((r4 * CPR + j) * 32 + lane) * 16, w_src + w_d[r4] + 64 * j);
@@ -823,15 +799,15 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr bool H16 = WT != WT_BF16;
     constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
     static_assert(WT != WT_F8 || (QPC == KPG && CPR == FG), "fp8: a 16-byte chunk is a fold group");
-    constexpr int ITEMS = NT * FG * 32, NXI = (ITEMS + NW * 32 - 1) / (NW * 32);
+    constexpr int ITEMS = NT * FG * 32, NXI = (ITEMS + TC_WARPS * 32 - 1) / (TC_WARPS * 32);
     constexpr int NXP = H16 ? NXI : NX, NXR = H16 ? NXI * GC / 4 : NX;
     constexpr int XFRAG = NT * 8 * tc_parts<WT>() * 32; /* fragments a stage (uint2) */
-    constexpr int XD = NT == 1 ? 2 : MT == 1 ? TC_MT1_XD : 1;
+    constexpr int XD = NT == 1 ? 2 : 1;
     constexpr bool SKIP = h16_skip<WT, NT>(); /* warps past a tile's last token skip the split */
     const float *xb[NXP];
 #pragma unroll
     for (int i = 0; i < NXP; i++) {
-        int q = i * (NW * 32) + threadIdx.x;
+        int q = i * (TC_WARPS * 32) + threadIdx.x;
         if constexpr (PRE) {
             xb[i] = NULL;
         } else if constexpr (H16) {
@@ -851,7 +827,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
             if constexpr (H16) {
-                if (SKIP ? !xb[i] : ITEMS % (NW * 32) && i * (NW * 32) + threadIdx.x >= ITEMS)
+                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && i * (TC_WARPS * 32) + threadIdx.x >= ITEMS)
                     continue; /* past the items, or past the tile's last token (whole warps) */
 #pragma unroll
                 for (int c = 0; c < GC / 4; c++)
@@ -867,11 +843,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     auto split_x = [&](const float4 (&src)[NXR], uint2 *dst) {
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
-            int q = i * (NW * 32) + threadIdx.x;
+            int q = i * (TC_WARPS * 32) + threadIdx.x;
             if constexpr (H16) {
                 /* warps whose tokens the tile lacks split nothing: those tokens' B columns hold
                  * stale values, which reach only those tokens' outputs, never stored */
-                if (SKIP ? !xb[i] : ITEMS % (NW * 32) && q >= ITEMS)
+                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && q >= ITEMS)
                     continue;
                 int tq, f, tok, nt;
                 h16_item<WT>(q, tq, f, tok, nt);
@@ -919,8 +895,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * the round's constants on one base. */
     static_assert(!PRE || XS == S, "records come with the weights: an x slot a weight stage");
     static_assert(!PRE || H16, "x is split ahead for fp8 and fp4 weights only");
-    constexpr int RU = TC_REC_PER_UNIT, NI = NT * 8 * RU / (NW * 32);
-    static_assert(NT * 8 * RU % (NW * 32) == 0 && (!PRE || NW == 4), "whole rounds of records, token 4 it + warp");
+    constexpr int RU = TC_REC_PER_UNIT, NI = NT * 8 * RU / (TC_WARPS * 32);
+    static_assert(NT * 8 * RU % (TC_WARPS * 32) == 0 && TC_WARPS == 4, "whole rounds of records, token 4 it + warp");
     const int units_all = a.cols / 128;
     /* the thread's record of its first round, and the rounds present (bit it) */
     const char *xr_g = NULL;
@@ -957,10 +933,10 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr bool TOT_SMEM = tc_tot_smem<WT, NT>();
     float *tot_s = reinterpret_cast<float *>(tc_smem + S * WSTAGE + XS * XSPLIT + tc_wscale_bytes<WT>()) +
                    threadIdx.x; /* accumulator k at tot_s[k * blockDim] */
-    tc_each<NT, MT>([&](int mt, int nt, int e) {
+    tc_each<NT>([&](int mt, int nt, int e) {
         pc[mt][nt][e] = tot[mt][nt][e] = 0.0f;
         if constexpr (TOT_SMEM)
-            tot_s[((mt * NT + nt) * 4 + e) * (NW * 32)] = 0.0f;
+            tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
     });
 
     /* the first weight stages before the wait for the kernel ahead (a programmatic dependent
@@ -1008,9 +984,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         }
         cp_commit();
         if (active || WG) {
-            const uint8_t *wwarp = wsm + ((unsigned)i % S) * WSTAGE + warp * tc_wwarp_bytes<WT, MT>();
+            const uint8_t *wwarp = wsm + ((unsigned)i % S) * WSTAGE + warp * tc_wwarp_bytes<WT>();
             float part[2][NT][4];
-            tc_each<NT, MT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
+            tc_each<NT>([&](int mt, int nt, int e) { part[mt][nt][e] = 0.0f; });
             /* the parts in turn across all accumulators: consecutive MMAs are independent */
             auto mmas = [&](int ks, const uint32_t (&wa)[4][2]) {
                 if constexpr (H16) {
@@ -1023,7 +999,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                            for (int mt = 0; mt < MT; mt++)
+                            for (int mt = 0; mt < 2; mt++)
                                 mma_f16(part[mt][nt], tc_afrag(wa, mt, 0), tc_afrag(wa, mt, 1), tc_afrag(wa, mt, 2),
                                         tc_afrag(wa, mt, 3), s ? b[nt].z : b[nt].x, s ? b[nt].w : b[nt].y);
                 } else {
@@ -1033,7 +1009,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         for (int nt = 0; nt < NT; nt++) {
                             uint2 b = xs[((nt * 8 + ks) * 3 + s) * 32 + lane];
 #pragma unroll
-                            for (int mt = 0; mt < MT; mt++)
+                            for (int mt = 0; mt < 2; mt++)
                                 mma_bf16(part[mt][nt], tc_afrag(wa, mt, 0), tc_afrag(wa, mt, 1), tc_afrag(wa, mt, 2),
                                          tc_afrag(wa, mt, 3), b.x, b.y);
                         }
@@ -1048,7 +1024,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             auto take = [&](int ks, const uint32_t(&wa)[4][2]) {
                 if constexpr (WG) {
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                         for (int r = 0; r < 4; r++)
                             wga[ks][mt][r] = tc_afrag(wa, mt, r);
@@ -1059,7 +1035,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             auto wg_run = [&]() {
                 if constexpr (WG) {
                     constexpr int P = tc_parts<WT>();
-                    tc_each<NT, MT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
+                    tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
                     wg_fence();
 #pragma unroll
                     for (int ks = 0; ks < 8; ks++)
@@ -1067,16 +1043,16 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         for (int s = 0; s < P; s++) {
                             uint64_t desc = wg_b_desc(xs, P, ks, s);
 #pragma unroll
-                            for (int mt = 0; mt < MT; mt++)
+                            for (int mt = 0; mt < 2; mt++)
                                 wg_mma<WT>(part[mt], wga[ks][mt], desc);
                         }
                     wg_commit();
                     wg_wait0();
-                    tc_each<NT, MT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
+                    tc_each<NT>([&](int mt, int nt, int e) { wg_keep(part[mt][nt][e]); });
 #pragma unroll
                     for (int ks = 0; ks < 8; ks++)
 #pragma unroll
-                        for (int mt = 0; mt < MT; mt++)
+                        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                             for (int r = 0; r < 4; r++)
                                 wg_keep(wga[ks][mt][r]);
@@ -1087,13 +1063,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 const uint4 *wst = reinterpret_cast<const uint4 *>(wwarp);
                 uint4 wc[4];
 #pragma unroll
-                for (int r4 = 0; r4 < 2 * MT; r4++)
+                for (int r4 = 0; r4 < 4; r4++)
                     wc[r4] = wst[(r4 * CPR + j) * 32 + lane];
 #pragma unroll
                 for (int q = 0; q < QPC; q++) {
                     uint32_t wa[4][2];
 #pragma unroll
-                    for (int r4 = 0; r4 < 2 * MT; r4++) {
+                    for (int r4 = 0; r4 < 4; r4++) {
                         if constexpr (WT == WT_F8) {
                             uint32_t w = u4_word(wc[r4], q);
                             wa[r4][0] = f8_pair_h16(w & 0xffffu);
@@ -1128,7 +1104,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     wsf = own;
                 } else {
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < 2; mt++)
                         ws[2 * mt] = ws[2 * mt + 1] =
                             scale_load(a.scale, a.scale_f32, (size_t)(rrow[2 * mt] / 128) * a.scale_cols + u);
                 }
@@ -1143,7 +1119,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                             wv[0] = v.x, wv[1] = v.y, wv[2] = v.z, wv[3] = v.w;
                         } else {
 #pragma unroll
-                            for (int r4 = 0; r4 < 2 * MT; r4++)
+                            for (int r4 = 0; r4 < 4; r4++)
                                 wv[r4] = *reinterpret_cast<const uint32_t *>(wwarp + (g + 8 * r4) * TC_F4_ROW_STRIDE +
                                                                              16 * f + 4 * tq);
                         }
@@ -1155,11 +1131,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                         for (int hf = 0; hf < 2; hf++) { /* columns (0, 4 | 2, 6), then (1, 5 | 3, 7) */
                             uint32_t wa[4][2];
 #pragma unroll
-                            for (int r4 = 0; r4 < 2 * MT; r4++)
+                            for (int r4 = 0; r4 < 4; r4++)
                                 f4_word_h16<decltype(tiled)::value>(wv[r4], hf, wa[r4][0], wa[r4][1]);
                             mmas(2 * f + hf, wa);
                         }
-                        tc_each<NT, MT>([&](int mt, int nt, int e) {
+                        tc_each<NT>([&](int mt, int nt, int e) {
                             float w = ws[2 * mt + (e >> 1)];
                             pu[mt][nt][e] = f ? fmaf(part[mt][nt][e], w, pu[mt][nt][e]) : part[mt][nt][e] * w;
                             part[mt][nt][e] = 0.0f;
@@ -1181,7 +1157,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 for (int nt = 0; nt < NT; nt++) {
                     float xa = xsc[nt * 8 + 2 * tq], xb1 = xsc[nt * 8 + 2 * tq + 1];
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             float xv = (e & 1) ? xb1 : xa;
@@ -1210,25 +1186,25 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 }
                 wg_run();
                 const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                tc_fold<NT, MT>(pc, part, one);
+                tc_fold<NT>(pc, part, one);
             }
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
                 if constexpr (TOT_SMEM) {
-                    tc_each<NT, MT>([&](int mt, int nt, int e) {
-                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (NW * 32)];
+                    tc_each<NT>([&](int mt, int nt, int e) {
+                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
                         t = fmaf(pc[mt][nt][e], 1.0f, t);
                         pc[mt][nt][e] = 0.0f;
                     });
                 } else {
                     const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-                    tc_fold<NT, MT>(tot, pc, one);
+                    tc_fold<NT>(tot, pc, one);
                 }
             }
         }
     }
     cp_wait<0>();
     if constexpr (TOT_SMEM)
-        tc_each<NT, MT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (NW * 32)]; });
+        tc_each<NT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)]; });
 
     /* y, or when the launch is split along the columns this chunk's partial (the tile's last
      * block then adds the partials in order) */
@@ -1236,7 +1212,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     size_t plane = (size_t)a.n * m_out;
     float *dst = sp.chunks <= 1 ? a.y : sp.part + blockIdx.z * plane;
     if (active)
-        tc_each<NT, MT>([&](int mt, int nt, int e) {
+        tc_each<NT>([&](int mt, int nt, int e) {
             int row = r0 + 16 * mt + g + 8 * (e >> 1);
             int tok = t0 + 8 * nt + 2 * tq + (e & 1);
             if (row < a.row_end && tm.ok(tok))
@@ -1257,7 +1233,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k); two
      * chunks' at once (four measured no faster: docs/PERF.md) */
     int row = rb0 + threadIdx.x;
-    if ((NW * 32 == TC_BLOCK_ROWS || threadIdx.x < TC_BLOCK_ROWS) && row < a.row_end) {
+    if (row < a.row_end) {
         size_t o = tm.yrow(t0) * m_out + (row - a.row_begin);
         float v[8 * NT];
 #pragma unroll
@@ -1283,24 +1259,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         sp.count[tile_id] = 0;
 }
 
-/* Blocks an SM the launches of four-token-group tiles with fp8 weights are compiled for (the
- * register cap that follows): a build setting, for timing variants. */
-#ifndef TC_NT4_MIN_BLOCKS
-#define TC_NT4_MIN_BLOCKS 1
-#endif
-/* with one row tile a warp (tc_mt), two blocks of eight warps an SM: 128 registers */
-#ifndef TC_MT1_MIN_BLOCKS
-#define TC_MT1_MIN_BLOCKS 2
-#endif
-template <int WT, int NT, bool PRE = false> constexpr int tc_min_blocks()
-{
-    return tc_mt<WT, NT, PRE>() == 1 ? TC_MT1_MIN_BLOCKS : NT == 4 && WT == WT_F8 ? TC_NT4_MIN_BLOCKS : 1;
-}
-template <int WT, int NT, bool PRE = false> constexpr int tc_threads() { return tc_warps<WT, NT, PRE>() * 32; }
-
 template <int WT, int NT>
-__global__ void __launch_bounds__(tc_threads<WT, NT>(), tc_min_blocks<WT, NT>())
-    gemv_tc_kernel(gemv_args a, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     tok_plain tm{a.x, a.n, a.cols};
     gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
@@ -1489,7 +1449,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(tc_threads<WT, NT>()), smem, a, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1541,8 +1501,7 @@ struct multi_args {
 };
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(tc_threads<WT, NT>(), tc_min_blocks<WT, NT>())
-    gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
     int bx = blockIdx.x, rb0 = 0;
     size_t po = 0;
@@ -1582,8 +1541,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(
-        c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT>, grid, dim3(tc_threads<WT, NT>()), smem, a, m, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
@@ -1946,9 +1904,8 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_group_kernel(gemv_ar
 #define TC_GROUP_PRE_MIN_BLOCKS TC_GROUP_MIN_BLOCKS
 #endif
 template <int WT, int NT, bool PRE>
-__global__ void __launch_bounds__(tc_threads<WT, NT, PRE>(), NT == 1 && WT == WT_F4
-                                                                 ? (PRE ? TC_GROUP_PRE_MIN_BLOCKS : TC_GROUP_MIN_BLOCKS)
-                                                                 : tc_min_blocks<WT, NT, PRE>())
+__global__ void __launch_bounds__(TC_WARPS * 32,
+                                  NT == 1 && WT == WT_F4 ? (PRE ? TC_GROUP_PRE_MIN_BLOCKS : TC_GROUP_MIN_BLOCKS) : 1)
     gemv_tc_group_kernel(gemv_args a, group_args g, tc_split sp)
 {
     duet_pdl_wait(); /* the expert lists (and x split ahead) are the kernels ahead's */
@@ -2001,10 +1958,10 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
     auto launch = [&](auto nt_c, auto pre_c) -> duet_status_t {
         constexpr int NT = decltype(nt_c)::value;
         constexpr bool PRE = decltype(pre_c)::value;
-        constexpr int smem = tc_smem_bytes<W, NT, PRE>();
+        constexpr int smem = tc_smem_bytes<W, NT>();
         DUET_TRY(tc_smem(c, gemv_tc_group_kernel<W, NT, PRE>, smem, (PRE ? TC_PRE_BIT : 0) + 32 + W * 8 + NT));
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(tc_threads<W, NT, PRE>()),
-                                            smem, a, g, sp));
+        DUET_CUDA_CHECK(
+            c, duet_cuda_launch(c, gemv_tc_group_kernel<W, NT, PRE>, grid, dim3(TC_WARPS * 32), smem, a, g, sp));
         return DUET_OK;
     };
     using one = std::integral_constant<int, 1>;
