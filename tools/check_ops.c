@@ -806,6 +806,9 @@ static void group_matmul(ck_t *ck)
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 32, 32, tg);
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 2, 2, tg);
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 1000, 1024, 16, 1000, 20, 20, tg); /* partial tiles */
+    /* four-group tiles: a partial last tile on a row range; 256 tokens split along the columns */
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 1000, 1024, 16, 1000, 45, 45, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 1024, 4096, 0, 1024, 256, 8, tg);
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 512, 1024, 0, 512, 100, 100, tg);     /* n > 32 */
     /* split along the columns at small n, whole at large n (solo compares the two) */
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 300, 8, tg);

@@ -472,11 +472,9 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
 #else
 #define TC_HAVE_WGMMA 0
 #endif
-/* PRE: 0 x split in the block, 1 split ahead into records in mma.sync's fragment order, 2 split
- * ahead into records in wgmma's B layout (the dense launches of four token groups, sm_90a) */
-template <int WT, int NT, int PRE> __device__ constexpr bool tc_wg()
+template <int WT, int NT, bool PRE> __device__ constexpr bool tc_wg()
 {
-    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && PRE != 1 && (WT == WT_F8 || WT == WT_BF16);
+    return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && !PRE && (WT == WT_F8 || WT == WT_BF16);
 }
 /* The split x as wgmma's B in shared memory (K-major, no swizzle): for each k-step and part a 1 KB
  * tile [kc][token n][16 bytes], k-slots 8 kc .. 8 kc + 7 of token n, so that the 32-bit word of
@@ -688,7 +686,7 @@ struct tc_split {
     int chunks;   /* 1: no split */
 };
 
-template <int WT, int NT, int PRE, class TM>
+template <int WT, int NT, bool PRE, class TM>
 __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
                                              int tile_id)
 {
@@ -697,11 +695,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<WT, NT>();
     constexpr int NX = 2 * NT; /* bf16: x quads a thread splits per unit */
     constexpr bool WG = tc_wg<WT, NT, PRE>(); /* wgmma: every warp of the block takes part */
-    static_assert(PRE != 2 || NT == 4, "records in wgmma's layout: four token groups");
-    if constexpr (PRE == 2 && !WG) { /* the host launches it only where the code has wgmma */
-        __trap();
-        return;
-    }
     extern __shared__ __align__(16) uint8_t tc_smem[];
     uint8_t *wsm = tc_smem;
     uint2 *xsm = reinterpret_cast<uint2 *>(tc_smem + S * WSTAGE);
@@ -909,7 +902,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     const char *xr_g = NULL;
     size_t xr_step = 0;
     unsigned xr_s = 0, xr_ok = 0;
-    if constexpr (PRE == 1) {
+    if constexpr (PRE) {
         int ks = lane >> 2;
         xr_s = (unsigned)__cvta_generic_to_shared(xsm) +
                16 * (ks * 32 + ((4 * warp + (lane & 3)) ^ h16_swizzle<WT>(ks)));
@@ -918,15 +911,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int it = 0; it < NI; it++)
             xr_ok |= (unsigned)tm.ok(t0 + 4 * it + warp) << it;
-    } else if constexpr (PRE == 2) {
-        /* a token's 32 records are its B pieces (k-step, part, k half) of the unit, 16 bytes
-         * each; the thread copies pieces 4 it + (lane & 3) of token 8 warp + (lane >> 2) to
-         * where wgmma reads them (piece p, token n at 512 p + 16 n): each round a warp reads 64
-         * contiguous bytes of eight tokens' records and writes four 128-byte runs */
-        int n = 8 * warp + (lane >> 2), p = lane & 3;
-        xr_s = (unsigned)__cvta_generic_to_shared(xsm) + WG_B_KC * p + WG_B_ROW * n;
-        xr_g = reinterpret_cast<const char *>(a.xrec + ((size_t)(tm.yrow(t0) + n) * units_all + ub) * RU + p);
-        xr_ok = tm.ok(t0 + n);
     }
     /* the thread's token scale (threads below NT * 8 whose token the tile has), walked as the
      * records are: a unit a call */
@@ -936,18 +920,10 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             xs_src = a.xrec_scale + ((size_t)tm.yrow(t0) + threadIdx.x) * units_all + ub;
     auto load_xr = [&](int slot) {
         unsigned so = slot * XSPLIT;
-        if constexpr (PRE == 2) {
-            if (xr_ok) {
 #pragma unroll
-                for (int it = 0; it < RU / 4; it++)
-                    cp_async16_s(xr_s + so + 4 * it * WG_B_KC, xr_g + 4 * it * 16);
-            }
-        } else {
-#pragma unroll
-            for (int it = 0; it < NI; it++)
-                if (xr_ok >> it & 1)
-                    cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), xr_g + it * xr_step);
-        }
+        for (int it = 0; it < NI; it++)
+            if (xr_ok >> it & 1)
+                cp_async16_s(xr_s + so + 16 * ((it >> 1) * 256 + 16 * (it & 1)), xr_g + it * xr_step);
         xr_g += RU * 16;
         if (xs_src)
             cp_async4(reinterpret_cast<uint8_t *>(xsm) + so + 8 * XFRAG + 4 * threadIdx.x, xs_src++);
@@ -997,11 +973,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                     load_x(xr[XD - 1], u + XD);
             }
         }
-        if constexpr (WG && !PRE) /* the split x, written through the generic proxy, read by wgmma's async one */
+        if constexpr (WG) /* the split x, written through the generic proxy, read by wgmma's async one */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         cp_wait<S - 2>();
-        if constexpr (WG && PRE) /* the same for the records the thread's copies brought */
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
         if (u + S - 1 < ue) {
             load_w((unsigned)(i + S - 1) % S); /* unit u + S - 1 */
@@ -1285,12 +1259,12 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         sp.count[tile_id] = 0;
 }
 
-template <int WT, int NT, int PRE = 0>
+template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     tok_plain tm{a.x, a.n, a.cols};
-    gemv_tc_body<WT, NT, PRE>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
-                              blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
+                                blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 /* Shapes the tensor-core kernel takes: bf16/fp8/fp4 weights, columns a multiple of 128, rows
@@ -1398,7 +1372,7 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
 /* One thread per item of a row's unit: a fold group's GC columns (the 4 FG items of a unit in
  * consecutive lanes, for h16_split's shuffles).
  * Row r is x's row xrow[r] (or r); records [row][unit][TC_REC_PER_UNIT], scales [row][unit]. */
-template <int WT, bool WGL>
+template <int WT>
 __global__ void __launch_bounds__(256)
     tc_presplit_kernel(const float *x, const int32_t *xrow, int rows, int cols, uint4 *rec, float *rs)
 {
@@ -1423,18 +1397,8 @@ __global__ void __launch_bounds__(256)
     h16_split<WT>(v, r, &scale);
     if (i < items) {
 #pragma unroll
-        for (int k = 0; k < KPG; k++) {
-            if constexpr (WGL) { /* piece (k-step, part, k half), word tq: wg_b_word's order */
-                uint32_t *w = reinterpret_cast<uint32_t *>(rec + ru * TC_REC_PER_UNIT) + tq;
-                int ks = f * KPG + k;
-                w[4 * (4 * ks + 0)] = r[k].x;
-                w[4 * (4 * ks + 1)] = r[k].y;
-                w[4 * (4 * ks + 2)] = r[k].z;
-                w[4 * (4 * ks + 3)] = r[k].w;
-            } else {
-                rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
-            }
-        }
+        for (int k = 0; k < KPG; k++)
+            rec[ru * TC_REC_PER_UNIT + (f * KPG + k) * 4 + tq] = r[k];
         if (tq == 0 && f == 0)
             rs[ru] = scale;
     }
@@ -1453,8 +1417,7 @@ template <int WT> static bool tc_presplit_on(const duet_cuda_t *c, int nt, int n
 /* Split the `rows` rows of a.x (row r: x's row xrow[r], or r) ahead into the context's record
  * buffer and point a at it.  The buffer (516 bytes a row and unit) is grown on demand and kept:
  * a grouped launch's rows are its sorted positions, top_k a token. */
-template <int WT, bool WGL = false>
-static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
+template <int WT> static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xrow, int rows)
 {
     size_t pairs = (size_t)rows * (size_t)(a.cols / 128);
     size_t rec_bytes = duet_round_up(pairs * TC_REC_PER_UNIT * 16, 256);
@@ -1463,8 +1426,8 @@ static duet_status_t tc_presplit(duet_cuda_t *c, gemv_args &a, const int32_t *xr
     uint4 *rec = (uint4 *)c->tc_xrec;
     float *rs = (float *)((uint8_t *)c->tc_xrec + rec_bytes);
     size_t threads = pairs * 4 * h16_traits<WT>::FG;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT, WGL>, dim3(duet_cdiv(threads, 256)), dim3(256), 0,
-                                        a.x, xrow, rows, a.cols, rec, rs));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, tc_presplit_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, a.x,
+                                        xrow, rows, a.cols, rec, rs));
     a.xrec = rec;
     a.xrec_scale = rs;
     return DUET_OK;
@@ -1475,43 +1438,17 @@ extern "C" void duet_cuda_tc_presplit(duet_cuda_t *c, int min_n)
     c->tc_presplit = min_n < 0 ? 0 : min_n == 0 ? -1 : min_n;
 }
 
-/* tc_smem's bit for a kernel taking x split ahead: the second word; the dense and multi launches
- * taking it in wgmma's layout: bits 120 and 121 */
+/* tc_smem's bit for a kernel taking x split ahead: the second word */
 #define TC_PRE_BIT 64
-#define TC_PRE2_BIT 120
-
-/* The dense and multi launches of four token groups with fp8 weights, at decode sizes (at most
- * TC_DENSE_PRE_MAX_N tokens; 0: never), take x split ahead once (tc_presplit_kernel, records in
- * wgmma's B layout) instead of every row block splitting the same x again: at 32 tokens the
- * split was the largest part of the loop (38% of the warps' samples, its first instruction
- * waiting on the x loads).  wgmma only (sm_90a; the host checks the device: the build makes
- * compute capability 9.0's code sm_90a).  The same split function, so the same bits. */
-#ifndef TC_DENSE_PRE_MAX_N
-#define TC_DENSE_PRE_MAX_N 256
-#endif
-static bool tc_dense_pre(const duet_cuda_t *c, int n)
-{
-    return TC_WGMMA && c->info.cc_major == 9 && c->info.cc_minor == 0 && n <= TC_DENSE_PRE_MAX_N;
-}
-
 template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
 {
+    constexpr int smem = tc_smem_bytes<WT, NT>();
+    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
     int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    constexpr int smem = tc_smem_bytes<WT, NT>();
-    if constexpr (WT == WT_F8 && NT == 4) {
-        if (tc_dense_pre(c, a.n)) {
-            gemv_args b = a;
-            DUET_TRY((tc_presplit<WT, true>(c, b, NULL, a.n)));
-            DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT, 2>, smem, TC_PRE2_BIT));
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT, 2>, grid, dim3(TC_WARPS * 32), smem, b, sp));
-            return DUET_OK;
-        }
-    }
-    DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
@@ -1563,7 +1500,7 @@ struct multi_args {
     size_t part_off[DUET_CUDA_MULTI_MAX]; /* floats into the split partials */
 };
 
-template <int WT, int NT, int PRE = 0>
+template <int WT, int NT>
 __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
     int bx = blockIdx.x, rb0 = 0;
@@ -1586,12 +1523,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args 
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += po;
-    gemv_tc_body<WT, NT, PRE>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, false>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a, multi_args &m)
 {
     constexpr int smem = tc_smem_bytes<WT, NT>();
+    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
     int tiles = m.tile0[m.n_parts], tok_tiles = duet_cdiv(a.n, 8 * NT);
     size_t rows = 0;
     for (int i = 0; i < m.n_parts; i++)
@@ -1603,17 +1541,6 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    if constexpr (WT == WT_F8 && NT == 4) {
-        if (tc_dense_pre(c, a.n)) { /* the parts share x: split once (tc_dense_pre) */
-            gemv_args b = a;
-            DUET_TRY((tc_presplit<WT, true>(c, b, NULL, a.n)));
-            DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT, 2>, smem, TC_PRE2_BIT + 1));
-            DUET_CUDA_CHECK(
-                c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT, 2>, grid, dim3(TC_WARPS * 32), smem, b, m, sp));
-            return DUET_OK;
-        }
-    }
-    DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
