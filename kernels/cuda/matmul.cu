@@ -279,11 +279,6 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_CHUNK_UNITS 8
 #endif
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
-/* x split in the block: its lines of the unit this many units past the register read-ahead sent
- * toward L1 (prefetch.global.L1), 0 none; a build setting, for timing variants */
-#ifndef TC_X_PREFETCH
-#define TC_X_PREFETCH 0
-#endif
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
  * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
  * experts: 4,320 working blocks of 32 units (w1 and w3) or 16 (w2), 8.2 rounds of 132 SMs'
@@ -845,16 +840,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             }
         }
     };
-    /* unit u's x lines toward L1 (no registers held): TC_X_PREFETCH units past the read-ahead */
-    auto prefetch_x = [&](int u) {
-#pragma unroll
-        for (int i = 0; i < NXP; i++) {
-            if constexpr (H16)
-                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && i * (TC_WARPS * 32) + threadIdx.x >= ITEMS)
-                    continue;
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(xb[i] + u * 128));
-        }
-    };
     auto split_x = [&](const float4 (&src)[NXR], uint2 *dst) {
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
@@ -987,9 +972,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 if (u + XD < ue)
                     load_x(xr[XD - 1], u + XD);
             }
-            if constexpr (TC_X_PREFETCH > 0)
-                if (u + XD + TC_X_PREFETCH - 1 < ue)
-                    prefetch_x(u + XD + TC_X_PREFETCH - 1);
         }
         if constexpr (WG) /* the split x, written through the generic proxy, read by wgmma's async one */
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
