@@ -279,11 +279,6 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_CHUNK_UNITS 8
 #endif
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
-/* fp8 weights copied into shared memory four whole 128-byte lines an instruction (load_w), 0: eight
- * rows' 64-byte halves, as the reading lanes hold them; a build setting, for timing variants */
-#ifndef TC_F8_LINES
-#define TC_F8_LINES 0
-#endif
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
  * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
  * experts: 4,320 working blocks of 32 units (w1 and w3) or 16 (w2), 8.2 rounds of 132 SMs'
@@ -766,18 +761,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         for (int k = 0; k < 4; k++)
             w_d[k] = rp[k] - rp[0];
     }
-    /* TC_F8_LINES: fp8 copied a whole 128-byte row piece a lane octet (rows 4 k + (lane >> 3) of
-     * the warp in copy k, 16 bytes lane & 7 of each), each copy four whole lines, to where the
-     * lane that reads it expects it: the other rows' distances from the lane's first */
-    constexpr bool LINES = TC_F8_LINES && WT == WT_F8;
-    int l_d[LINES ? 8 : 1];
-    if constexpr (LINES) {
-        int first = min(r0 + (lane >> 3), a.row_end - 1);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            l_d[k] = (min(r0 + 4 * k + (lane >> 3), a.row_end - 1) - first) * (int)a.row_bytes;
-        w_src = a.w + (size_t)first * a.row_bytes + 16 * (lane & 7);
-    }
     w_src += (size_t)ub * w_step;
     auto load_w = [&](int slot) {
         if (!active)
@@ -799,11 +782,6 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
             for (int i = 0; i < TC_BF16_TILE_BYTES / 512; i++)
                 cp_async16(st + 16 * (32 * i + lane), w_src + 512 * i);
-        } else if constexpr (LINES) { /* row 4 k + (lane >> 3): r4 k >> 1, g 4 (k & 1) + (lane >> 3) */
-            uint8_t *sl = st + (((lane & 7) >> 2) * 32 + (lane >> 3) * 4 + (lane & 3)) * 16;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                cp_async16(sl + ((k >> 1) * CPR * 32 + (k & 1) * 16) * 16, w_src + l_d[k]);
         } else {
 #pragma unroll
             for (int r4 = 0; r4 < 4; r4++)
