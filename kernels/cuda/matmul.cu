@@ -372,22 +372,7 @@ template <int WT> __host__ __device__ constexpr int tc_wwarp_bytes()
 {
     return WT == WT_F4 ? 32 * TC_F4_ROW_STRIDE + 32 * 4 : 4 * tc_traits<WT>::CPR * 32 * 16;
 }
-template <int WT, int NW = TC_WARPS> __host__ __device__ constexpr int tc_wstage_bytes()
-{
-    return NW * tc_wwarp_bytes<WT>();
-}
-/* Warps a block of the dense and multi launches: TC_WARPS, or twice that (256 rows) for four
- * token groups with fp8 weights (TC_F8_WIDE), whose blocks then split each x unit once for
- * twice the rows, one block an SM instead of two (the registers allow no more).  Which block
- * holds a row does not change its sums, so the bits are the same.  A build setting, for timing
- * variants. */
-#ifndef TC_F8_WIDE
-#define TC_F8_WIDE 0
-#endif
-template <int WT, int NT> __host__ __device__ constexpr int tc_warps()
-{
-    return TC_F8_WIDE && WT == WT_F8 && NT == 4 ? 2 * TC_WARPS : TC_WARPS;
-}
+template <int WT> __host__ __device__ constexpr int tc_wstage_bytes() { return TC_WARPS * tc_wwarp_bytes<WT>(); }
 /* fp8 and fp4 weights are exact in fp16 (fp4 as its value times 2^-14: the e2m1 bits moved
  * into an fp16's exponent and mantissa, its 0.5 an fp16 subnormal), so they multiply x in two
  * fp16 parts (x times a power of two per token and unit, keeping its largest value under
@@ -438,9 +423,9 @@ template <int WT, int NT> __host__ __device__ constexpr int tc_tot_bytes()
 {
     return tc_tot_smem<WT, NT>() ? TC_WARPS * 32 * 2 * NT * 4 * 4 : 0;
 }
-template <int WT, int NT, int NW = TC_WARPS> __host__ __device__ constexpr int tc_smem_bytes()
+template <int WT, int NT> __host__ __device__ constexpr int tc_smem_bytes()
 {
-    return tc_stages<WT, NT>() * tc_wstage_bytes<WT, NW>() + tc_xslots<WT, NT>() * tc_split_bytes<WT, NT>() +
+    return tc_stages<WT, NT>() * tc_wstage_bytes<WT>() + tc_xslots<WT, NT>() * tc_split_bytes<WT, NT>() +
            tc_wscale_bytes<WT>() + tc_tot_bytes<WT, NT>();
 }
 
@@ -701,13 +686,13 @@ struct tc_split {
     int chunks;   /* 1: no split */
 };
 
-template <int WT, int NT, bool PRE, int NW, class TM>
+template <int WT, int NT, bool PRE, class TM>
 __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
                                              int tile_id)
 {
     constexpr int CPR = tc_traits<WT>::CPR, QPC = tc_traits<WT>::QPC, S = tc_stages<WT, NT>();
     constexpr unsigned XS = tc_xslots<WT, NT>();
-    constexpr int WSTAGE = tc_wstage_bytes<WT, NW>(), XSPLIT = tc_split_bytes<WT, NT>();
+    constexpr int WSTAGE = tc_wstage_bytes<WT>(), XSPLIT = tc_split_bytes<WT, NT>();
     constexpr int NX = 2 * NT; /* bf16: x quads a thread splits per unit */
     constexpr bool WG = tc_wg<WT, NT, PRE>(); /* wgmma: every warp of the block takes part */
     extern __shared__ __align__(16) uint8_t tc_smem[];
@@ -814,7 +799,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     constexpr bool H16 = WT != WT_BF16;
     constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
     static_assert(WT != WT_F8 || (QPC == KPG && CPR == FG), "fp8: a 16-byte chunk is a fold group");
-    constexpr int ITEMS = NT * FG * 32, NXI = (ITEMS + NW * 32 - 1) / (NW * 32);
+    constexpr int ITEMS = NT * FG * 32, NXI = (ITEMS + TC_WARPS * 32 - 1) / (TC_WARPS * 32);
     constexpr int NXP = H16 ? NXI : NX, NXR = H16 ? NXI * GC / 4 : NX;
     constexpr int XFRAG = NT * 8 * tc_parts<WT>() * 32; /* fragments a stage (uint2) */
     constexpr int XD = NT == 1 ? 2 : 1;
@@ -822,7 +807,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     const float *xb[NXP];
 #pragma unroll
     for (int i = 0; i < NXP; i++) {
-        int q = i * (NW * 32) + threadIdx.x;
+        int q = i * (TC_WARPS * 32) + threadIdx.x;
         if constexpr (PRE) {
             xb[i] = NULL;
         } else if constexpr (H16) {
@@ -842,7 +827,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
             if constexpr (H16) {
-                if (SKIP ? !xb[i] : ITEMS % (NW * 32) && i * (NW * 32) + threadIdx.x >= ITEMS)
+                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && i * (TC_WARPS * 32) + threadIdx.x >= ITEMS)
                     continue; /* past the items, or past the tile's last token (whole warps) */
 #pragma unroll
                 for (int c = 0; c < GC / 4; c++)
@@ -858,11 +843,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     auto split_x = [&](const float4 (&src)[NXR], uint2 *dst) {
 #pragma unroll
         for (int i = 0; i < NXP; i++) {
-            int q = i * (NW * 32) + threadIdx.x;
+            int q = i * (TC_WARPS * 32) + threadIdx.x;
             if constexpr (H16) {
                 /* warps whose tokens the tile lacks split nothing: those tokens' B columns hold
                  * stale values, which reach only those tokens' outputs, never stored */
-                if (SKIP ? !xb[i] : ITEMS % (NW * 32) && q >= ITEMS)
+                if (SKIP ? !xb[i] : ITEMS % (TC_WARPS * 32) && q >= ITEMS)
                     continue;
                 int tq, f, tok, nt;
                 h16_item<WT>(q, tq, f, tok, nt);
@@ -910,8 +895,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
      * the round's constants on one base. */
     static_assert(!PRE || XS == S, "records come with the weights: an x slot a weight stage");
     static_assert(!PRE || H16, "x is split ahead for fp8 and fp4 weights only");
-    constexpr int RU = TC_REC_PER_UNIT, NI = NT * 8 * RU / (NW * 32);
-    static_assert(!PRE || (NT * 8 * RU % (NW * 32) == 0 && NW == 4), "whole rounds of records, token 4 it + warp");
+    constexpr int RU = TC_REC_PER_UNIT, NI = NT * 8 * RU / (TC_WARPS * 32);
+    static_assert(NT * 8 * RU % (TC_WARPS * 32) == 0 && TC_WARPS == 4, "whole rounds of records, token 4 it + warp");
     const int units_all = a.cols / 128;
     /* the thread's record of its first round, and the rounds present (bit it) */
     const char *xr_g = NULL;
@@ -951,7 +936,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     tc_each<NT>([&](int mt, int nt, int e) {
         pc[mt][nt][e] = tot[mt][nt][e] = 0.0f;
         if constexpr (TOT_SMEM)
-            tot_s[((mt * NT + nt) * 4 + e) * (NW * 32)] = 0.0f;
+            tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)] = 0.0f;
     });
 
     /* the first weight stages before the wait for the kernel ahead (a programmatic dependent
@@ -1206,7 +1191,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
                 if constexpr (TOT_SMEM) {
                     tc_each<NT>([&](int mt, int nt, int e) {
-                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (NW * 32)];
+                        float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
                         t = fmaf(pc[mt][nt][e], 1.0f, t);
                         pc[mt][nt][e] = 0.0f;
                     });
@@ -1219,7 +1204,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
     }
     cp_wait<0>();
     if constexpr (TOT_SMEM)
-        tc_each<NT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (NW * 32)]; });
+        tc_each<NT>([&](int mt, int nt, int e) { tot[mt][nt][e] = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)]; });
 
     /* y, or when the launch is split along the columns this chunk's partial (the tile's last
      * block then adds the partials in order) */
@@ -1275,12 +1260,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
 }
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(tc_warps<WT, NT>() * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_kernel(gemv_args a, tc_split sp)
 {
     tok_plain tm{a.x, a.n, a.cols};
-    constexpr int NW = tc_warps<WT, NT>();
-    gemv_tc_body<WT, NT, false, NW>(a, tm, a.row_begin + blockIdx.x * (NW * TC_ROWS), blockIdx.y * (8 * NT), sp,
-                                    blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, false>(a, tm, a.row_begin + blockIdx.x * TC_BLOCK_ROWS, blockIdx.y * (8 * NT), sp,
+                                blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 /* Shapes the tensor-core kernel takes: bf16/fp8/fp4 weights, columns a multiple of 128, rows
@@ -1458,14 +1442,14 @@ extern "C" void duet_cuda_tc_presplit(duet_cuda_t *c, int min_n)
 #define TC_PRE_BIT 64
 template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c, const gemv_args &a)
 {
-    constexpr int NW = tc_warps<WT, NT>(), smem = tc_smem_bytes<WT, NT, NW>();
+    constexpr int smem = tc_smem_bytes<WT, NT>();
     DUET_TRY(tc_smem(c, gemv_tc_kernel<WT, NT>, smem, WT * 8 + NT));
     int rows = a.row_end - a.row_begin;
-    int row_blocks = duet_cdiv(rows, NW * TC_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
+    int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
     DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(NW * 32), smem, a, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
 }
 
@@ -1517,9 +1501,8 @@ struct multi_args {
 };
 
 template <int WT, int NT>
-__global__ void __launch_bounds__(tc_warps<WT, NT>() * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
+__global__ void __launch_bounds__(TC_WARPS * 32) gemv_tc_multi_kernel(gemv_args a, multi_args m, tc_split sp)
 {
-    constexpr int NW = tc_warps<WT, NT>();
     int bx = blockIdx.x, rb0 = 0;
     size_t po = 0;
     /* constant indices only: the arguments stay in the parameter bank */
@@ -1533,22 +1516,19 @@ __global__ void __launch_bounds__(tc_warps<WT, NT>() * 32) gemv_tc_multi_kernel(
             a.row_begin = m.row_begin[i];
             a.row_end = m.row_end[i];
             a.y = m.y[i];
-            rb0 = m.row_begin[i] + (bx - m.tile0[i]) * (NW * TC_ROWS);
+            rb0 = m.row_begin[i] + (bx - m.tile0[i]) * TC_BLOCK_ROWS;
             po = m.part_off[i];
         }
     tok_plain tm{a.x, a.n, a.cols};
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += po;
-    gemv_tc_body<WT, NT, false, NW>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, false>(a, tm, rb0, blockIdx.y * (8 * NT), s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, const gemv_args &a, multi_args &m)
 {
-    constexpr int NW = tc_warps<WT, NT>(), smem = tc_smem_bytes<WT, NT, NW>();
-    if (NW != TC_WARPS) /* the parts' blocks of NW warps (the caller counted TC_WARPS a block) */
-        for (int i = 0; i < m.n_parts; i++)
-            m.tile0[i + 1] = m.tile0[i] + duet_cdiv(m.row_end[i] - m.row_begin[i], NW * TC_ROWS);
+    constexpr int smem = tc_smem_bytes<WT, NT>();
     DUET_TRY(tc_smem(c, gemv_tc_multi_kernel<WT, NT>, smem, 21 + WT * 4 + NT - 1)); /* bits 21-32: free */
     int tiles = m.tile0[m.n_parts], tok_tiles = duet_cdiv(a.n, 8 * NT);
     size_t rows = 0;
@@ -1561,7 +1541,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
         acc += m.row_end[i] - m.row_begin[i];
     }
     dim3 grid(tiles, tok_tiles, sp.chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT>, grid, dim3(NW * 32), smem, a, m, sp));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_multi_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, m, sp));
     return DUET_OK;
 }
 
@@ -1938,7 +1918,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32,
     tc_split s = sp;
     if (s.chunks > 1)
         s.part += (size_t)mi * s.chunks * a.n * (a.row_end - a.row_begin);
-    gemv_tc_body<WT, NT, PRE, TC_WARPS>(a, tm, rt * TC_BLOCK_ROWS, t0, s, blockIdx.y * gridDim.x + blockIdx.x);
+    gemv_tc_body<WT, NT, PRE>(a, tm, rt * TC_BLOCK_ROWS, t0, s, blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 static int grouped_kind(const duet_weight_t *w, const float *x)
