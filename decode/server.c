@@ -585,6 +585,7 @@ int main(int argc, char **argv)
               (unsigned long long)S.top_steps, S.top_steps ? S.top_ns / 1e6 / S.top_steps : 0.0,
               S.top_ns ? (double)S.top_rows * S.top_steps / (S.top_ns / 1e9) : 0.0);
     duet_worker_engine_log_stats(&S.eng, S.o.id);
+    duet_worker_engine_log_draws(&S.eng, S.o.id);
     duet_dreq_foreach(S.tab, shutdown_one, &S);
     rc = 0;
     goto done;

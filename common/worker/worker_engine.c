@@ -180,6 +180,26 @@ static void sample_rows(duet_worker_engine_t *e, const int *rows, int n_rows, du
         tok[rows[k]] = out2[k];
 }
 
+/* A step's host draws into the counters: rows, and the time since t0 (a step with none is not
+ * counted). */
+static void count_draws(duet_worker_engine_t *e, int rows, uint64_t t0)
+{
+    if (rows <= 0)
+        return;
+    e->draw_rows += (uint64_t)rows;
+    e->draw_steps++;
+    e->draw_ns += duet_time_ns() - t0;
+}
+
+void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who)
+{
+    duet_info("%s: rows drawn on the host: %llu in %llu steps, %.1f a step, %.2f ms a step (%s)", who,
+              (unsigned long long)e->draw_rows, (unsigned long long)e->draw_steps,
+              e->draw_steps ? (double)e->draw_rows / e->draw_steps : 0.0,
+              e->draw_steps ? e->draw_ns / 1e6 / e->draw_steps : 0.0,
+              e->gpu ? "the sampled rows' logits downloaded and drawn" : "every row drawn");
+}
+
 duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
                                         const duet_sampling_t *const *sp, int32_t *tok, int threads,
                                         duet_err_t *err)
@@ -226,6 +246,7 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
         for (int i = 0; i < n; i++)
             if (sp[i]->temperature > 0.0f)
                 rows[nd++] = i;
+        uint64_t t0 = duet_time_ns();
         for (int k = 0; k < nd;) {
             int j = k;
             while (j + 1 < nd && rows[j + 1] == rows[j] + 1)
@@ -236,6 +257,7 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
             k = j + 1;
         }
         sample_rows(e, rows, nd, items, sp, tok, threads, sp2, pos2, out2);
+        count_draws(e, nd, t0);
         goto out;
     cuda_fail:
         if (err)
@@ -248,7 +270,9 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
         goto out;
     for (int i = 0; i < n; i++) /* every row, its logits where the forward wrote them */
         rows[i] = i;
+    uint64_t t0 = duet_time_ns();
     sample_rows(e, rows, n, items, sp, tok, threads, sp2, pos2, out2);
+    count_draws(e, n, t0);
 out:
     free(rows);
     free(sp2);
