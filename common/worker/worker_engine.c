@@ -193,8 +193,9 @@ static void count_draws(duet_worker_engine_t *e, int rows, uint64_t t0)
 
 void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who)
 {
-    duet_info("%s: rows drawn on the host: %llu in %llu steps, %.1f a step, %.2f ms a step (%s)", who,
-              (unsigned long long)e->draw_rows, (unsigned long long)e->draw_steps,
+    duet_info("%s: rows drawn on the host: %llu of %llu, in %llu of %llu steps, %.1f a step, %.2f ms a step (%s)",
+              who, (unsigned long long)e->draw_rows, (unsigned long long)e->step_rows,
+              (unsigned long long)e->draw_steps, (unsigned long long)e->steps,
               e->draw_steps ? (double)e->draw_rows / e->draw_steps : 0.0,
               e->draw_steps ? e->draw_ns / 1e6 / e->draw_steps : 0.0,
               e->gpu ? "the sampled rows' logits downloaded and drawn" : "every row drawn");
@@ -220,6 +221,8 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
     }
     for (int i = 0; i < n; i++)
         items[i].logits = e->logits + (size_t)i * V;
+    e->step_rows += (uint64_t)n;
+    e->steps++;
 #if DUET_HAVE_CUDA
     if (e->gpu) {
         duet_cuda_t *c0 = duet_tp_cuda_context(e->gpu, 0);

@@ -48,9 +48,10 @@ typedef struct {
     /* staging counters: bytes moved and wall time of the copies (launch to completion) */
     uint64_t d2h_bytes, d2h_ns, d2h_calls;
     uint64_t h2d_bytes, h2d_ns, h2d_calls;
-    /* decode steps' rows drawn on the host (duet_worker_engine_decode): rows, the steps that had
-     * any, and the wall time of their logits' download (GPU) and the draws */
-    uint64_t draw_rows, draw_steps, draw_ns;
+    /* decode steps (duet_worker_engine_decode): their rows and count, and of those the rows drawn
+     * on the host, the steps that had any, and the wall time of their logits' download (GPU)
+     * and the draws */
+    uint64_t step_rows, steps, draw_rows, draw_steps, draw_ns;
 } duet_worker_engine_t;
 
 /* Set up the forward for --device (o->device), over `cache`, with a logits buffer of
@@ -98,7 +99,8 @@ duet_status_t duet_worker_engine_xfer_register(duet_worker_engine_t *e, duet_xfe
 
 /* One log line with the staging counters (GPU only). */
 void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who);
-/* One log line with the decode steps' host draws (rows, steps, time a step that had any). */
+/* One log line with the decode steps' host draws: rows drawn of the rows stepped, steps with
+ * any of the steps, the mean time of a step's draws. */
 void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who);
 
 #endif

@@ -224,6 +224,7 @@ def sc_exact(a, rep):
     finally:
         c.stop()
     print_staging(c)
+    check_draws(c, rep)
 
 
 def print_staging(c):
@@ -232,6 +233,24 @@ def print_staging(c):
         for line in c.log(name).splitlines():
             if ": staging " in line or "tokens/s of step time" in line:
                 print(f"     {name}: {re.sub(r'^.*? [a-z_]+[.]c:[0-9]+ ', '', line)}", flush=True)
+
+
+def check_draws(c, rep):
+    """Decode's count of the rows it drew on the host (its exit log): on the CPU every row it
+    stepped; on the GPU the sampled ones only (half the requests sample, greedy rows keep
+    their logits on the device), so some but not all."""
+    m = None
+    for line in c.log("d0").splitlines():
+        m = re.search(r"rows drawn on the host: (\d+) of (\d+), in (\d+) of (\d+) steps", line) or m
+    if not m:
+        rep.check(False, "decode logs the rows it drew on the host")
+        return
+    drawn, rows, dsteps, steps = map(int, m.groups())
+    if DEVICE == "cpu":
+        rep.check(drawn == rows > 0 and dsteps == steps,
+                  f"decode drew every row on the host ({drawn} of {rows}, {dsteps} of {steps} steps)")
+    else:
+        rep.check(0 < drawn < rows, f"decode drew only the sampled rows on the host ({drawn} of {rows})")
 
 
 def sc_decode_rate(a, rep):
