@@ -1355,9 +1355,10 @@ static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int wa
  * TC_PRESPLIT_MIN_N1 positions: there it spares the block's first warp the split that the
  * other three waited for at the unit's barrier.  The dense and multi launches do not take it:
  * with records their decode steps at batch 32 and 128 measured 2-3% slower, and from 256
- * tokens on they slowed a 4096-token prefill by 4% (docs/PERF.md; not analysed further: the
- * extra launch a call, and records read from L2 where the f32 x of a tile is shared in L1 by
- * the row blocks on an SM, are the suspects). */
+ * tokens on they slowed a 4096-token prefill by 4%; later, records in wgmma's B layout for the
+ * four-group fp8 launches halved the loop's instructions and doubled their time (docs/PERF.md,
+ * "What did not speed up the fp8 launches of 32 tokens": each block's records come from L2,
+ * where the f32 x of a tile is shared in L1 by the two blocks of an SM). */
 #ifndef TC_PRESPLIT_MIN_N
 #define TC_PRESPLIT_MIN_N 9
 #endif
