@@ -1,4 +1,5 @@
 #include "sampling.h"
+#include "sample_exp.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -106,7 +107,7 @@ static inline uint32_t f_bits(float p)
 }
 
 /* Sort candidates by p descending, then id ascending: the order cand_cmp defines, in linear
- * time.  Every p is a positive finite float (an expf result >= 1e-9), so its bits order like
+ * time.  Every p is a positive finite float (a duet_sample_exp result >= 1e-9), so its bits order like
  * its value; an LSD radix sort on the complemented bits (3 passes of 11 bits) is stable, and
  * the candidates come in ascending id, so ties keep ascending id.  Used on the buckets a row's
  * cuts fall in (a full vocabulary sorted this way takes about a millisecond, qsort ten or
@@ -278,12 +279,12 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
     memset(w->bsorted, 0, SB_N);
     int n = 0;
     for (int i = 0; i < vocab; i++) {
-        /* below -20.8 expf is under 9.3e-10 even with its rounding, so the candidate would be
-         * dropped: skip the call (most of a peaked distribution's vocabulary) */
+        /* below -20.8 the exp is under 9.3e-10 even with its error, so the candidate would be
+         * dropped: skip it (most of a peaked distribution's vocabulary) */
         float x = logits[i] * inv_t - mx;
         if (x < -20.8f)
             continue;
-        float e = expf(x);
+        float e = duet_sample_exp(x);
         if (e >= 1e-9f) { /* and e <= 1: x <= 0 */
             w->bcnt[sb_of(e)]++;
             c[n++] = (cand_t){e, i};
@@ -329,7 +330,7 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
         float tf = (float)thr;
         if ((double)tf < thr)
             tf = nextafterf(tf, INFINITY);
-        if (tf > 1e-9f && tf <= 1.0f) { /* tf <= min_p * 1: the largest p, expf(0), is 1 */
+        if (tf > 1e-9f && tf <= 1.0f) { /* tf <= min_p * 1: the largest p, duet_sample_exp(0), is 1 */
             int bl = sb_of(tf);
             /* the kept prefix of bucket bl: its candidates with p >= tf */
             int j = 0;

@@ -22,7 +22,9 @@ double duet_sample_uniform(uint64_t seed, int64_t position);
 
 /* Pick a token from logits(vocab) for the token at `position`.  Greedy takes
  * the largest logit (lowest id on ties).  Otherwise: logits / temperature,
- * top-k, softmax, min-p (p >= min_p * p_max, compared in double), top-p
+ * top-k, softmax (p = duet_sample_exp(logit / temperature - the largest),
+ * engine/sample_exp.h: the same bits on the host and a GPU), min-p (p >= min_p *
+ * p_max, compared in double), top-p
  * (smallest prefix of the probability-sorted list whose mass reaches top_p),
  * then the draw u * S over what remains in (probability desc, id asc) order.
  * Candidates whose probability is below 1e-9 of the largest are dropped first

@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "sample_exp.h"
 #include "sampling.h"
 
 typedef struct {
@@ -48,7 +49,7 @@ static int32_t ref_sample(const float *logits, int vocab, const duet_sampling_t 
     ref_cand_t *c = malloc(sizeof(ref_cand_t) * (size_t)vocab);
     int n = 0;
     for (int i = 0; i < vocab; i++) {
-        float e = expf(logits[i] * inv_t - mx);
+        float e = duet_sample_exp(logits[i] * inv_t - mx);
         if (e >= 1e-9f)
             c[n++] = (ref_cand_t){e, i};
     }
@@ -90,6 +91,49 @@ static int32_t ref_sample(const float *logits, int vocab, const duet_sampling_t 
     }
     free(c);
     return pick;
+}
+
+/* duet_sample_exp against e^x in double over the sampler's range: every float of [-20.8, -19.8]
+ * (the bottom, where the cut at 1e-9 falls), strided sweeps of [-1, 0] and [-87, 0].  Within
+ * 2 ulp (1.13 measured), never above 1 (the buckets take p <= 1), under 1e-9 below -20.8 (the sampler skips
+ * those), 1 at 0, 0 for NaN and below -87. */
+static void test_exp(void **state)
+{
+    (void)state;
+    double worst = 0.0;
+    float worst_x = 0.0f;
+    long n = 0;
+    for (int range = 0; range < 3; range++) {
+        float lo = range == 0 ? -1.0f : range == 1 ? -20.8f : -87.0f, hi = range == 0 ? 0.0f : range == 1 ? -19.8f : 0.0f;
+        uint32_t ulo, uhi; /* negative floats: larger bits are more negative */
+        memcpy(&ulo, &hi, 4);
+        memcpy(&uhi, &lo, 4);
+        if (hi == 0.0f)
+            ulo = 0x80000000u;
+        uint32_t step = range == 0 ? 61 : range == 2 ? 997 : 1; /* [-1, 0] holds a billion floats */
+        for (uint32_t b = ulo; b <= uhi && b >= ulo; b += step) {
+            float x;
+            memcpy(&x, &b, 4);
+            float e = duet_sample_exp(x);
+            double ref = exp((double)x);
+            int ex;
+            frexp(ref, &ex);
+            double ulp = ldexp(1.0, (ex - 1 < -126 ? -126 : ex - 1) - 23);
+            double err = fabs((double)e - ref) / ulp;
+            if (err > worst) {
+                worst = err;
+                worst_x = x;
+            }
+            assert_true(e <= 1.0f);
+            n++;
+        }
+    }
+    print_message("duet_sample_exp: %ld values, worst %.2f ulp at %.9g\n", n, worst, (double)worst_x);
+    assert_true(worst < 2.0);
+    assert_true(duet_sample_exp(0.0f) == 1.0f);
+    assert_true(duet_sample_exp(-20.8f) < 1e-9f);
+    assert_true(duet_sample_exp(-87.5f) == 0.0f);
+    assert_true(duet_sample_exp(NAN) == 0.0f);
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -253,7 +297,8 @@ static void test_greedy_edges(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_draws), cmocka_unit_test(test_filters_combined),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_exp), cmocka_unit_test(test_same_draws),
+                                       cmocka_unit_test(test_filters_combined),
                                        cmocka_unit_test(test_batch_same_as_rows),
                                        cmocka_unit_test(test_greedy_edges)};
     return cmocka_run_group_tests(tests, NULL, NULL);
