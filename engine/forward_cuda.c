@@ -1410,16 +1410,14 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     /* the queries (q, and the indexer's iq and iw) on the side stream where there is one, beside
      * the keys' chain below (kv, the compressors, the cache rows); joined before the index
      * scoring, the first to read them */
+    duet_cuda_t *main_cu = F->cu;
     if (F->side) {
         CU(duet_cuda_fork(F->cu));
-        duet_cuda_t *main_cu = F->cu;
         F->cu = F->side;
-        st = queries(F, layer, qp, nqp, pos, rope, err);
-        F->cu = main_cu;
-        DUET_TRY(st);
-    } else {
-        DUET_TRY(queries(F, layer, qp, nqp, pos, rope, err));
     }
+    st = queries(F, layer, qp, nqp, pos, rope, err);
+    F->cu = main_cu;
+    DUET_TRY(st);
     CU(duet_cuda_rmsnorm(F->cu, F->kv, lw->kv_norm, R, hd, eps, F->kv));
     CU(duet_cuda_rope(F->cu, F->kv, R, 1, hd, pos, rope, 1));
     /* 1. compressors */
