@@ -1,10 +1,10 @@
 /* The exponential the sampler takes its probabilities from: e^x for x <= 0 as a float, from
  * single-precision multiplies and adds alone, each rounded to nearest, in a fixed order, with
  * no library call and no fused multiply-add.  So the same x gives the same bits on any IEEE
- * machine: the host (compiled with -ffp-contract=off), and a CUDA kernel, where the macros below
- * take the intrinsics that nvcc never contracts.  A library's expf gives no such promise
- * (glibc's and CUDA's differ in the last bit for some x), and a draw on the GPU has to pick
- * what the host picks.
+ * machine: the host (compiled with -ffp-contract=off), and a CUDA kernel (a device function
+ * there), where the macros below take the intrinsics that nvcc never contracts.  A library's
+ * expf gives no such promise (glibc's and CUDA's differ in the last bit for some x), and a
+ * draw on the GPU has to pick what the host picks.
  *
  * Range reduction x = k ln 2 + r: k = x log2 e rounded to nearest (by adding and taking away
  * 1.5 * 2^23), r = x - k C1 - k C2 (C1 with nine significant bits, so k C1 is exact for
@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #ifdef __CUDACC__
-#define DUET_SE_FN static __host__ __device__ __forceinline__
+#define DUET_SE_FN static __device__ __forceinline__
 #define DUET_SE_MUL(a, b) __fmul_rn((a), (b))
 #define DUET_SE_ADD(a, b) __fadd_rn((a), (b))
 #else

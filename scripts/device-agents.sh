@@ -228,7 +228,7 @@ PY
   fi
   # what the workers said at start (device) and at exit (staging counters, decode rate)
   for n in prefill-0 decode-0; do
-    grep -h 'device cuda\|CUDA memory\|data plane\|staging device\|shutting down\|drawn on the host' "$WORK/logs-$ik/$n.log" 2>/dev/null |
+    grep -h 'device cuda\|CUDA memory\|data plane\|staging device\|shutting down\|drawn on the' "$WORK/logs-$ik/$n.log" 2>/dev/null |
       sed 's/^[^ ]* [^ ]* //' | cut -c1-260 | sed "s/^/  $n: /" >>"$SUM"
   done
 done

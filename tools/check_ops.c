@@ -2658,6 +2658,117 @@ static void group_argmax(ck_t *ck)
     case_argmax(ck, "small", 3, 7, 0);
 }
 
+/* ---- sampled rows ---- */
+
+typedef struct {
+    float *dl;
+    int32_t *dout;
+    duet_cuda_sample_row_t *rows;
+    int n, vocab;
+} sp_arg_t;
+
+static duet_status_t sp_call(ck_t *ck, void *p)
+{
+    sp_arg_t *a = p;
+    return duet_cuda_sample(ck->c, a->dl, a->vocab, a->rows, a->n, a->dout);
+}
+
+/* rows of logits (mode: 0 normal sd 3, 1 flat sd 0.3, 2 ties (integers), 3 one value almost
+ * everywhere (the draw deep in one tie), 4 special rows, 5 wide sd 20 (few candidates)), each
+ * with its own temperature, top-p, top-k, min-p and draw; the tokens against duet_sample */
+static void case_sample(ck_t *ck, const char *what, int rows, int vocab, int mode)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "sample/%s/%d/%d", what, rows, vocab);
+    rng_init(&r, ck->seed, tag);
+    size_t nl = (size_t)rows * vocab;
+    float *l = rand_f32(&r, nl, mode == 1 ? 0.3f : mode == 5 ? 20.0f : 3.0f);
+    for (int b = 0; b < rows; b++)
+        for (int i = 0; i < vocab; i++) {
+            float *v = &l[(size_t)b * vocab + i];
+            if (mode == 2)
+                *v = (float)(int)*v;
+            if (mode == 3 && rng_u64(&r) % 1000 != 0)
+                *v = 1.5f;
+            if (mode == 4) {
+                if (rng_u64(&r) % 11 == 0)
+                    *v = rng_u64(&r) % 2 ? NAN : -INFINITY;
+                if (b == 1 && i == vocab / 3)
+                    *v = INFINITY;
+                if (b == 2)
+                    *v = i == 10 ? -0.0f : i == 11 ? 0.0f : -INFINITY;
+                if (b == 3)
+                    *v = NAN;
+                if (b == 4 && i % 5 == 0)
+                    *v = 3e38f; /* scaled by 1 / 0.01: the maximum overflows, no candidate */
+                if (b == 5 && i != vocab / 2)
+                    *v = -INFINITY;
+            }
+        }
+    static const float temps[] = {0.0f, 0.5f, 0.8f, 1.0f, 1.3f, 2.0f};
+    static const float tps[] = {1.0f, 1.0f, 0.95f, 0.7f, 0.3f, 1e-12f};
+    static const int tks[] = {0, 0, 1, 20, 200, 5000};
+    static const float mps[] = {0.0f, 0.0f, 0.02f, 0.3f};
+    duet_cuda_sample_row_t *sr = xmalloc(sizeof *sr * (size_t)rows);
+    duet_sampling_t *sp = xmalloc(sizeof *sp * (size_t)rows);
+    int64_t *poss = xmalloc(sizeof *poss * (size_t)rows);
+    for (int b = 0; b < rows; b++) {
+        duet_sampling_t *s = &sp[b];
+        duet_sampling_default(s);
+        s->temperature = temps[rng_u64(&r) % 6];
+        if (mode == 4)
+            s->temperature = b == 4 ? 0.01f : 1.0f;
+        if (s->temperature > 0.0f && b % 4 != 0) { /* every fourth sampled row without filters */
+            s->top_p = tps[rng_u64(&r) % 6];
+            s->top_k = tks[rng_u64(&r) % 6];
+            s->min_p = mps[rng_u64(&r) % 4];
+        }
+        s->seed = rng_u64(&r);
+        int64_t pos = (int64_t)(rng_u64(&r) % 100000);
+        sr[b] = (duet_cuda_sample_row_t){.row = b,
+                                         .temperature = s->temperature,
+                                         .top_p = s->top_p,
+                                         .min_p = s->min_p,
+                                         .top_k = s->top_k,
+                                         .out = b,
+                                         .u = (uint64_t)(duet_sample_uniform(s->seed, pos) * 9007199254740992.0)};
+        poss[b] = pos;
+    }
+    sp_arg_t a = {dupload(ck, l, 4 * nl), dmalloc(ck, 4 * (size_t)rows), sr, rows, vocab};
+    dpoison(ck, a.dout, 4 * (size_t)rows);
+    CK(sp_call(ck, &a));
+    int32_t *g = xmalloc(4 * (size_t)rows), *c = xmalloc(4 * (size_t)rows);
+    ddownload(ck, g, a.dout, 4 * (size_t)rows);
+    for (int b = 0; b < rows; b++)
+        c[b] = duet_sample(l + (size_t)b * vocab, vocab, &sp[b], poss[b]);
+    row_t row = row_new("sample", "rows=%d vocab=%d %s", rows, vocab, what);
+    row_i32(&row, g, c, (size_t)rows);
+    bench_row(ck, &row, sp_call, &a, 4.0 * nl, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    free(l);
+    free(g);
+    free(c);
+    free(sr);
+    free(sp);
+    free(poss);
+    duet_cuda_free(ck->c, a.dl);
+    duet_cuda_free(ck->c, a.dout);
+}
+
+static void group_sample(ck_t *ck)
+{
+    case_sample(ck, "normal", 64, 129280, 0);
+    case_sample(ck, "flat", 64, 129280, 1);
+    case_sample(ck, "ties", 64, 129280, 2);
+    case_sample(ck, "one-value", 16, 129280, 3);
+    case_sample(ck, "special", 8, 129280, 4);
+    case_sample(ck, "wide", 64, 129280, 5);
+    case_sample(ck, "batch1", 1, 129280, 0);
+    case_sample(ck, "small", 32, 1000, 0);
+    case_sample(ck, "tiny", 16, 7, 2);
+}
+
 /* ---- page copies ---- */
 
 typedef struct {
@@ -3092,13 +3203,26 @@ typedef struct {
 } group_t;
 
 static const group_t GROUPS[] = {
-    {"matmul", group_matmul},   {"matmul_lt", group_matmul_lt}, {"fp8_act", group_fp8_act},
+    {"matmul", group_matmul},
+    {"matmul_lt", group_matmul_lt},
+    {"fp8_act", group_fp8_act},
     {"matmul_multi", group_matmul_multi},
-    {"rmsnorm", group_rmsnorm}, {"rope", group_rope},           {"swiglu", group_swiglu},
-    {"cache", group_cache},     {"compress_pool", group_compress}, {"index_score", group_index},
-    {"topk", group_topk},       {"attn_rows", group_attn},      {"hc", group_hc},
-    {"argmax", group_argmax},   {"pages", group_pages},     {"moe", group_moe},
-    {"copy_list", group_copy_list}, {"moe_tp", group_moe_tp}, {"reads", group_reads},
+    {"rmsnorm", group_rmsnorm},
+    {"rope", group_rope},
+    {"swiglu", group_swiglu},
+    {"cache", group_cache},
+    {"compress_pool", group_compress},
+    {"index_score", group_index},
+    {"topk", group_topk},
+    {"attn_rows", group_attn},
+    {"hc", group_hc},
+    {"argmax", group_argmax},
+    {"sample", group_sample},
+    {"pages", group_pages},
+    {"moe", group_moe},
+    {"copy_list", group_copy_list},
+    {"moe_tp", group_moe_tp},
+    {"reads", group_reads},
     {"pdl", group_pdl},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])

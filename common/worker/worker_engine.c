@@ -122,6 +122,8 @@ duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker
     e->tp = o->tp ? (int)o->tp : 1;
     e->host_mirror = o->hicache_device_pages || o->hicache_host_gib > 0;
     e->logit_rows = logit_rows ? logit_rows : 1;
+    const char *dh = getenv("DUET_DRAW_HOST");
+    e->draw_host = dh && strcmp(dh, "1") == 0;
     duet_status_t st = duet_worker_opts_check_device(o, err);
     if (st != DUET_OK)
         return st;
@@ -180,15 +182,22 @@ static void sample_rows(duet_worker_engine_t *e, const int *rows, int n_rows, du
         tok[rows[k]] = out2[k];
 }
 
-/* A step's host draws into the counters: rows, and the time since t0 (a step with none is not
- * counted). */
-static void count_draws(duet_worker_engine_t *e, int rows, uint64_t t0)
+/* A step's draws into the counters (host ones, or the GPU's): rows, and the time since t0 (a
+ * step with none is not counted). */
+static void count_draws(duet_worker_engine_t *e, int rows, uint64_t t0, int on_gpu)
 {
     if (rows <= 0)
         return;
+    uint64_t ns = duet_time_ns() - t0;
+    if (on_gpu) {
+        e->gpu_draw_rows += (uint64_t)rows;
+        e->gpu_draw_steps++;
+        e->gpu_draw_ns += ns;
+        return;
+    }
     e->draw_rows += (uint64_t)rows;
     e->draw_steps++;
-    e->draw_ns += duet_time_ns() - t0;
+    e->draw_ns += ns;
 }
 
 void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who)
@@ -199,6 +208,12 @@ void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who
               e->draw_steps ? (double)e->draw_rows / e->draw_steps : 0.0,
               e->draw_steps ? e->draw_ns / 1e6 / e->draw_steps : 0.0,
               e->gpu ? "the sampled rows' logits downloaded and drawn" : "every row drawn");
+    if (e->gpu)
+        duet_info("%s: sampled rows drawn on the GPU: %llu, in %llu steps, %.1f a step, %.3f ms a step (argmax, "
+                  "draw and the ids' download)",
+                  who, (unsigned long long)e->gpu_draw_rows, (unsigned long long)e->gpu_draw_steps,
+                  e->gpu_draw_steps ? (double)e->gpu_draw_rows / e->gpu_draw_steps : 0.0,
+                  e->gpu_draw_steps ? e->gpu_draw_ns / 1e6 / e->gpu_draw_steps : 0.0);
 }
 
 duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
@@ -241,15 +256,45 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
         duet_fwd_cuda_opts_t fo = {.logits_dev = e->dlogits};
         if ((st = duet_tp_cuda_forward(e->gpu, items, n, &fo, err)) != DUET_OK)
             goto out;
-        /* every row's argmax, then the drawn rows' logits (one download per run of them) */
-        if (duet_cuda_bind(c0) != DUET_OK || duet_cuda_argmax(c0, e->dlogits, n, (int)V, e->dids) != DUET_OK ||
-            duet_cuda_download(c0, tok, e->dids, sizeof(int32_t) * (size_t)n) != DUET_OK)
-            goto cuda_fail;
+        /* every row's argmax; the sampled rows drawn on the device over it, or their logits
+         * downloaded (one download per run of them) and drawn here */
         int nd = 0;
         for (int i = 0; i < n; i++)
             if (sp[i]->temperature > 0.0f)
                 rows[nd++] = i;
+        int on_gpu = !e->draw_host && V <= DUET_CUDA_SAMPLE_MAX_VOCAB;
         uint64_t t0 = duet_time_ns();
+        if (duet_cuda_bind(c0) != DUET_OK || duet_cuda_argmax(c0, e->dlogits, n, (int)V, e->dids) != DUET_OK)
+            goto cuda_fail;
+        if (on_gpu && nd > 0) {
+            duet_cuda_sample_row_t *sr = malloc(sizeof(*sr) * (size_t)nd);
+            if (!sr) {
+                st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            for (int k = 0; k < nd; k++) {
+                const duet_sampling_t *s = sp[rows[k]];
+                double u = duet_sample_uniform(s->seed, items[rows[k]].seq->n_past);
+                sr[k] = (duet_cuda_sample_row_t){.row = rows[k],
+                                                 .temperature = s->temperature,
+                                                 .top_p = s->top_p,
+                                                 .min_p = s->min_p,
+                                                 .top_k = s->top_k,
+                                                 .out = rows[k],
+                                                 .u = (uint64_t)(u * 9007199254740992.0)};
+            }
+            duet_status_t sst = duet_cuda_sample(c0, e->dlogits, (int)V, sr, nd, e->dids); /* sr copied */
+            free(sr);
+            if (sst != DUET_OK)
+                goto cuda_fail;
+        }
+        if (duet_cuda_download(c0, tok, e->dids, sizeof(int32_t) * (size_t)n) != DUET_OK)
+            goto cuda_fail;
+        if (on_gpu) {
+            count_draws(e, nd, t0, 1);
+            goto out;
+        }
+        t0 = duet_time_ns();
         for (int k = 0; k < nd;) {
             int j = k;
             while (j + 1 < nd && rows[j + 1] == rows[j] + 1)
@@ -260,7 +305,7 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
             k = j + 1;
         }
         sample_rows(e, rows, nd, items, sp, tok, threads, sp2, pos2, out2);
-        count_draws(e, nd, t0);
+        count_draws(e, nd, t0, 0);
         goto out;
     cuda_fail:
         if (err)
@@ -275,7 +320,7 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
         rows[i] = i;
     uint64_t t0 = duet_time_ns();
     sample_rows(e, rows, n, items, sp, tok, threads, sp2, pos2, out2);
-    count_draws(e, n, t0);
+    count_draws(e, n, t0, 0);
 out:
     free(rows);
     free(sp2);

@@ -50,8 +50,11 @@ typedef struct {
     uint64_t h2d_bytes, h2d_ns, h2d_calls;
     /* decode steps (duet_worker_engine_decode): their rows and count, and of those the rows drawn
      * on the host, the steps that had any, and the wall time of their logits' download (GPU)
-     * and the draws */
+     * and the draws; on the GPU, the sampled rows drawn there, the steps that had any, and the
+     * wall time from the argmax's launch to the ids' arrival */
     uint64_t step_rows, steps, draw_rows, draw_steps, draw_ns;
+    uint64_t gpu_draw_rows, gpu_draw_steps, gpu_draw_ns;
+    int draw_host; /* GPU: sampled rows drawn on the host all the same (DUET_DRAW_HOST=1) */
 } duet_worker_engine_t;
 
 /* Set up the forward for --device (o->device), over `cache`, with a logits buffer of
@@ -73,8 +76,10 @@ duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_
  * logits pointers are set here to rows of e->logits), then tok[i] = duet_sample(row i, sp[i],
  * position items[i].seq->n_past after the step), sampled rows on up to `threads` threads.  On
  * the GPU the logits stay on the device: greedy rows (temperature not > 0) take the device
- * argmax and only their ids come back; sampled rows' logits are downloaded and drawn on the
- * host.  RANGE for more rows than the logits buffer holds. */
+ * argmax, sampled rows the device draw (duet_cuda_sample, the host's token bit for bit), and
+ * only the ids come back; with DUET_DRAW_HOST=1 in the environment, or a vocabulary beyond
+ * the device draw's, sampled rows' logits are downloaded and drawn on the host.  RANGE for
+ * more rows than the logits buffer holds. */
 duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
                                         const duet_sampling_t *const *sp, int32_t *tok, int threads,
                                         duet_err_t *err);

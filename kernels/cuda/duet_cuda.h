@@ -153,6 +153,7 @@ int duet_cuda_set_pdl(duet_cuda_t *c, int on);
 #include "hc.cuh"
 #include "swiglu.cuh"
 #include "argmax.cuh"
+#include "sample.cuh"
 #include "page_copy.cuh"
 #include "roofline.cuh"
 #include "embed.cuh"

@@ -236,12 +236,13 @@ def print_staging(c):
 
 
 def check_draws(c, rep):
-    """Decode's count of the rows it drew on the host (its exit log): on the CPU every row it
-    stepped; on the GPU the sampled ones only (half the requests sample, greedy rows keep
-    their logits on the device), so some but not all."""
-    m = None
+    """Decode's count of the rows it drew (its exit log): on the CPU every row it stepped, on
+    the host; on the GPU the sampled ones only (half the requests sample, greedy rows take the
+    device argmax), drawn on the GPU, so none on the host and some but not all on the GPU."""
+    m = g = None
     for line in c.log("d0").splitlines():
         m = re.search(r"rows drawn on the host: (\d+) of (\d+), in (\d+) of (\d+) steps", line) or m
+        g = re.search(r"sampled rows drawn on the GPU: (\d+), in (\d+) steps", line) or g
     if not m:
         rep.check(False, "decode logs the rows it drew on the host")
         return
@@ -249,8 +250,13 @@ def check_draws(c, rep):
     if DEVICE == "cpu":
         rep.check(drawn == rows > 0 and dsteps == steps,
                   f"decode drew every row on the host ({drawn} of {rows}, {dsteps} of {steps} steps)")
-    else:
-        rep.check(0 < drawn < rows, f"decode drew only the sampled rows on the host ({drawn} of {rows})")
+        return
+    if not g:
+        rep.check(False, "decode logs the rows it drew on the GPU")
+        return
+    gdrawn = int(g.group(1))
+    rep.check(drawn == 0 and 0 < gdrawn < rows,
+              f"decode drew only the sampled rows, on the GPU ({gdrawn} of {rows}; {drawn} on the host)")
 
 
 def sc_decode_rate(a, rep):

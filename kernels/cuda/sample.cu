@@ -1,0 +1,524 @@
+/* Sampling on the GPU (contract in sample.cuh).
+ *
+ * A block of 1024 threads a row, in passes over the row:
+ *   1. the argmax (larger value, then lower id; NaN never wins), as duet_cuda_argmax;
+ *   2. each id's p = duet_sample_exp(logit * (1 / T) - max * (1 / T)), rounded as the host rounds
+ *      it, and its key 0x3f800000 - bits(p) (smaller for larger p; ids with p below 1e-9 get
+ *      none) written to scratch, with a count and an exact sum of p * 2^53 for each of 2048
+ *      bins of the key's top 11 bits;
+ *   3. each cut (top-k, min-p, top-p, the draw) as the first position of the order (p
+ *      descending, id ascending) whose running count or running exact sum passes a test:
+ *      the bin where it falls from the counts and sums of the level above, then 512 bins of
+ *      the next 9 bits among that bin's keys (a pass), then 256 bins of the last 8 (a pass),
+ *      then the rank among the ids of that one key (equal p: a running sum grows by the same
+ *      amount each step, so a binary search), and the id of that rank (the lowest id with the
+ *      key from the last pass; a pass over the row for a later rank).
+ * Sums of p * 2^53 are integers below 2^71 (p >= 1e-9 is a float, a multiple of 2^-53), kept
+ * in 128 bits: shared-memory bins as a 64-bit word with a 32-bit carry count, scans and tests
+ * in unsigned __int128.  So every cut is what the host finds by sorting (engine/sampling.c). */
+#include "common.cuh"
+#include "sample_exp.h"
+
+#define SP_THREADS 1024
+#define SP_WARPS (SP_THREADS / 32)
+#define SP_B1 2048          /* key >> 17 (keys are below 2^28) */
+#define SP_B2 512           /* (key >> 8) & 511 */
+#define SP_B3 256           /* key & 255 */
+#define SP_NONE 0xffffffffu /* p below 1e-9: not a candidate */
+#define SP_ONE 0x3f800000u  /* bits of 1.0f */
+
+typedef unsigned long long sp_u64;
+typedef unsigned __int128 sp_u128;
+
+struct sp_smem {
+    uint32_t c1[SP_B1];
+    sp_u64 lo1[SP_B1];
+    uint32_t hi1[SP_B1];
+    uint32_t c2[SP_B2];
+    sp_u64 lo2[SP_B2];
+    uint32_t hi2[SP_B2];
+    uint32_t c3[SP_B3];
+    int32_t id3[SP_B3];
+    uint32_t wc[SP_WARPS]; /* block scans: a warp's count and sum */
+    sp_u64 wlo[SP_WARPS], whi[SP_WARPS];
+    float wv[SP_WARPS]; /* the argmax's reduction */
+    int32_t wi[SP_WARPS];
+    int found; /* sp_find's answer: the bin (-1: none), the running count and sum before it */
+    uint32_t fc;
+    sp_u64 flo, fhi;
+    uint32_t kmin;
+    int32_t id;
+};
+
+/* a cut's test on a running count c and exact sum s: c >= k when k > 0; else (s << z) >= rhs,
+ * or > rhs when strict */
+struct sp_pred {
+    uint32_t k;
+    int z, strict;
+    sp_u128 rhs;
+};
+
+__device__ __forceinline__ bool sp_pass(const sp_pred &p, uint32_t c, sp_u128 s)
+{
+    if (p.k)
+        return c >= p.k;
+    sp_u128 v = s << p.z;
+    return p.strict ? v > p.rhs : v >= p.rhs;
+}
+
+/* p * 2^53 for the bits of a candidate's p (normal, exponent >= 97) */
+__device__ __forceinline__ sp_u64 sp_f53(uint32_t bits)
+{
+    return (sp_u64)((bits & 0x7fffffu) | 0x800000u) << (((bits >> 23) & 0xffu) - 97u);
+}
+
+__device__ __forceinline__ sp_u128 sp_join(sp_u64 lo, uint32_t hi) { return ((sp_u128)hi << 64) | lo; }
+
+/* one candidate into bin b: its count, and v into the 64-bit word with the carry counted */
+__device__ __forceinline__ void sp_add(uint32_t *c, sp_u64 *lo, uint32_t *hi, int b, sp_u64 v)
+{
+    atomicAdd(&c[b], 1u);
+    sp_u64 old = atomicAdd(&lo[b], v);
+    if (old + v < old)
+        atomicAdd(&hi[b], 1u);
+}
+
+__device__ __forceinline__ void sp_warp_scan(int lane, uint32_t &c, sp_u128 &s)
+{
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        uint32_t oc = __shfl_up_sync(0xffffffffu, c, o);
+        sp_u64 ol = __shfl_up_sync(0xffffffffu, (sp_u64)s, o);
+        sp_u64 oh = __shfl_up_sync(0xffffffffu, (sp_u64)(s >> 64), o);
+        if (lane >= o) {
+            c += oc;
+            s += ((sp_u128)oh << 64) | ol;
+        }
+    }
+}
+
+/* Block-wide exclusive scan of (c, s) in thread order: *ec, *es; the block's totals in *tc, *ts. */
+__device__ void sp_exscan(sp_smem &sh, uint32_t c, sp_u128 s, uint32_t *ec, sp_u128 *es, uint32_t *tc, sp_u128 *ts)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t ic = c;
+    sp_u128 is = s;
+    sp_warp_scan(lane, ic, is);
+    if (lane == 31) {
+        sh.wc[warp] = ic;
+        sh.wlo[warp] = (sp_u64)is;
+        sh.whi[warp] = (sp_u64)(is >> 64);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t wc = sh.wc[lane];
+        sp_u128 ws = ((sp_u128)sh.whi[lane] << 64) | sh.wlo[lane];
+        sp_warp_scan(lane, wc, ws); /* its shuffles order every lane's read before the writes */
+        sh.wc[lane] = wc;
+        sh.wlo[lane] = (sp_u64)ws;
+        sh.whi[lane] = (sp_u64)(ws >> 64);
+    }
+    __syncthreads();
+    uint32_t pc = warp ? sh.wc[warp - 1] : 0;
+    sp_u128 ps = warp ? ((sp_u128)sh.whi[warp - 1] << 64) | sh.wlo[warp - 1] : 0;
+    *ec = pc + ic - c;
+    *es = ps + is - s;
+    *tc = sh.wc[SP_WARPS - 1];
+    *ts = ((sp_u128)sh.whi[SP_WARPS - 1] << 64) | sh.wlo[SP_WARPS - 1];
+    __syncthreads();
+}
+
+struct sp_hit {
+    int bin; /* -1: the test never passes */
+    uint32_t c;
+    sp_u128 s; /* running count and sum before the bin */
+};
+
+/* The first of nbins bins (in key order, after a running count c0 and sum s0) through which the
+ * running count and sum pass pr: bin(b, &count, &sum) gives a bin's.  Every thread gets it. */
+template <class Bin>
+__device__ sp_hit sp_find(sp_smem &sh, int nbins, Bin bin, uint32_t c0, sp_u128 s0, const sp_pred &pr)
+{
+    const int per = (nbins + SP_THREADS - 1) / SP_THREADS;
+    int b0 = (int)threadIdx.x * per;
+    uint32_t lc = 0;
+    sp_u128 ls = 0;
+    for (int q = 0; q < per && b0 + q < nbins; q++) {
+        uint32_t bc;
+        sp_u128 bs;
+        bin(b0 + q, &bc, &bs);
+        lc += bc;
+        ls += bs;
+    }
+    if (threadIdx.x == 0)
+        sh.found = -1;
+    uint32_t ec, tc;
+    sp_u128 es, ts;
+    sp_exscan(sh, lc, ls, &ec, &es, &tc, &ts);
+    uint32_t c = c0 + ec;
+    sp_u128 s = s0 + es;
+    for (int q = 0; q < per && b0 + q < nbins; q++) {
+        uint32_t bc;
+        sp_u128 bs;
+        bin(b0 + q, &bc, &bs);
+        if (bc && !sp_pass(pr, c, s) && sp_pass(pr, c + bc, s + bs)) { /* one bin at most: the tests are monotone */
+            sh.found = b0 + q;
+            sh.fc = c;
+            sh.flo = (sp_u64)s;
+            sh.fhi = (sp_u64)(s >> 64);
+        }
+        c += bc;
+        s += bs;
+    }
+    __syncthreads();
+    sp_hit h = {sh.found, sh.fc, ((sp_u128)sh.fhi << 64) | sh.flo};
+    __syncthreads();
+    return h;
+}
+
+/* A position of the order: its key, its rank j among the m ids of that key, the running count
+ * and exact sum through it, and the lowest id of the key. */
+struct sp_pos {
+    int ok;
+    uint32_t key, j, m, cnt;
+    sp_u128 sum;
+    int32_t id1;
+};
+
+/* Four keys a thread in flight, then f(i, key) for each. */
+template <class F> __device__ __forceinline__ void sp_each_key(const uint32_t *__restrict__ keys, int V, F f)
+{
+    for (int base = (int)threadIdx.x; base < V; base += 4 * SP_THREADS) {
+        uint32_t k[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = base + u * SP_THREADS;
+            k[u] = i < V ? keys[i] : SP_NONE;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            f(base + u * SP_THREADS, k[u]);
+    }
+}
+
+/* The first position whose running count and sum pass pr (the level-1 bins already counted). */
+__device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int V, const sp_pred &pr)
+{
+    sp_pos r = {};
+    sp_hit h1 = sp_find(
+        sh, SP_B1,
+        [&](int b, uint32_t *c, sp_u128 *s) {
+            *c = sh.c1[b];
+            *s = sp_join(sh.lo1[b], sh.hi1[b]);
+        },
+        0, 0, pr);
+    if (h1.bin < 0)
+        return r;
+    for (int b = threadIdx.x; b < SP_B2; b += SP_THREADS) {
+        sh.c2[b] = 0;
+        sh.lo2[b] = 0;
+        sh.hi2[b] = 0;
+    }
+    __syncthreads();
+    const uint32_t b1 = (uint32_t)h1.bin;
+    sp_each_key(keys, V, [&](int, uint32_t k) {
+        if ((k >> 17) == b1)
+            sp_add(sh.c2, sh.lo2, sh.hi2, (k >> 8) & 511, sp_f53(SP_ONE - k));
+    });
+    __syncthreads();
+    sp_hit h2 = sp_find(
+        sh, SP_B2,
+        [&](int b, uint32_t *c, sp_u128 *s) {
+            *c = sh.c2[b];
+            *s = sp_join(sh.lo2[b], sh.hi2[b]);
+        },
+        h1.c, h1.s, pr);
+    if (h2.bin < 0)
+        return r;
+    const uint32_t pre = (b1 << 9) | (uint32_t)h2.bin;
+    for (int b = threadIdx.x; b < SP_B3; b += SP_THREADS) {
+        sh.c3[b] = 0;
+        sh.id3[b] = 0x7fffffff;
+    }
+    __syncthreads();
+    sp_each_key(keys, V, [&](int i, uint32_t k) {
+        if ((k >> 8) == pre) {
+            atomicAdd(&sh.c3[k & 255], 1u);
+            atomicMin(&sh.id3[k & 255], i);
+        }
+    });
+    __syncthreads();
+    sp_hit h3 = sp_find(
+        sh, SP_B3,
+        [&](int b, uint32_t *c, sp_u128 *s) {
+            *c = sh.c3[b];
+            *s = *c ? (sp_u128)*c * sp_f53(SP_ONE - ((pre << 8) | (uint32_t)b)) : 0;
+        },
+        h2.c, h2.s, pr);
+    if (h3.bin < 0)
+        return r;
+    r.key = (pre << 8) | (uint32_t)h3.bin;
+    r.m = sh.c3[h3.bin];
+    r.id1 = sh.id3[h3.bin];
+    __syncthreads(); /* c3 and id3 read before anything rewrites them */
+    /* the rank: the smallest j in [1, m] that passes (j = m does: the bin passed) */
+    sp_u64 f = sp_f53(SP_ONE - r.key);
+    uint32_t lo = 1, hi = r.m;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (sp_pass(pr, h3.c + mid, h3.s + (sp_u128)mid * f))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    r.ok = 1;
+    r.j = lo;
+    r.cnt = h3.c + lo;
+    r.sum = h3.s + (sp_u128)lo * f;
+    return r;
+}
+
+/* The j-th (from 1) lowest id whose key is `key` (-1 when there are fewer): each warp counts its
+ * own contiguous range of ids, and the warp whose range holds the j-th walks it again. */
+__device__ int32_t sp_nth_id(sp_smem &sh, const uint32_t *__restrict__ keys, int V, uint32_t key, uint32_t j)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int chunk = ((V + SP_WARPS - 1) / SP_WARPS + 31) & ~31;
+    int beg = warp * chunk, end = min(V, beg + chunk);
+    uint32_t cnt = 0;
+    for (int i = beg + lane; i < end; i += 32)
+        cnt += keys[i] == key;
+    cnt = __reduce_add_sync(0xffffffffu, cnt);
+    if (lane == 0)
+        sh.wc[warp] = cnt;
+    if (threadIdx.x == 0)
+        sh.id = -1;
+    __syncthreads();
+    uint32_t acc = 0, need = 0;
+    int wt = -1;
+    for (int w = 0; w < SP_WARPS; w++) {
+        uint32_t c = sh.wc[w];
+        if (wt < 0 && acc + c >= j) {
+            wt = w;
+            need = j - acc;
+        }
+        acc += c;
+    }
+    if (warp == wt)
+        for (int base = beg; base < end; base += 32) {
+            int i = base + lane;
+            unsigned m = __ballot_sync(0xffffffffu, i < end && keys[i] == key);
+            uint32_t pc = (uint32_t)__popc(m);
+            if (need <= pc) {
+                for (uint32_t t = 1; t < need; t++)
+                    m &= m - 1;
+                if (lane == 0)
+                    sh.id = base + __ffs(m) - 1;
+                break;
+            }
+            need -= pc;
+        }
+    __syncthreads();
+    int32_t id = sh.id;
+    __syncthreads();
+    return id;
+}
+
+/* a better than b: larger value, or equal value and lower id; NaN is never better, anything beats NaN */
+__device__ __forceinline__ bool sp_better(float av, int ai, float bv, int bi)
+{
+    if (av != av)
+        return false;
+    if (bv != bv)
+        return true;
+    return av > bv || (av == bv && ai < bi);
+}
+
+__global__ void __launch_bounds__(SP_THREADS, 1)
+    sample_kernel(const float *__restrict__ logits, int V, const duet_cuda_sample_row_t *__restrict__ rows,
+                  int32_t *__restrict__ out, uint32_t *__restrict__ keys_all)
+{
+    duet_pdl_wait();
+    __shared__ sp_smem sh;
+    const duet_cuda_sample_row_t r = rows[blockIdx.x];
+    const float *__restrict__ x = logits + (size_t)r.row * V;
+    uint32_t *__restrict__ keys = keys_all + (size_t)blockIdx.x * V;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    /* 1. the argmax */
+    float bv = __uint_as_float(0x7fc00000u);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += SP_THREADS) {
+        float v = x[i];
+        if (sp_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (sp_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if (lane == 0) {
+        sh.wv[warp] = bv;
+        sh.wi[warp] = bi;
+    }
+    for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS) {
+        sh.c1[b] = 0;
+        sh.lo1[b] = 0;
+        sh.hi1[b] = 0;
+    }
+    if (threadIdx.x == 0)
+        sh.kmin = SP_NONE;
+    __syncthreads();
+    bv = sh.wv[0];
+    bi = sh.wi[0];
+    for (int w = 1; w < SP_WARPS; w++)
+        if (sp_better(sh.wv[w], sh.wi[w], bv, bi)) {
+            bv = sh.wv[w];
+            bi = sh.wi[w];
+        }
+    if (bv != bv) { /* every logit NaN */
+        if (threadIdx.x == 0)
+            out[r.out] = 0;
+        return;
+    }
+    if (!(r.temperature > 0.0f) || isinf(bv)) { /* greedy; +inf wins outright, a row of -inf is its first */
+        if (threadIdx.x == 0)
+            out[r.out] = bi;
+        return;
+    }
+
+    /* 2. p, keys and the level-1 bins */
+    const float inv_t = __fdiv_rn(1.0f, r.temperature), mx = __fmul_rn(bv, inv_t);
+    uint32_t kloc = SP_NONE;
+    for (int base = threadIdx.x; base < V; base += 4 * SP_THREADS) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = base + u * SP_THREADS;
+            v[u] = i < V ? x[i] : __uint_as_float(0x7fc00000u);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = base + u * SP_THREADS;
+            float e = duet_sample_exp(__fsub_rn(__fmul_rn(v[u], inv_t), mx));
+            if (e >= 1e-9f) { /* and <= 1 */
+                uint32_t bits = __float_as_uint(e), k = SP_ONE - bits;
+                sp_add(sh.c1, sh.lo1, sh.hi1, (int)(k >> 17), sp_f53(bits));
+                kloc = min(kloc, k);
+                keys[i] = k;
+            } else if (i < V) {
+                keys[i] = SP_NONE;
+            }
+        }
+    }
+    kloc = __reduce_min_sync(0xffffffffu, kloc);
+    if (lane == 0)
+        atomicMin(&sh.kmin, kloc);
+    __syncthreads();
+    const uint32_t kmin = sh.kmin;
+    if (kmin == SP_NONE) { /* no candidate: only when the scaled maximum overflowed */
+        if (threadIdx.x == 0)
+            out[r.out] = bi;
+        return;
+    }
+    /* the whole: count and exact sum of every candidate */
+    uint32_t n;
+    sp_u128 S;
+    {
+        uint32_t lc = 0, ec;
+        sp_u128 ls = 0, es;
+        for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS) {
+            lc += sh.c1[b];
+            ls += sp_join(sh.lo1[b], sh.hi1[b]);
+        }
+        sp_exscan(sh, lc, ls, &ec, &es, &n, &S);
+    }
+    const uint32_t pmax_bits = SP_ONE - kmin;
+
+    /* 3. the cuts, as the host takes them: top-k, min-p, top-p, then the draw */
+    uint32_t L = n;
+    bool bad = false;
+    if (r.top_k > 0 && n > (uint32_t)r.top_k) {
+        sp_pred p = {(uint32_t)r.top_k, 0, 0, 0};
+        sp_pos q = sp_locate(sh, keys, V, p);
+        bad |= !q.ok;
+        L = q.cnt;
+        S = q.sum;
+    }
+    if (r.min_p > 0.0f) {
+        /* p >= min_p * p_max in double: p >= tf, the smallest float not below it */
+        float tf = __double2float_ru((double)r.min_p * (double)__uint_as_float(pmax_bits));
+        if (tf > 1e-9f && tf <= 1.0f) {
+            const uint32_t kt = SP_ONE - __float_as_uint(tf);
+            uint32_t lc = 0, ec, tc;
+            sp_u128 ls = 0, es, ts;
+            sp_each_key(keys, V, [&](int, uint32_t k) {
+                if (k <= kt) {
+                    lc++;
+                    ls += sp_f53(SP_ONE - k);
+                }
+            });
+            sp_exscan(sh, lc, ls, &ec, &es, &tc, &ts);
+            if (tc < L) {
+                L = tc;
+                S = ts;
+            }
+        }
+    }
+    if (r.top_p > 0.0f && r.top_p < 1.0f) {
+        /* the shortest prefix whose sum P reaches top_p * S: P * 2^z >= M * S, top_p = M * 2^-z;
+         * below 2^-32 the first candidate alone */
+        uint32_t tb = __float_as_uint(r.top_p);
+        int e = (int)((tb >> 23) & 0xffu);
+        if (e < 95) {
+            L = 1;
+            S = sp_f53(pmax_bits);
+        } else {
+            sp_pred p = {0, 150 - e, 0, (sp_u128)((tb & 0x7fffffu) | 0x800000u) * S};
+            sp_pos q = sp_locate(sh, keys, V, p);
+            bad |= !q.ok;
+            L = q.cnt;
+            S = q.sum;
+        }
+    }
+    (void)L;
+    /* the draw: the first position whose running sum exceeds u * S (u = U * 2^-53) */
+    sp_pred p = {0, 53, 1, (sp_u128)r.u * S};
+    sp_pos q = sp_locate(sh, keys, V, p);
+    int32_t id = bi;
+    if (q.ok && !bad)
+        id = q.j == 1 ? q.id1 : sp_nth_id(sh, keys, V, q.key, q.j);
+    if (threadIdx.x == 0)
+        out[r.out] = id >= 0 ? id : bi; /* a failed search cannot happen (the sums are exact); the argmax then */
+}
+
+extern "C" duet_status_t duet_cuda_sample(duet_cuda_t *c, const float *logits, int vocab,
+                                          const duet_cuda_sample_row_t *rows, int n, int32_t *out)
+{
+    if (n <= 0)
+        return DUET_OK;
+    if (vocab <= 0 || vocab > DUET_CUDA_SAMPLE_MAX_VOCAB)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "sample: a vocabulary of %d (1 to %d)", vocab,
+                               DUET_CUDA_SAMPLE_MAX_VOCAB);
+    for (int k = 0; k < n; k++) {
+        if (rows[k].row < 0 || rows[k].out < 0)
+            return duet_cuda_failf(c, DUET_ERR_INVALID, "sample: row %d reads row %d, writes %d", k, rows[k].row,
+                                   rows[k].out);
+        if (rows[k].u >> 53)
+            return duet_cuda_failf(c, DUET_ERR_INVALID, "sample: row %d's draw %llu is not below 2^53", k,
+                                   (unsigned long long)rows[k].u);
+    }
+    void *keys, *args;
+    DUET_TRY(duet_cuda_scratch(c, sizeof(uint32_t) * (size_t)vocab * (size_t)n, &keys));
+    DUET_TRY(duet_cuda_args(c, rows, sizeof(*rows) * (size_t)n, &args));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, sample_kernel, dim3(n), dim3(SP_THREADS), 0, logits, vocab,
+                                        (const duet_cuda_sample_row_t *)args, out, (uint32_t *)keys));
+    return DUET_OK;
+}
