@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "ctl.h"
@@ -62,7 +63,7 @@ typedef struct {
     duet_worker_net_t net;
     preq_t *head, *tail;
     uint32_t n_queued, n_live;
-    float *logits;            /* (MAX_FINALS, vocab): last-token logits of the requests finishing this step (eng's) */
+    int sample_threads; /* threads that draw a step's first tokens on the host (its cores, at most 16) */
     /* step scratch for the layer hook */
     preq_t **finals;
     uint32_t n_finals;
@@ -573,10 +574,10 @@ static void prefill_step(psrv_t *s)
                 take = (uint32_t)(stop - r->done);
         }
         int final = take == left;
-        items[n] = (duet_fwd_item_t){.seq = &r->seq, .tokens = r->tokens + r->done, .n_tokens = (int)take,
-                                     .logits_mode = final ? DUET_LOGITS_LAST : DUET_LOGITS_NONE,
-                                     .logits = final ? s->logits + (size_t)s->n_finals * s->model->cfg.vocab_size
-                                                     : NULL};
+        items[n] = (duet_fwd_item_t){.seq = &r->seq,
+                                     .tokens = r->tokens + r->done,
+                                     .n_tokens = (int)take,
+                                     .logits_mode = final ? DUET_LOGITS_LAST : DUET_LOGITS_NONE};
         owners[n++] = r;
         if (final)
             s->finals[s->n_finals++] = r;
@@ -587,7 +588,16 @@ static void prefill_step(psrv_t *s)
     for (uint32_t i = 0; i < n; i++)
         owners[i]->in_step = 1;
     duet_err_t err = {0};
-    duet_status_t st = duet_worker_engine_forward(&s->eng, items, (int)n, layer_done, s, &err);
+    const duet_sampling_t *sp[MAX_ITEMS];
+    int64_t pos[MAX_ITEMS];
+    int32_t tok[MAX_ITEMS];
+    for (uint32_t i = 0; i < n; i++) {
+        sp[i] = &owners[i]->sp;
+        pos[i] = owners[i]->n_tokens; /* a first token's position: the prompt's length */
+        tok[i] = 0;
+    }
+    duet_status_t st =
+        duet_worker_engine_prefill(&s->eng, items, (int)n, layer_done, s, sp, pos, tok, s->sample_threads, &err);
     for (uint32_t i = 0; i < n; i++)
         owners[i]->in_step = 0;
     if (st != DUET_OK) {
@@ -611,7 +621,7 @@ static void prefill_step(psrv_t *s)
         }
         if (r->done < r->n_tokens)
             continue;
-        int32_t first = duet_sample(items[i].logits, s->model->cfg.vocab_size, &r->sp, r->n_tokens);
+        int32_t first = tok[i];
         uint32_t cached = r->hreq.active ? (uint32_t)r->hreq.hit_tokens : 0;
         /* decode's copy carries `cached` into its RequestFinished, so the count does not depend on
          * this copy reaching the router before decode finishes */
@@ -652,7 +662,8 @@ int main(int argc, char **argv)
     }
     if (duet_worker_engine_open(&S.eng, &S.o, S.model, S.cache, MAX_FINALS, &err) != DUET_OK)
         goto fail;
-    S.logits = S.eng.logits;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    S.sample_threads = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
     S.finals = duet_calloc(MAX_FINALS, sizeof(preq_t *));
     if (!S.finals) {
         duet_err_set(&err, DUET_ERR_NOMEM, "out of memory");

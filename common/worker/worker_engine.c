@@ -155,33 +155,6 @@ void duet_worker_engine_close(duet_worker_engine_t *e)
     e->logits = NULL;
 }
 
-duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_t *items, int n_items,
-                                         duet_layer_done_fn layer_done, void *arg, duet_err_t *err)
-{
-#if DUET_HAVE_CUDA
-    if (e->gpu) {
-        duet_fwd_cuda_opts_t fo = {.layer_done = layer_done, .arg = arg};
-        return duet_tp_cuda_forward(e->gpu, items, n_items, &fo, err);
-    }
-#endif
-    return duet_forward_hooked(e->model, e->cache, items, n_items, layer_done, arg, err);
-}
-
-/* Tokens for rows rows[0..n_rows) of a decode step, after its forward: row rows[k]'s logits
- * in e->logits row k. */
-static void sample_rows(duet_worker_engine_t *e, const int *rows, int n_rows, duet_fwd_item_t *items,
-                         const duet_sampling_t *const *sp, int32_t *tok, int threads, const duet_sampling_t **sp2,
-                         int64_t *pos2, int32_t *out2)
-{
-    for (int k = 0; k < n_rows; k++) {
-        sp2[k] = sp[rows[k]];
-        pos2[k] = items[rows[k]].seq->n_past;
-    }
-    duet_sample_batch(e->logits, e->model->cfg.vocab_size, n_rows, sp2, pos2, out2, threads);
-    for (int k = 0; k < n_rows; k++)
-        tok[rows[k]] = out2[k];
-}
-
 /* A step's draws into the counters (host ones, or the GPU's): rows, and the time since t0 (a
  * step with none is not counted). */
 static void count_draws(duet_worker_engine_t *e, int rows, uint64_t t0, int on_gpu)
@@ -216,55 +189,60 @@ void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who
                   e->gpu_draw_steps ? e->gpu_draw_ns / 1e6 / e->gpu_draw_steps : 0.0);
 }
 
-duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
-                                        const duet_sampling_t *const *sp, int32_t *tok, int threads,
-                                        duet_err_t *err)
+#if DUET_HAVE_CUDA
+/* The device rows a forward's logits go to and their ids (allocated at the first call). */
+static duet_status_t dev_logits(duet_worker_engine_t *e, duet_cuda_t *c0, duet_err_t *err)
 {
-    if (n <= 0)
+    if (e->dids)
         return DUET_OK;
-    if ((uint32_t)n > e->logit_rows)
-        return duet_err_set(err, DUET_ERR_RANGE, "a decode step of %d rows, logits for %u", n, e->logit_rows);
     size_t V = (size_t)e->model->cfg.vocab_size;
-    int *rows = malloc(sizeof(int) * (size_t)n);
-    const duet_sampling_t **sp2 = malloc(sizeof(*sp2) * (size_t)n);
-    int64_t *pos2 = malloc(sizeof(int64_t) * (size_t)n);
-    int32_t *out2 = malloc(sizeof(int32_t) * (size_t)n);
+    float *dl = NULL;
+    int32_t *di = NULL;
+    if (duet_cuda_bind(c0) != DUET_OK ||
+        duet_cuda_malloc(c0, (void **)&dl, sizeof(float) * V * e->logit_rows) != DUET_OK ||
+        duet_cuda_malloc(c0, (void **)&di, sizeof(int32_t) * e->logit_rows) != DUET_OK) {
+        duet_cuda_free(c0, dl);
+        if (err)
+            *err = *duet_cuda_error(c0);
+        return DUET_ERR_CUDA;
+    }
+    e->dlogits = dl;
+    e->dids = di;
+    return DUET_OK;
+}
+#endif
+
+/* Tokens for the nr logits rows of a step: row k is item it[k]'s, drawn with sp[it[k]] at
+ * position pos[it[k]] into tok[it[k]].  On the CPU (dev 0) the rows are in e->logits and every
+ * one is drawn here, on up to `threads` threads.  On the GPU they are in e->dlogits: every row's
+ * argmax, the sampled rows drawn on the device (duet_cuda_sample) or, with e->draw_host or a
+ * vocabulary beyond the device draw's, their logits downloaded (one download a run of
+ * consecutive rows) and drawn here; otherwise only ids come back.  `count`: into the draw
+ * counters (decode's steps). */
+static duet_status_t pick_tokens(duet_worker_engine_t *e, int dev, int nr, const int *it,
+                                 const duet_sampling_t *const *sp, const int64_t *pos, int32_t *tok, int threads,
+                                 int count, duet_err_t *err)
+{
+    size_t V = (size_t)e->model->cfg.vocab_size;
+    int *rows = malloc(sizeof(int) * (size_t)nr);
+    const duet_sampling_t **sp2 = malloc(sizeof(*sp2) * (size_t)nr);
+    int64_t *pos2 = malloc(sizeof(int64_t) * (size_t)nr);
+    int32_t *out2 = malloc(sizeof(int32_t) * (size_t)nr);
     duet_status_t st = DUET_OK;
     if (!rows || !sp2 || !pos2 || !out2) {
         st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
         goto out;
     }
-    for (int i = 0; i < n; i++)
-        items[i].logits = e->logits + (size_t)i * V;
-    e->step_rows += (uint64_t)n;
-    e->steps++;
+    int nd = 0; /* the rows drawn (on the GPU: the sampled ones) */
+    for (int k = 0; k < nr; k++)
+        if (!dev || sp[it[k]]->temperature > 0.0f)
+            rows[nd++] = k;
+    uint64_t t0 = duet_time_ns();
 #if DUET_HAVE_CUDA
-    if (e->gpu) {
+    if (dev) {
         duet_cuda_t *c0 = duet_tp_cuda_context(e->gpu, 0);
-        if (!e->dids) { /* the first decode step (a prefill engine never takes one) */
-            float *dl = NULL;
-            int32_t *di = NULL;
-            if (duet_cuda_bind(c0) != DUET_OK ||
-                duet_cuda_malloc(c0, (void **)&dl, sizeof(float) * V * e->logit_rows) != DUET_OK ||
-                duet_cuda_malloc(c0, (void **)&di, sizeof(int32_t) * e->logit_rows) != DUET_OK) {
-                duet_cuda_free(c0, dl);
-                goto cuda_fail;
-            }
-            e->dlogits = dl;
-            e->dids = di;
-        }
-        duet_fwd_cuda_opts_t fo = {.logits_dev = e->dlogits};
-        if ((st = duet_tp_cuda_forward(e->gpu, items, n, &fo, err)) != DUET_OK)
-            goto out;
-        /* every row's argmax; the sampled rows drawn on the device over it, or their logits
-         * downloaded (one download per run of them) and drawn here */
-        int nd = 0;
-        for (int i = 0; i < n; i++)
-            if (sp[i]->temperature > 0.0f)
-                rows[nd++] = i;
         int on_gpu = !e->draw_host && V <= DUET_CUDA_SAMPLE_MAX_VOCAB;
-        uint64_t t0 = duet_time_ns();
-        if (duet_cuda_bind(c0) != DUET_OK || duet_cuda_argmax(c0, e->dlogits, n, (int)V, e->dids) != DUET_OK)
+        if (duet_cuda_bind(c0) != DUET_OK || duet_cuda_argmax(c0, e->dlogits, nr, (int)V, e->dids) != DUET_OK)
             goto cuda_fail;
         if (on_gpu && nd > 0) {
             duet_cuda_sample_row_t *sr = malloc(sizeof(*sr) * (size_t)nd);
@@ -272,15 +250,15 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
                 st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
                 goto out;
             }
-            for (int k = 0; k < nd; k++) {
-                const duet_sampling_t *s = sp[rows[k]];
-                double u = duet_sample_uniform(s->seed, items[rows[k]].seq->n_past);
-                sr[k] = (duet_cuda_sample_row_t){.row = rows[k],
+            for (int j = 0; j < nd; j++) {
+                const duet_sampling_t *s = sp[it[rows[j]]];
+                double u = duet_sample_uniform(s->seed, pos[it[rows[j]]]);
+                sr[j] = (duet_cuda_sample_row_t){.row = rows[j],
                                                  .temperature = s->temperature,
                                                  .top_p = s->top_p,
                                                  .min_p = s->min_p,
                                                  .top_k = s->top_k,
-                                                 .out = rows[k],
+                                                 .out = rows[j],
                                                  .u = (uint64_t)(u * 9007199254740992.0)};
             }
             duet_status_t sst = duet_cuda_sample(c0, e->dlogits, (int)V, sr, nd, e->dids); /* sr copied */
@@ -288,44 +266,127 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
             if (sst != DUET_OK)
                 goto cuda_fail;
         }
-        if (duet_cuda_download(c0, tok, e->dids, sizeof(int32_t) * (size_t)n) != DUET_OK)
+        if (duet_cuda_download(c0, out2, e->dids, sizeof(int32_t) * (size_t)nr) != DUET_OK)
             goto cuda_fail;
+        for (int k = 0; k < nr; k++)
+            tok[it[k]] = out2[k];
         if (on_gpu) {
-            count_draws(e, nd, t0, 1);
+            if (count)
+                count_draws(e, nd, t0, 1);
             goto out;
         }
         t0 = duet_time_ns();
-        for (int k = 0; k < nd;) {
-            int j = k;
-            while (j + 1 < nd && rows[j + 1] == rows[j] + 1)
-                j++;
-            if (duet_cuda_download(c0, e->logits + (size_t)k * V, e->dlogits + (size_t)rows[k] * V,
-                                   sizeof(float) * V * (size_t)(j - k + 1)) != DUET_OK)
+        for (int j = 0; j < nd;) { /* drawn row j's logits into e->logits row j */
+            int l = j;
+            while (l + 1 < nd && rows[l + 1] == rows[l] + 1)
+                l++;
+            if (duet_cuda_download(c0, e->logits + (size_t)j * V, e->dlogits + (size_t)rows[j] * V,
+                                   sizeof(float) * V * (size_t)(l - j + 1)) != DUET_OK)
                 goto cuda_fail;
-            k = j + 1;
+            j = l + 1;
         }
-        sample_rows(e, rows, nd, items, sp, tok, threads, sp2, pos2, out2);
-        count_draws(e, nd, t0, 0);
-        goto out;
+        goto draw;
     cuda_fail:
         if (err)
             *err = *duet_cuda_error(c0);
         st = DUET_ERR_CUDA;
         goto out;
     }
+draw:
 #endif
-    if ((st = duet_forward_hooked(e->model, e->cache, items, n, NULL, NULL, err)) != DUET_OK)
-        goto out;
-    for (int i = 0; i < n; i++) /* every row, its logits where the forward wrote them */
-        rows[i] = i;
-    uint64_t t0 = duet_time_ns();
-    sample_rows(e, rows, n, items, sp, tok, threads, sp2, pos2, out2);
-    count_draws(e, n, t0, 0);
+    for (int j = 0; j < nd; j++) { /* drawn row j's logits in e->logits row j (on the CPU, rows[j] = j) */
+        sp2[j] = sp[it[rows[j]]];
+        pos2[j] = pos[it[rows[j]]];
+    }
+    duet_sample_batch(e->logits, (int)V, nd, sp2, pos2, out2, threads);
+    for (int j = 0; j < nd; j++)
+        tok[it[rows[j]]] = out2[j];
+    if (count)
+        count_draws(e, nd, t0, 0);
 out:
     free(rows);
     free(sp2);
     free(pos2);
     free(out2);
+    return st;
+}
+
+/* The forward of n items whose logits rows (it[k]: the item of row k, nr of them) go to e->logits
+ * rows on the CPU, to e->dlogits on the GPU. */
+static duet_status_t forward_rows(duet_worker_engine_t *e, duet_fwd_item_t *items, int n, int nr,
+                                  duet_layer_done_fn layer_done, void *arg, duet_err_t *err)
+{
+#if DUET_HAVE_CUDA
+    if (e->gpu) {
+        duet_status_t st = nr > 0 ? dev_logits(e, duet_tp_cuda_context(e->gpu, 0), err) : DUET_OK;
+        if (st != DUET_OK)
+            return st;
+        duet_fwd_cuda_opts_t fo = {.layer_done = layer_done, .arg = arg, .logits_dev = nr > 0 ? e->dlogits : NULL};
+        return duet_tp_cuda_forward(e->gpu, items, n, &fo, err);
+    }
+#endif
+    return duet_forward_hooked(e->model, e->cache, items, n, layer_done, arg, err);
+}
+
+duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
+                                        const duet_sampling_t *const *sp, int32_t *tok, int threads, duet_err_t *err)
+{
+    if (n <= 0)
+        return DUET_OK;
+    if ((uint32_t)n > e->logit_rows)
+        return duet_err_set(err, DUET_ERR_RANGE, "a decode step of %d rows, logits for %u", n, e->logit_rows);
+    size_t V = (size_t)e->model->cfg.vocab_size;
+    int *it = malloc(sizeof(int) * (size_t)n);
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)n);
+    duet_status_t st = DUET_OK;
+    if (!it || !pos) {
+        st = duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        items[i].logits = e->logits + (size_t)i * V;
+        it[i] = i;
+    }
+    e->step_rows += (uint64_t)n;
+    e->steps++;
+    if ((st = forward_rows(e, items, n, n, NULL, NULL, err)) != DUET_OK)
+        goto out;
+    for (int i = 0; i < n; i++)
+        pos[i] = items[i].seq->n_past;
+    st = pick_tokens(e, e->gpu != NULL, n, it, sp, pos, tok, threads, 1, err);
+out:
+    free(it);
+    free(pos);
+    return st;
+}
+
+duet_status_t duet_worker_engine_prefill(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
+                                         duet_layer_done_fn layer_done, void *arg, const duet_sampling_t *const *sp,
+                                         const int64_t *pos, int32_t *tok, int threads, duet_err_t *err)
+{
+    if (n <= 0)
+        return DUET_OK;
+    size_t V = (size_t)e->model->cfg.vocab_size;
+    int *it = malloc(sizeof(int) * (size_t)n);
+    if (!it)
+        return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    int nr = 0;
+    for (int i = 0; i < n; i++)
+        if (items[i].logits_mode == DUET_LOGITS_LAST) {
+            if ((uint32_t)nr == e->logit_rows) {
+                free(it);
+                return duet_err_set(err, DUET_ERR_RANGE, "a prefill step of more than %u final chunks", e->logit_rows);
+            }
+            items[i].logits = e->logits + (size_t)nr * V;
+            it[nr++] = i;
+        } else if (items[i].logits_mode != DUET_LOGITS_NONE) {
+            free(it);
+            return duet_err_set(err, DUET_ERR_INVALID, "prefill item %d: logits for every token", i);
+        }
+    duet_status_t st = forward_rows(e, items, n, nr, layer_done, arg, err);
+    if (st == DUET_OK && nr > 0)
+        st = pick_tokens(e, e->gpu != NULL, nr, it, sp, pos, tok, threads, 0, err);
+    free(it);
     return st;
 }
 

@@ -68,10 +68,6 @@ void duet_worker_engine_close(duet_worker_engine_t *e);
 
 static inline int duet_worker_engine_on_gpu(const duet_worker_engine_t *e) { return e->gpu != NULL; }
 
-/* duet_forward_hooked() on the chosen backend (layer_done may be NULL). */
-duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_t *items, int n_items,
-                                         duet_layer_done_fn layer_done, void *arg, duet_err_t *err);
-
 /* A decode step and its tokens: the forward of `n` items (one token each, logits LAST; their
  * logits pointers are set here to rows of e->logits), then tok[i] = duet_sample(row i, sp[i],
  * position items[i].seq->n_past after the step), sampled rows on up to `threads` threads.  On
@@ -83,6 +79,17 @@ duet_status_t duet_worker_engine_forward(duet_worker_engine_t *e, duet_fwd_item_
 duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
                                         const duet_sampling_t *const *sp, int32_t *tok, int threads,
                                         duet_err_t *err);
+
+/* A prefill step and the first tokens of the requests it finishes: the forward of `n` items
+ * (duet_forward_hooked on the chosen backend; layer_done may be NULL), then for each item whose
+ * logits_mode is LAST (its final chunk; at most logit_rows of them, their logits pointers set
+ * here to rows of e->logits) tok[i] = duet_sample(its row, sp[i], pos[i]) on up to `threads`
+ * threads; on the GPU drawn on the device as duet_worker_engine_decode's rows.  Other items'
+ * sp, pos and tok are not read or written; logits_mode ALL is INVALID, more LAST items than
+ * logit_rows RANGE. */
+duet_status_t duet_worker_engine_prefill(duet_worker_engine_t *e, duet_fwd_item_t *items, int n,
+                                         duet_layer_done_fn layer_done, void *arg, const duet_sampling_t *const *sp,
+                                         const int64_t *pos, int32_t *tok, int threads, duet_err_t *err);
 /* GPU: copy layer `layer`'s units of the sequences (all their pages in every paged pool the
  * layer has, and their slot) from the device pools into the host pools.  CPU: nothing. */
 duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,

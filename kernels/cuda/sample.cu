@@ -75,12 +75,56 @@ __device__ __forceinline__ sp_u64 sp_f53(uint32_t bits)
 __device__ __forceinline__ sp_u128 sp_join(sp_u64 lo, uint32_t hi) { return ((sp_u128)hi << 64) | lo; }
 
 /* one candidate into bin b: its count, and v into the 64-bit word with the carry counted */
-__device__ __forceinline__ void sp_add(uint32_t *c, sp_u64 *lo, uint32_t *hi, int b, sp_u64 v)
+__device__ __forceinline__ void sp_add(uint32_t *c, sp_u64 *lo, uint32_t *hi, int b, uint32_t n, sp_u64 v)
 {
-    atomicAdd(&c[b], 1u);
+    atomicAdd(&c[b], n);
     sp_u64 old = atomicAdd(&lo[b], v);
     if (old + v < old)
         atomicAdd(&hi[b], 1u);
+}
+
+/* Candidates into bins, from all 32 lanes of a warp at once (every lane calls it; `active`: this
+ * lane has one, for bin b, adding v).  When the warp's candidates share one bin (a row of many
+ * equal keys, which would otherwise serialize on one address) the lowest of them adds their
+ * count and sum in one atomic each: a sum of 32 values below 2^54, taken as two sums of 27-bit
+ * halves (each below 2^32).  Otherwise each lane adds its own: a vote and a shuffle decide,
+ * where matching lanes by bin cost more than the atomics they save. */
+__device__ __forceinline__ void sp_add_warp(uint32_t *c, sp_u64 *lo, uint32_t *hi, bool active, int b, sp_u64 v)
+{
+    unsigned act = __ballot_sync(0xffffffffu, active);
+    if (!act)
+        return;
+    int lead = __ffs(act) - 1;
+    int b0 = __shfl_sync(0xffffffffu, b, lead);
+    if (__all_sync(0xffffffffu, !active || b == b0)) {
+        uint32_t a = __reduce_add_sync(0xffffffffu, active ? (uint32_t)(v >> 27) : 0u);
+        uint32_t r = __reduce_add_sync(0xffffffffu, active ? (uint32_t)v & ((1u << 27) - 1) : 0u);
+        if ((int)(threadIdx.x & 31) == lead)
+            sp_add(c, lo, hi, b, (uint32_t)__popc(act), ((sp_u64)a << 27) + r);
+        return;
+    }
+    if (active)
+        sp_add(c, lo, hi, b, 1u, v);
+}
+
+/* The last level's bins, as sp_add_warp: a count, and the lowest id (when the warp's candidates
+ * share one key, the lowest lane holds the lowest id). */
+__device__ __forceinline__ void sp_add3_warp(sp_smem &sh, bool active, uint32_t k, int i)
+{
+    unsigned act = __ballot_sync(0xffffffffu, active);
+    if (!act)
+        return;
+    int lead = __ffs(act) - 1;
+    uint32_t k0 = __shfl_sync(0xffffffffu, k, lead);
+    if (__all_sync(0xffffffffu, !active || k == k0)) {
+        if ((int)(threadIdx.x & 31) == lead) {
+            atomicAdd(&sh.c3[k & 255], (uint32_t)__popc(act));
+            atomicMin(&sh.id3[k & 255], i);
+        }
+    } else if (active) {
+        atomicAdd(&sh.c3[k & 255], 1u);
+        atomicMin(&sh.id3[k & 255], i);
+    }
 }
 
 __device__ __forceinline__ void sp_warp_scan(int lane, uint32_t &c, sp_u128 &s)
@@ -185,20 +229,41 @@ struct sp_pos {
     int32_t id1;
 };
 
-/* Four keys a thread in flight, then f(i, key) for each. */
+/* f(i, key) for every key of a row (V of them, the row padded with SP_NONE to a multiple of 4 and
+ * 16-byte aligned): four 16-byte loads a thread in flight (64 KiB a block: one block an SM reads
+ * a row from L2 at the rate of its loads in flight), each warp's lanes on consecutive vectors so
+ * that a warp calls f together (sp_add_warp) and, for one call, lane order is id order. */
 template <class F> __device__ __forceinline__ void sp_each_key(const uint32_t *__restrict__ keys, int V, F f)
 {
-    for (int base = (int)threadIdx.x; base < V; base += 4 * SP_THREADS) {
-        uint32_t k[4];
+    const uint4 *k4 = (const uint4 *)keys;
+    const int n4 = (V + 3) >> 2, lane = threadIdx.x & 31;
+    for (int w0 = (int)(threadIdx.x & ~31u); w0 < n4; w0 += 4 * SP_THREADS) { /* the same trips for a warp */
+        uint4 q[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int i = base + u * SP_THREADS;
-            k[u] = i < V ? keys[i] : SP_NONE;
+            int j = w0 + lane + u * SP_THREADS;
+            q[u] = j < n4 ? k4[j] : make_uint4(SP_NONE, SP_NONE, SP_NONE, SP_NONE);
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++)
-            f(base + u * SP_THREADS, k[u]);
+        for (int u = 0; u < 4; u++) {
+            int i = 4 * (w0 + lane + u * SP_THREADS);
+            f(i, q[u].x);
+            f(i + 1, q[u].y);
+            f(i + 2, q[u].z);
+            f(i + 3, q[u].w);
+        }
     }
+}
+
+/* Four logits from x[4j], NaN past V: one 16-byte load where the row is aligned. */
+__device__ __forceinline__ float4 sp_load4(const float *__restrict__ x, int j, int V, bool aligned)
+{
+    const float nan = __uint_as_float(0x7fc00000u);
+    int i = 4 * j;
+    if (aligned && i + 3 < V)
+        return ((const float4 *)x)[j];
+    return make_float4(i < V ? x[i] : nan, i + 1 < V ? x[i + 1] : nan, i + 2 < V ? x[i + 2] : nan,
+                       i + 3 < V ? x[i + 3] : nan);
 }
 
 /* The first position whose running count and sum pass pr (the level-1 bins already counted). */
@@ -222,8 +287,8 @@ __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int 
     __syncthreads();
     const uint32_t b1 = (uint32_t)h1.bin;
     sp_each_key(keys, V, [&](int, uint32_t k) {
-        if ((k >> 17) == b1)
-            sp_add(sh.c2, sh.lo2, sh.hi2, (k >> 8) & 511, sp_f53(SP_ONE - k));
+        bool in = (k >> 17) == b1;
+        sp_add_warp(sh.c2, sh.lo2, sh.hi2, in, (int)((k >> 8) & 511), in ? sp_f53(SP_ONE - k) : 0);
     });
     __syncthreads();
     sp_hit h2 = sp_find(
@@ -241,12 +306,7 @@ __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int 
         sh.id3[b] = 0x7fffffff;
     }
     __syncthreads();
-    sp_each_key(keys, V, [&](int i, uint32_t k) {
-        if ((k >> 8) == pre) {
-            atomicAdd(&sh.c3[k & 255], 1u);
-            atomicMin(&sh.id3[k & 255], i);
-        }
-    });
+    sp_each_key(keys, V, [&](int i, uint32_t k) { sp_add3_warp(sh, (k >> 8) == pre, k, i); });
     __syncthreads();
     sp_hit h3 = sp_find(
         sh, SP_B3,
@@ -342,17 +402,32 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     __shared__ sp_smem sh;
     const duet_cuda_sample_row_t r = rows[blockIdx.x];
     const float *__restrict__ x = logits + (size_t)r.row * V;
-    uint32_t *__restrict__ keys = keys_all + (size_t)blockIdx.x * V;
+    uint32_t *__restrict__ keys = keys_all + (size_t)blockIdx.x * (size_t)((V + 3) & ~3); /* 16-byte rows */
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
+    const bool aligned = ((uintptr_t)x & 15) == 0;
+    const int n4 = (V + 3) >> 2;
+    const float nan = __uint_as_float(0x7fc00000u);
+
     /* 1. the argmax */
-    float bv = __uint_as_float(0x7fc00000u);
+    float bv = nan;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += SP_THREADS) {
-        float v = x[i];
-        if (sp_better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
+    for (int j0 = threadIdx.x; j0 < n4; j0 += 4 * SP_THREADS) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = j0 + u * SP_THREADS < n4 ? sp_load4(x, j0 + u * SP_THREADS, V, aligned)
+                                            : make_float4(nan, nan, nan, nan);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = 4 * (j0 + u * SP_THREADS);
+            float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                if (sp_better(e[t], i + t, bv, bi)) {
+                    bv = e[t];
+                    bi = i + t;
+                }
         }
     }
 #pragma unroll
@@ -397,25 +472,30 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     /* 2. p, keys and the level-1 bins */
     const float inv_t = __fdiv_rn(1.0f, r.temperature), mx = __fmul_rn(bv, inv_t);
     uint32_t kloc = SP_NONE;
-    for (int base = threadIdx.x; base < V; base += 4 * SP_THREADS) {
-        float v[4];
+    uint4 *k4 = (uint4 *)keys;
+    for (int w0 = (int)(threadIdx.x & ~31u); w0 < n4; w0 += 4 * SP_THREADS) { /* the same trips for a warp */
+        float4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int i = base + u * SP_THREADS;
-            v[u] = i < V ? x[i] : __uint_as_float(0x7fc00000u);
+            int j = w0 + lane + u * SP_THREADS;
+            v[u] = j < n4 ? sp_load4(x, j, V, aligned) : make_float4(nan, nan, nan, nan);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int i = base + u * SP_THREADS;
-            float e = duet_sample_exp(__fsub_rn(__fmul_rn(v[u], inv_t), mx));
-            if (e >= 1e-9f) { /* and <= 1 */
-                uint32_t bits = __float_as_uint(e), k = SP_ONE - bits;
-                sp_add(sh.c1, sh.lo1, sh.hi1, (int)(k >> 17), sp_f53(bits));
-                kloc = min(kloc, k);
-                keys[i] = k;
-            } else if (i < V) {
-                keys[i] = SP_NONE;
+            int j = w0 + lane + u * SP_THREADS;
+            float l[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+            uint32_t k[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                float e = duet_sample_exp(__fsub_rn(__fmul_rn(l[t], inv_t), mx));
+                bool cand = e >= 1e-9f && j < n4; /* and e <= 1; past V the logit is NaN: e = 0 */
+                uint32_t bits = __float_as_uint(e);
+                k[t] = cand ? SP_ONE - bits : SP_NONE;
+                sp_add_warp(sh.c1, sh.lo1, sh.hi1, cand, (int)(k[t] >> 17), cand ? sp_f53(bits) : 0);
+                kloc = min(kloc, k[t]);
             }
+            if (j < n4)
+                k4[j] = make_uint4(k[0], k[1], k[2], k[3]);
         }
     }
     kloc = __reduce_min_sync(0xffffffffu, kloc);
@@ -516,7 +596,7 @@ extern "C" duet_status_t duet_cuda_sample(duet_cuda_t *c, const float *logits, i
                                    (unsigned long long)rows[k].u);
     }
     void *keys, *args;
-    DUET_TRY(duet_cuda_scratch(c, sizeof(uint32_t) * (size_t)vocab * (size_t)n, &keys));
+    DUET_TRY(duet_cuda_scratch(c, sizeof(uint32_t) * (size_t)((vocab + 3) & ~3) * (size_t)n, &keys));
     DUET_TRY(duet_cuda_args(c, rows, sizeof(*rows) * (size_t)n, &args));
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, sample_kernel, dim3(n), dim3(SP_THREADS), 0, logits, vocab,
                                         (const duet_cuda_sample_row_t *)args, out, (uint32_t *)keys));

@@ -748,6 +748,16 @@ def sc_router_restart(a, rep):
         c.stop()
 
 
+def workers_list(raw):
+    """The workers of a GET /v1/workers body (an empty list when it is not that JSON)."""
+    try:
+        j = json.loads(raw)
+    except ValueError:
+        return []
+    w = j.get("data") if isinstance(j, dict) else None
+    return [x for x in w if isinstance(x, dict)] if isinstance(w, list) else []
+
+
 def sc_affinity(a, rep):
     """Two prefill workers: every turn of a conversation goes to the one holding its prefix."""
     hic = ["--hicache-device-pages", "32", "--hicache-host-gib", "0.01"]
@@ -760,9 +770,9 @@ def sc_affinity(a, rep):
         c.router_args += ["--prefill", p1]
         c.start_router()
         end = time.time() + 30
-        while time.time() < end:
+        while time.time() < end:  # listed is not enough: a worker not yet healthy is routed around
             st, _, raw = c.get("/v1/workers")
-            if st == 200 and b'"p1"' in raw:
+            if st == 200 and any(w.get("id") == "p1" and w.get("healthy") for w in workers_list(raw)):
                 break
             time.sleep(0.2)
         redis = ["redis-cli", "-p", str(c.redis_port)]
