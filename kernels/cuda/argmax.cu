@@ -12,29 +12,6 @@
 #define AM_UNROLL 4
 #define AM_MAX_SPLIT 256
 
-/* a better than b: larger value, or equal value and lower index; NaN is never better, anything beats NaN. */
-__device__ __forceinline__ bool am_better(float av, int ai, float bv, int bi)
-{
-    if (av != av)
-        return false;
-    if (bv != bv)
-        return true;
-    return av > bv || (av == bv && ai < bi);
-}
-
-__device__ __forceinline__ void am_warp(float &bv, int &bi)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (am_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
-}
-
 __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *logits, int vocab, int slice,
                                                                  float *pv, int *pi)
 {
@@ -55,12 +32,12 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *lo
         }
 #pragma unroll
         for (int u = 0; u < AM_UNROLL; u++)
-            if (am_better(v[u], base + u * AM_THREADS, bv, bi)) {
+            if (duet_argmax_better(v[u], base + u * AM_THREADS, bv, bi)) {
                 bv = v[u];
                 bi = base + u * AM_THREADS;
             }
     }
-    am_warp(bv, bi);
+    duet_argmax_warp(bv, bi);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
@@ -70,7 +47,7 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_part_kernel(const float *lo
     if (warp == 0) {
         bv = lane < AM_THREADS / 32 ? sv[lane] : __uint_as_float(0x7fc00000u);
         bi = lane < AM_THREADS / 32 ? si[lane] : 0x7fffffff;
-        am_warp(bv, bi);
+        duet_argmax_warp(bv, bi);
         if (lane == 0) {
             pv[(size_t)row * S + s] = bv;
             pi[(size_t)row * S + s] = bi;
@@ -85,11 +62,11 @@ __global__ void argmax_final_kernel(int S, const float *pv, const int *pi, int32
     float bv = __uint_as_float(0x7fc00000u);
     int bi = 0x7fffffff;
     for (int s = lane; s < S; s += 32)
-        if (am_better(pv[(size_t)row * S + s], pi[(size_t)row * S + s], bv, bi)) {
+        if (duet_argmax_better(pv[(size_t)row * S + s], pi[(size_t)row * S + s], bv, bi)) {
             bv = pv[(size_t)row * S + s];
             bi = pi[(size_t)row * S + s];
         }
-    am_warp(bv, bi);
+    duet_argmax_warp(bv, bi);
     if (lane == 0)
         out[row] = bv != bv ? 0 : bi; /* all NaN: 0 */
 }

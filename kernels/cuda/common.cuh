@@ -344,4 +344,29 @@ __host__ __device__ __forceinline__ uint64_t duet_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* The argmax's rule (duet_cuda_argmax, duet_cuda_sample): a better than b when larger, or equal
+ * and of a lower index; NaN is never better, anything beats NaN (-0 and +0 are equal). */
+__device__ __forceinline__ bool duet_argmax_better(float av, int ai, float bv, int bi)
+{
+    if (av != av)
+        return false;
+    if (bv != bv)
+        return true;
+    return av > bv || (av == bv && ai < bi);
+}
+
+/* The best (value, index) of a warp's lanes by that rule, in every lane. */
+__device__ __forceinline__ void duet_argmax_warp(float &bv, int &bi)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (duet_argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
 #endif

@@ -220,6 +220,18 @@ __device__ sp_hit sp_find(sp_smem &sh, int nbins, Bin bin, uint32_t c0, sp_u128 
     return h;
 }
 
+/* A level's bins for sp_find: counts, and sums as a 64-bit word with its carries. */
+struct sp_bins {
+    const uint32_t *c;
+    const sp_u64 *lo;
+    const uint32_t *hi;
+    __device__ void operator()(int b, uint32_t *n, sp_u128 *s) const
+    {
+        *n = c[b];
+        *s = sp_join(lo[b], hi[b]);
+    }
+};
+
 /* A position of the order: its key, its rank j among the m ids of that key, the running count
  * and exact sum through it, and the lowest id of the key. */
 struct sp_pos {
@@ -229,28 +241,35 @@ struct sp_pos {
     int32_t id1;
 };
 
-/* f(i, key) for every key of a row (V of them, the row padded with SP_NONE to a multiple of 4 and
- * 16-byte aligned): four 16-byte loads a thread in flight (64 KiB a block: one block an SM reads
- * a row from L2 at the rate of its loads in flight), each warp's lanes on consecutive vectors so
- * that a warp calls f together (sp_add_warp) and, for one call, lane order is id order. */
-template <class F> __device__ __forceinline__ void sp_each_key(const uint32_t *__restrict__ keys, int V, F f)
+/* f(i, key, in(key)) for the keys of a row (V of them, the row padded with SP_NONE to a multiple
+ * of 4 and 16-byte aligned), skipping each group of a warp's keys where `in` holds for none:
+ * four 16-byte loads a thread in flight (64 KiB a block), each warp's lanes on consecutive
+ * vectors so that a warp calls f together (sp_add_warp) and, for one call, lane order is id
+ * order.  A pass looks for the few keys of one bin: the test and a vote are all most keys cost
+ * (the kernel's time is its instructions, not its loads). */
+template <class In, class F>
+__device__ __forceinline__ void sp_each_key(const uint32_t *__restrict__ keys, int V, In in, F f)
 {
     const uint4 *k4 = (const uint4 *)keys;
     const int n4 = (V + 3) >> 2, lane = threadIdx.x & 31;
     for (int w0 = (int)(threadIdx.x & ~31u); w0 < n4; w0 += 4 * SP_THREADS) { /* the same trips for a warp */
         uint4 q[4];
+        bool any = false;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int j = w0 + lane + u * SP_THREADS;
             q[u] = j < n4 ? k4[j] : make_uint4(SP_NONE, SP_NONE, SP_NONE, SP_NONE);
+            any |= in(q[u].x) | in(q[u].y) | in(q[u].z) | in(q[u].w);
         }
+        if (!__any_sync(0xffffffffu, any))
+            continue;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int i = 4 * (w0 + lane + u * SP_THREADS);
-            f(i, q[u].x);
-            f(i + 1, q[u].y);
-            f(i + 2, q[u].z);
-            f(i + 3, q[u].w);
+            f(i, q[u].x, in(q[u].x));
+            f(i + 1, q[u].y, in(q[u].y));
+            f(i + 2, q[u].z, in(q[u].z));
+            f(i + 3, q[u].w, in(q[u].w));
         }
     }
 }
@@ -270,13 +289,7 @@ __device__ __forceinline__ float4 sp_load4(const float *__restrict__ x, int j, i
 __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int V, const sp_pred &pr)
 {
     sp_pos r = {};
-    sp_hit h1 = sp_find(
-        sh, SP_B1,
-        [&](int b, uint32_t *c, sp_u128 *s) {
-            *c = sh.c1[b];
-            *s = sp_join(sh.lo1[b], sh.hi1[b]);
-        },
-        0, 0, pr);
+    sp_hit h1 = sp_find(sh, SP_B1, sp_bins{sh.c1, sh.lo1, sh.hi1}, 0, 0, pr);
     if (h1.bin < 0)
         return r;
     for (int b = threadIdx.x; b < SP_B2; b += SP_THREADS) {
@@ -286,18 +299,13 @@ __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int 
     }
     __syncthreads();
     const uint32_t b1 = (uint32_t)h1.bin;
-    sp_each_key(keys, V, [&](int, uint32_t k) {
-        bool in = (k >> 17) == b1;
-        sp_add_warp(sh.c2, sh.lo2, sh.hi2, in, (int)((k >> 8) & 511), in ? sp_f53(SP_ONE - k) : 0);
-    });
+    sp_each_key(
+        keys, V, [&](uint32_t k) { return (k >> 17) == b1; },
+        [&](int, uint32_t k, bool in) {
+            sp_add_warp(sh.c2, sh.lo2, sh.hi2, in, (int)((k >> 8) & 511), in ? sp_f53(SP_ONE - k) : 0);
+        });
     __syncthreads();
-    sp_hit h2 = sp_find(
-        sh, SP_B2,
-        [&](int b, uint32_t *c, sp_u128 *s) {
-            *c = sh.c2[b];
-            *s = sp_join(sh.lo2[b], sh.hi2[b]);
-        },
-        h1.c, h1.s, pr);
+    sp_hit h2 = sp_find(sh, SP_B2, sp_bins{sh.c2, sh.lo2, sh.hi2}, h1.c, h1.s, pr);
     if (h2.bin < 0)
         return r;
     const uint32_t pre = (b1 << 9) | (uint32_t)h2.bin;
@@ -306,7 +314,9 @@ __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int 
         sh.id3[b] = 0x7fffffff;
     }
     __syncthreads();
-    sp_each_key(keys, V, [&](int i, uint32_t k) { sp_add3_warp(sh, (k >> 8) == pre, k, i); });
+    sp_each_key(
+        keys, V, [&](uint32_t k) { return (k >> 8) == pre; },
+        [&](int i, uint32_t k, bool in) { sp_add3_warp(sh, in, k, i); });
     __syncthreads();
     sp_hit h3 = sp_find(
         sh, SP_B3,
@@ -384,16 +394,6 @@ __device__ int32_t sp_nth_id(sp_smem &sh, const uint32_t *__restrict__ keys, int
     return id;
 }
 
-/* a better than b: larger value, or equal value and lower id; NaN is never better, anything beats NaN */
-__device__ __forceinline__ bool sp_better(float av, int ai, float bv, int bi)
-{
-    if (av != av)
-        return false;
-    if (bv != bv)
-        return true;
-    return av > bv || (av == bv && ai < bi);
-}
-
 __global__ void __launch_bounds__(SP_THREADS, 1)
     sample_kernel(const float *__restrict__ logits, int V, const duet_cuda_sample_row_t *__restrict__ rows,
                   int32_t *__restrict__ out, uint32_t *__restrict__ keys_all)
@@ -424,21 +424,13 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
             float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
             for (int t = 0; t < 4; t++)
-                if (sp_better(e[t], i + t, bv, bi)) {
+                if (duet_argmax_better(e[t], i + t, bv, bi)) {
                     bv = e[t];
                     bi = i + t;
                 }
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (sp_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+    duet_argmax_warp(bv, bi);
     if (lane == 0) {
         sh.wv[warp] = bv;
         sh.wi[warp] = bi;
@@ -454,7 +446,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     bv = sh.wv[0];
     bi = sh.wi[0];
     for (int w = 1; w < SP_WARPS; w++)
-        if (sp_better(sh.wv[w], sh.wi[w], bv, bi)) {
+        if (duet_argmax_better(sh.wv[w], sh.wi[w], bv, bi)) {
             bv = sh.wv[w];
             bi = sh.wi[w];
         }
@@ -539,12 +531,14 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
             const uint32_t kt = SP_ONE - __float_as_uint(tf);
             uint32_t lc = 0, ec, tc;
             sp_u128 ls = 0, es, ts;
-            sp_each_key(keys, V, [&](int, uint32_t k) {
-                if (k <= kt) {
-                    lc++;
-                    ls += sp_f53(SP_ONE - k);
-                }
-            });
+            sp_each_key(
+                keys, V, [&](uint32_t k) { return k <= kt; },
+                [&](int, uint32_t k, bool in) {
+                    if (in) {
+                        lc++;
+                        ls += sp_f53(SP_ONE - k);
+                    }
+                });
             sp_exscan(sh, lc, ls, &ec, &es, &tc, &ts);
             if (tc < L) {
                 L = tc;
