@@ -13,9 +13,10 @@
  *      then the rank among the ids of that one key (equal p: a running sum grows by the same
  *      amount each step, so a binary search), and the id of that rank (the lowest id with the
  *      key from the last pass; a pass over the row for a later rank).
- * Sums of p * 2^53 are integers below 2^71 (p >= 1e-9 is a float, a multiple of 2^-53), kept
- * in 128 bits: shared-memory bins as a 64-bit word with a 32-bit carry count, scans and tests
- * in unsigned __int128.  So every cut is what the host finds by sorting (engine/sampling.c). */
+ * Sums of p * 2^53 are integers below 2^71 (p >= 1e-9 is a float, a multiple of 2^-53): a
+ * shared-memory bin holds its count and its sum scaled down by its binade (exact) in one 64-bit
+ * word, scans and tests are in unsigned __int128.  So every cut is what the host finds by
+ * sorting (engine/sampling.c). */
 #include "common.cuh"
 #include "sample_exp.h"
 
@@ -31,12 +32,8 @@ typedef unsigned long long sp_u64;
 typedef unsigned __int128 sp_u128;
 
 struct sp_smem {
-    uint32_t c1[SP_B1];
-    sp_u64 lo1[SP_B1];
-    uint32_t hi1[SP_B1];
-    uint32_t c2[SP_B2];
-    sp_u64 lo2[SP_B2];
-    uint32_t hi2[SP_B2];
+    sp_u64 w1[SP_B1]; /* a bin's count and sum, packed (sp_add_warp) */
+    sp_u64 w2[SP_B2];
     uint32_t c3[SP_B3];
     int32_t id3[SP_B3];
     uint32_t wc[SP_WARPS]; /* block scans: a warp's count and sum */
@@ -72,24 +69,31 @@ __device__ __forceinline__ sp_u64 sp_f53(uint32_t bits)
     return (sp_u64)((bits & 0x7fffffu) | 0x800000u) << (((bits >> 23) & 0xffu) - 97u);
 }
 
-__device__ __forceinline__ sp_u128 sp_join(sp_u64 lo, uint32_t hi) { return ((sp_u128)hi << 64) | lo; }
+/* A bin of levels 1 and 2 is one 64-bit word: its count << SP_CNT_SHIFT plus the sum of its
+ * candidates' p * 2^53 >> sp_bin_shift(its level-1 bin).  A level-1 bin's keys (2^17 of them,
+ * aligned) lie in one binade of p but for its largest p, which may be the next binade's first
+ * value; so p * 2^53 of each is a multiple of 2^shift, shift the binade's exponent less 97, and
+ * each term is at most 2^24: a vocabulary of 2^18 sums below 2^42, counts at most 2^18 above.
+ * One atomic a candidate. */
+#define SP_CNT_SHIFT 43
+#define SP_SUM_MASK ((1ull << SP_CNT_SHIFT) - 1)
 
-/* one candidate into bin b: its count, and v into the 64-bit word with the carry counted */
-__device__ __forceinline__ void sp_add(uint32_t *c, sp_u64 *lo, uint32_t *hi, int b, uint32_t n, sp_u64 v)
+__device__ __forceinline__ int sp_bin_shift(uint32_t b1) { return (int)((SP_ONE - 1u - (b1 << 17)) >> 23) - 97; }
+
+/* A candidate's term, p * 2^53 >> sp_bin_shift(its bin): its 24-bit significand, or 2^24 for a
+ * power of two (always the largest key of its bin, one binade up). */
+__device__ __forceinline__ uint32_t sp_term(uint32_t bits)
 {
-    atomicAdd(&c[b], n);
-    sp_u64 old = atomicAdd(&lo[b], v);
-    if (old + v < old)
-        atomicAdd(&hi[b], 1u);
+    uint32_t m = bits & 0x7fffffu;
+    return m ? m | 0x800000u : 0x1000000u;
 }
 
 /* Candidates into bins, from all 32 lanes of a warp at once (every lane calls it; `active`: this
- * lane has one, for bin b, adding v).  When the warp's candidates share one bin (a row of many
- * equal keys, which would otherwise serialize on one address) the lowest of them adds their
- * count and sum in one atomic each: a sum of 32 values below 2^54, taken as two sums of 27-bit
- * halves (each below 2^32).  Otherwise each lane adds its own: a vote and a shuffle decide,
- * where matching lanes by bin cost more than the atomics they save. */
-__device__ __forceinline__ void sp_add_warp(uint32_t *c, sp_u64 *lo, uint32_t *hi, bool active, int b, sp_u64 v)
+ * lane has one, for bin b, adding the term v, at most 2^24; v is not read where not active).  When the warp's candidates share
+ * one bin (a row of many equal keys, which would otherwise serialize on one address) the lowest
+ * of them adds their count and sum in one atomic.  Otherwise each lane adds its own: a vote and
+ * a shuffle decide, where matching lanes by bin cost more than the atomics they save. */
+__device__ __forceinline__ void sp_add_warp(sp_u64 *w, bool active, int b, uint32_t v)
 {
     unsigned act = __ballot_sync(0xffffffffu, active);
     if (!act)
@@ -97,14 +101,13 @@ __device__ __forceinline__ void sp_add_warp(uint32_t *c, sp_u64 *lo, uint32_t *h
     int lead = __ffs(act) - 1;
     int b0 = __shfl_sync(0xffffffffu, b, lead);
     if (__all_sync(0xffffffffu, !active || b == b0)) {
-        uint32_t a = __reduce_add_sync(0xffffffffu, active ? (uint32_t)(v >> 27) : 0u);
-        uint32_t r = __reduce_add_sync(0xffffffffu, active ? (uint32_t)v & ((1u << 27) - 1) : 0u);
+        uint32_t sum = __reduce_add_sync(0xffffffffu, active ? v : 0u); /* below 2^29 */
         if ((int)(threadIdx.x & 31) == lead)
-            sp_add(c, lo, hi, b, (uint32_t)__popc(act), ((sp_u64)a << 27) + r);
+            atomicAdd(&w[b], ((sp_u64)__popc(act) << SP_CNT_SHIFT) + sum);
         return;
     }
     if (active)
-        sp_add(c, lo, hi, b, 1u, v);
+        atomicAdd(&w[b], (1ull << SP_CNT_SHIFT) + v);
 }
 
 /* The last level's bins, as sp_add_warp: a count, and the lowest id (when the warp's candidates
@@ -220,15 +223,18 @@ __device__ sp_hit sp_find(sp_smem &sh, int nbins, Bin bin, uint32_t c0, sp_u128 
     return h;
 }
 
-/* A level's bins for sp_find: counts, and sums as a 64-bit word with its carries. */
+/* A level's bins for sp_find, unpacked: level 1 (sh < 0) with each bin's own shift, level 2 with
+ * its level-1 bin's. */
 struct sp_bins {
-    const uint32_t *c;
-    const sp_u64 *lo;
-    const uint32_t *hi;
+    const sp_u64 *w;
+    int sh;
     __device__ void operator()(int b, uint32_t *n, sp_u128 *s) const
     {
-        *n = c[b];
-        *s = sp_join(lo[b], hi[b]);
+        sp_u64 x = w[b], m = x & SP_SUM_MASK;
+        int t = sh >= 0 ? sh : sp_bin_shift((uint32_t)b);
+        *n = (uint32_t)(x >> SP_CNT_SHIFT);
+        t = *n ? t : 0; /* 0 to 30 where there is a candidate */
+        *s = ((sp_u128)(t ? m >> (64 - t) : 0) << 64) | (m << t);
     }
 };
 
@@ -289,23 +295,22 @@ __device__ __forceinline__ float4 sp_load4(const float *__restrict__ x, int j, i
 __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int V, const sp_pred &pr)
 {
     sp_pos r = {};
-    sp_hit h1 = sp_find(sh, SP_B1, sp_bins{sh.c1, sh.lo1, sh.hi1}, 0, 0, pr);
+    sp_hit h1 = sp_find(sh, SP_B1, sp_bins{sh.w1, -1}, 0, 0, pr);
     if (h1.bin < 0)
         return r;
     for (int b = threadIdx.x; b < SP_B2; b += SP_THREADS) {
-        sh.c2[b] = 0;
-        sh.lo2[b] = 0;
-        sh.hi2[b] = 0;
+        sh.w2[b] = 0;
     }
     __syncthreads();
     const uint32_t b1 = (uint32_t)h1.bin;
+    const int sh1 = sp_bin_shift(b1);
     sp_each_key(
         keys, V, [&](uint32_t k) { return (k >> 17) == b1; },
         [&](int, uint32_t k, bool in) {
-            sp_add_warp(sh.c2, sh.lo2, sh.hi2, in, (int)((k >> 8) & 511), in ? sp_f53(SP_ONE - k) : 0);
+            sp_add_warp(sh.w2, in, (int)((k >> 8) & 511), sp_term(SP_ONE - k));
         });
     __syncthreads();
-    sp_hit h2 = sp_find(sh, SP_B2, sp_bins{sh.c2, sh.lo2, sh.hi2}, h1.c, h1.s, pr);
+    sp_hit h2 = sp_find(sh, SP_B2, sp_bins{sh.w2, sh1}, h1.c, h1.s, pr);
     if (h2.bin < 0)
         return r;
     const uint32_t pre = (b1 << 9) | (uint32_t)h2.bin;
@@ -436,9 +441,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
         sh.wi[warp] = bi;
     }
     for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS) {
-        sh.c1[b] = 0;
-        sh.lo1[b] = 0;
-        sh.hi1[b] = 0;
+        sh.w1[b] = 0;
     }
     if (threadIdx.x == 0)
         sh.kmin = SP_NONE;
@@ -483,7 +486,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
                 bool cand = e >= 1e-9f && j < n4; /* and e <= 1; past V the logit is NaN: e = 0 */
                 uint32_t bits = __float_as_uint(e);
                 k[t] = cand ? SP_ONE - bits : SP_NONE;
-                sp_add_warp(sh.c1, sh.lo1, sh.hi1, cand, (int)(k[t] >> 17), cand ? sp_f53(bits) : 0);
+                sp_add_warp(sh.w1, cand, (int)(k[t] >> 17), sp_term(bits));
                 kloc = min(kloc, k[t]);
             }
             if (j < n4)
@@ -506,9 +509,13 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     {
         uint32_t lc = 0, ec;
         sp_u128 ls = 0, es;
+        const sp_bins bins1 = {sh.w1, -1};
         for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS) {
-            lc += sh.c1[b];
-            ls += sp_join(sh.lo1[b], sh.hi1[b]);
+            uint32_t bc;
+            sp_u128 bs;
+            bins1(b, &bc, &bs);
+            lc += bc;
+            ls += bs;
         }
         sp_exscan(sh, lc, ls, &ec, &es, &n, &S);
     }

@@ -30,8 +30,8 @@ typedef struct {
     uint64_t u;        /* duet_sample_uniform(seed, position) * 2^53: an integer below 2^53 */
 } duet_cuda_sample_row_t;
 
-/* The largest vocabulary the exact sums hold (a cut's sum shifted by up to 55 bits in 128). */
-#define DUET_CUDA_SAMPLE_MAX_VOCAB (1 << 20)
+/* The largest vocabulary: a bin's count and sum share a 64-bit word (sample.cu). */
+#define DUET_CUDA_SAMPLE_MAX_VOCAB (1 << 18)
 
 /* rows: n host structs (copied before the call returns); out: device int32s. */
 duet_status_t duet_cuda_sample(duet_cuda_t *c, const float *logits, int vocab, const duet_cuda_sample_row_t *rows,
