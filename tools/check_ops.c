@@ -2765,6 +2765,7 @@ static void group_sample(ck_t *ck)
     case_sample(ck, "special", 8, 129280, 4);
     case_sample(ck, "wide", 64, 129280, 5);
     case_sample(ck, "batch1", 1, 129280, 0);
+    case_sample(ck, "batch128", 128, 129280, 0); /* a block a row (rows beyond the clusters of two) */
     case_sample(ck, "small", 32, 1000, 0);
     case_sample(ck, "tiny", 16, 7, 2);
 }

@@ -72,6 +72,7 @@ struct duet_cuda {
     cudaEvent_t t0, t1;
     int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
     int topk_smem_set;    /* topk's shared-memory limit raised */
+    int sample_clusters[3]; /* sample: clusters of 8, 4, 2 blocks resident at once (0: not asked yet) */
     unsigned long long tc_smem_set[2]; /* matmul tensor-core kernels whose shared-memory limit was raised */
     void *tc_part;        /* matmul split-K partials, grown on demand */
     size_t tc_part_bytes;
@@ -145,6 +146,37 @@ __device__ __forceinline__ void duet_pdl_wait()
 #endif
 }
 
+/* duet_cuda_launch with the grid's blocks in clusters of `cluster` along x (0: no cluster
+ * dimension; the grid's x a multiple of it). */
+template <typename... P, typename... A>
+static inline cudaError_t duet_cuda_launch_cluster(duet_cuda_t *c, void (*kernel)(P...), dim3 grid, dim3 block,
+                                                   size_t smem, unsigned cluster, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[2] = {};
+    unsigned na = 0;
+    if (cluster) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = cluster;
+        at[na].val.clusterDim.y = 1;
+        at[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (c->pdl && !c->pdl_hold) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = na;
+    c->pdl_hold = 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
 /* Launch `kernel` on the context's stream, a programmatic dependent launch while the context has
  * them on: every kernel launched this way calls duet_pdl_wait() first (the matmuls after their
  * first weight loads). */
@@ -152,18 +184,7 @@ template <typename... P, typename... A>
 static inline cudaError_t duet_cuda_launch(duet_cuda_t *c, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                                            A &&...args)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c->stream;
-    cudaLaunchAttribute at[1] = {};
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = c->pdl && !c->pdl_hold ? 1 : 0;
-    c->pdl_hold = 0;
-    return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+    return duet_cuda_launch_cluster(c, kernel, grid, block, smem, 0, static_cast<A &&>(args)...);
 }
 
 static inline unsigned duet_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }

@@ -1,6 +1,9 @@
 /* Sampling on the GPU (contract in sample.cuh).
  *
- * A block of 1024 threads a row, in passes over the row:
+ * A cluster of 1, 2, 4 or 8 blocks of 1024 threads a row (the largest with which every row's
+ * cluster is resident at once), each block over its part of the row, in passes; after each
+ * pass the blocks read one another's counts through distributed shared memory, so that every
+ * block takes the same decisions:
  *   1. the argmax (larger value, then lower id; NaN never wins), as duet_cuda_argmax;
  *   2. each id's p = duet_sample_exp(logit * (1 / T) - max * (1 / T)), rounded as the host rounds
  *      it, and its key 0x3f800000 - bits(p) (smaller for larger p; ids with p below 1e-9 get
@@ -20,6 +23,10 @@
 #include "common.cuh"
 #include "sample_exp.h"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 #define SP_THREADS 1024
 #define SP_WARPS (SP_THREADS / 32)
 #define SP_B1 2048          /* key >> 17 (keys are below 2^28) */
@@ -32,10 +39,18 @@ typedef unsigned long long sp_u64;
 typedef unsigned __int128 sp_u128;
 
 struct sp_smem {
-    sp_u64 w1[SP_B1]; /* a bin's count and sum, packed (sp_add_warp) */
+    sp_u64 w1[SP_B1]; /* this block's bins: a count and sum, packed (sp_add_warp) */
     sp_u64 w2[SP_B2];
     uint32_t c3[SP_B3];
     int32_t id3[SP_B3];
+    sp_u64 m1[SP_B1]; /* the cluster's: every block's summed (the lowest id of the last level) */
+    sp_u64 m2[SP_B2];
+    uint32_t m3c[SP_B3];
+    int32_t m3id[SP_B3];
+    float xv; /* this block's share, read by the cluster's other blocks: its argmax, a count and sum */
+    int32_t xi;
+    uint32_t xc;
+    sp_u64 xlo, xhi;
     uint32_t wc[SP_WARPS]; /* block scans: a warp's count and sum */
     sp_u64 wlo[SP_WARPS], whi[SP_WARPS];
     float wv[SP_WARPS]; /* the argmax's reduction */
@@ -247,24 +262,29 @@ struct sp_pos {
     int32_t id1;
 };
 
-/* f(i, key, in(key)) for the keys of a row (V of them, the row padded with SP_NONE to a multiple
- * of 4 and 16-byte aligned), skipping each group of a warp's keys where `in` holds for none:
- * four 16-byte loads a thread in flight (64 KiB a block), each warp's lanes on consecutive
- * vectors so that a warp calls f together (sp_add_warp) and, for one call, lane order is id
- * order.  A pass looks for the few keys of one bin: the test and a vote are all most keys cost
- * (the kernel's time is its instructions, not its loads). */
-template <class In, class F>
-__device__ __forceinline__ void sp_each_key(const uint32_t *__restrict__ keys, int V, In in, F f)
+/* A block's part of a row: the cluster's blocks split the row's 4-id vectors into ranges in
+ * rank order, so that each block's ids follow the ones before it. */
+struct sp_part {
+    const uint32_t *keys; /* the row's (V of them, padded with SP_NONE to a multiple of 4, 16-byte aligned) */
+    int V, beg4, end4;    /* this block's vectors [beg4, end4) */
+};
+
+/* f(i, key, in(key)) for the keys of the block's part, skipping each group of a warp's keys where
+ * `in` holds for none: four 16-byte loads a thread in flight (64 KiB a block), each warp's lanes
+ * on consecutive vectors so that a warp calls f together (sp_add_warp) and, for one call, lane
+ * order is id order.  A pass looks for the few keys of one bin: the test and a vote are all most
+ * keys cost (the kernel's time is its instructions, not its loads). */
+template <class In, class F> __device__ __forceinline__ void sp_each_key(const sp_part &pt, In in, F f)
 {
-    const uint4 *k4 = (const uint4 *)keys;
-    const int n4 = (V + 3) >> 2, lane = threadIdx.x & 31;
-    for (int w0 = (int)(threadIdx.x & ~31u); w0 < n4; w0 += 4 * SP_THREADS) { /* the same trips for a warp */
+    const uint4 *k4 = (const uint4 *)pt.keys;
+    const int lane = threadIdx.x & 31;
+    for (int w0 = pt.beg4 + (int)(threadIdx.x & ~31u); w0 < pt.end4; w0 += 4 * SP_THREADS) { /* a warp's trips */
         uint4 q[4];
         bool any = false;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int j = w0 + lane + u * SP_THREADS;
-            q[u] = j < n4 ? k4[j] : make_uint4(SP_NONE, SP_NONE, SP_NONE, SP_NONE);
+            q[u] = j < pt.end4 ? k4[j] : make_uint4(SP_NONE, SP_NONE, SP_NONE, SP_NONE);
             any |= in(q[u].x) | in(q[u].y) | in(q[u].z) | in(q[u].w);
         }
         if (!__any_sync(0xffffffffu, any))
@@ -280,6 +300,19 @@ __device__ __forceinline__ void sp_each_key(const uint32_t *__restrict__ keys, i
     }
 }
 
+/* dst[b] = the sum over the cluster's blocks of their src[b] (src: this block's array, at the same
+ * place in every block), b < nb.  Integers: the order of the terms does not matter. */
+__device__ __forceinline__ void sp_merge(cg::cluster_group &cl, sp_u64 *dst, sp_u64 *src, int nb)
+{
+    const unsigned P = cl.num_blocks();
+    for (int b = threadIdx.x; b < nb; b += SP_THREADS) {
+        sp_u64 v = 0;
+        for (unsigned q = 0; q < P; q++)
+            v += cl.map_shared_rank(src, q)[b];
+        dst[b] = v;
+    }
+}
+
 /* Four logits from x[4j], NaN past V: one 16-byte load where the row is aligned. */
 __device__ __forceinline__ float4 sp_load4(const float *__restrict__ x, int j, int V, bool aligned)
 {
@@ -291,51 +324,64 @@ __device__ __forceinline__ float4 sp_load4(const float *__restrict__ x, int j, i
                        i + 3 < V ? x[i + 3] : nan);
 }
 
-/* The first position whose running count and sum pass pr (the level-1 bins already counted). */
-__device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int V, const sp_pred &pr)
+/* The first position whose running count and sum pass pr (the level-1 bins already merged into
+ * m1).  Each level's bins are counted by every block over its part, then merged; every block
+ * then takes the same decisions.  The cluster barrier before a level's bins are cleared waits
+ * for the other blocks' reads of the previous search's. */
+__device__ sp_pos sp_locate(sp_smem &sh, cg::cluster_group &cl, const sp_part &pt, const sp_pred &pr)
 {
     sp_pos r = {};
-    sp_hit h1 = sp_find(sh, SP_B1, sp_bins{sh.w1, -1}, 0, 0, pr);
+    sp_hit h1 = sp_find(sh, SP_B1, sp_bins{sh.m1, -1}, 0, 0, pr);
     if (h1.bin < 0)
         return r;
-    for (int b = threadIdx.x; b < SP_B2; b += SP_THREADS) {
+    cl.sync();
+    for (int b = threadIdx.x; b < SP_B2; b += SP_THREADS)
         sh.w2[b] = 0;
-    }
-    __syncthreads();
-    const uint32_t b1 = (uint32_t)h1.bin;
-    const int sh1 = sp_bin_shift(b1);
-    sp_each_key(
-        keys, V, [&](uint32_t k) { return (k >> 17) == b1; },
-        [&](int, uint32_t k, bool in) {
-            sp_add_warp(sh.w2, in, (int)((k >> 8) & 511), sp_term(SP_ONE - k));
-        });
-    __syncthreads();
-    sp_hit h2 = sp_find(sh, SP_B2, sp_bins{sh.w2, sh1}, h1.c, h1.s, pr);
-    if (h2.bin < 0)
-        return r;
-    const uint32_t pre = (b1 << 9) | (uint32_t)h2.bin;
     for (int b = threadIdx.x; b < SP_B3; b += SP_THREADS) {
         sh.c3[b] = 0;
         sh.id3[b] = 0x7fffffff;
     }
     __syncthreads();
+    const uint32_t b1 = (uint32_t)h1.bin;
+    const int sh1 = sp_bin_shift(b1);
     sp_each_key(
-        keys, V, [&](uint32_t k) { return (k >> 8) == pre; },
+        pt, [&](uint32_t k) { return (k >> 17) == b1; },
+        [&](int, uint32_t k, bool in) { sp_add_warp(sh.w2, in, (int)((k >> 8) & 511), sp_term(SP_ONE - k)); });
+    cl.sync();
+    sp_merge(cl, sh.m2, sh.w2, SP_B2);
+    __syncthreads();
+    sp_hit h2 = sp_find(sh, SP_B2, sp_bins{sh.m2, sh1}, h1.c, h1.s, pr);
+    if (h2.bin < 0)
+        return r;
+    const uint32_t pre = (b1 << 9) | (uint32_t)h2.bin;
+    sp_each_key(
+        pt, [&](uint32_t k) { return (k >> 8) == pre; },
         [&](int i, uint32_t k, bool in) { sp_add3_warp(sh, in, k, i); });
+    cl.sync();
+    for (int b = threadIdx.x; b < SP_B3; b += SP_THREADS) {
+        uint32_t c = 0;
+        int32_t id = 0x7fffffff;
+        for (unsigned q = 0; q < cl.num_blocks(); q++) {
+            c += cl.map_shared_rank(sh.c3, q)[b];
+            id = min(id, cl.map_shared_rank(sh.id3, q)[b]);
+        }
+        sh.m3c[b] = c;
+        sh.m3id[b] = id;
+    }
     __syncthreads();
     sp_hit h3 = sp_find(
         sh, SP_B3,
         [&](int b, uint32_t *c, sp_u128 *s) {
-            *c = sh.c3[b];
+            *c = sh.m3c[b];
             *s = *c ? (sp_u128)*c * sp_f53(SP_ONE - ((pre << 8) | (uint32_t)b)) : 0;
         },
         h2.c, h2.s, pr);
     if (h3.bin < 0)
         return r;
     r.key = (pre << 8) | (uint32_t)h3.bin;
-    r.m = sh.c3[h3.bin];
-    r.id1 = sh.id3[h3.bin];
-    __syncthreads(); /* c3 and id3 read before anything rewrites them */
+    r.m = sh.m3c[h3.bin];
+    r.id1 = sh.m3id[h3.bin];
+    __syncthreads(); /* m3c and m3id read before anything rewrites them */
     /* the rank: the smallest j in [1, m] that passes (j = m does: the bin passed) */
     sp_u64 f = sp_f53(SP_ONE - r.key);
     uint32_t lo = 1, hi = r.m;
@@ -353,76 +399,88 @@ __device__ sp_pos sp_locate(sp_smem &sh, const uint32_t *__restrict__ keys, int 
     return r;
 }
 
-/* The j-th (from 1) lowest id whose key is `key` (-1 when there are fewer): each warp counts its
- * own contiguous range of ids, and the warp whose range holds the j-th walks it again. */
-__device__ int32_t sp_nth_id(sp_smem &sh, const uint32_t *__restrict__ keys, int V, uint32_t key, uint32_t j)
+/* The j-th (from 1) lowest id whose key is `key` (-1 when there are fewer), in every block: each
+ * block counts its part (each warp its own contiguous range of it), the block whose part holds
+ * the j-th finds it (the warp whose range holds it walks that range again), and every block reads
+ * it from there. */
+__device__ int32_t sp_nth_id(sp_smem &sh, cg::cluster_group &cl, const sp_part &pt, uint32_t key, uint32_t j)
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int chunk = ((V + SP_WARPS - 1) / SP_WARPS + 31) & ~31;
-    int beg = warp * chunk, end = min(V, beg + chunk);
+    int pbeg = 4 * pt.beg4, pend = min(pt.V, 4 * pt.end4);
+    int chunk = ((max(pend - pbeg, 0) + SP_WARPS - 1) / SP_WARPS + 31) & ~31;
+    int beg = pbeg + warp * chunk, end = min(pend, beg + chunk);
     uint32_t cnt = 0;
     for (int i = beg + lane; i < end; i += 32)
-        cnt += keys[i] == key;
+        cnt += pt.keys[i] == key;
     cnt = __reduce_add_sync(0xffffffffu, cnt);
     if (lane == 0)
         sh.wc[warp] = cnt;
     if (threadIdx.x == 0)
         sh.id = -1;
     __syncthreads();
-    uint32_t acc = 0, need = 0;
-    int wt = -1;
-    for (int w = 0; w < SP_WARPS; w++) {
-        uint32_t c = sh.wc[w];
-        if (wt < 0 && acc + c >= j) {
-            wt = w;
-            need = j - acc;
-        }
-        acc += c;
+    uint32_t acc = 0;
+    for (int w = 0; w < SP_WARPS; w++)
+        acc += sh.wc[w];
+    if (threadIdx.x == 0)
+        sh.xc = acc;
+    cl.sync(); /* every block's count */
+    uint32_t before = 0;
+    int qt = -1;
+    for (unsigned q = 0; q < cl.num_blocks(); q++) {
+        uint32_t c = *cl.map_shared_rank(&sh.xc, q);
+        if (qt < 0 && before + c >= j)
+            qt = (int)q;
+        else if (qt < 0)
+            before += c;
     }
-    if (warp == wt)
-        for (int base = beg; base < end; base += 32) {
-            int i = base + lane;
-            unsigned m = __ballot_sync(0xffffffffu, i < end && keys[i] == key);
-            uint32_t pc = (uint32_t)__popc(m);
-            if (need <= pc) {
-                for (uint32_t t = 1; t < need; t++)
-                    m &= m - 1;
-                if (lane == 0)
-                    sh.id = base + __ffs(m) - 1;
-                break;
+    if (qt == (int)cl.block_rank()) {
+        uint32_t need = j - before;
+        int wt = -1;
+        acc = 0;
+        for (int w = 0; w < SP_WARPS; w++) {
+            uint32_t c = sh.wc[w];
+            if (wt < 0 && acc + c >= need) {
+                wt = w;
+                need -= acc;
             }
-            need -= pc;
+            acc += c;
         }
-    __syncthreads();
-    int32_t id = sh.id;
-    __syncthreads();
-    return id;
+        if (warp == wt)
+            for (int base = beg; base < end; base += 32) {
+                int i = base + lane;
+                unsigned m = __ballot_sync(0xffffffffu, i < end && pt.keys[i] == key);
+                uint32_t pc = (uint32_t)__popc(m);
+                if (need <= pc) {
+                    for (uint32_t t = 1; t < need; t++)
+                        m &= m - 1;
+                    if (lane == 0)
+                        sh.id = base + __ffs(m) - 1;
+                    break;
+                }
+                need -= pc;
+            }
+    }
+    cl.sync(); /* the id written */
+    return qt >= 0 ? *cl.map_shared_rank(&sh.id, (unsigned)qt) : -1;
 }
 
-__global__ void __launch_bounds__(SP_THREADS, 1)
-    sample_kernel(const float *__restrict__ logits, int V, const duet_cuda_sample_row_t *__restrict__ rows,
-                  int32_t *__restrict__ out, uint32_t *__restrict__ keys_all)
+/* A row's token, the same in every block of its cluster; -1 for the argmax (bi). */
+__device__ int32_t sp_row(sp_smem &sh, cg::cluster_group &cl, const duet_cuda_sample_row_t &r, const float *x,
+                          const sp_part &pt, int32_t *bi_out)
 {
-    duet_pdl_wait();
-    __shared__ sp_smem sh;
-    const duet_cuda_sample_row_t r = rows[blockIdx.x];
-    const float *__restrict__ x = logits + (size_t)r.row * V;
-    uint32_t *__restrict__ keys = keys_all + (size_t)blockIdx.x * (size_t)((V + 3) & ~3); /* 16-byte rows */
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, V = pt.V;
     const bool aligned = ((uintptr_t)x & 15) == 0;
-    const int n4 = (V + 3) >> 2;
     const float nan = __uint_as_float(0x7fc00000u);
 
-    /* 1. the argmax */
+    /* 1. the argmax: the block's over its part, then the cluster's over the blocks' */
     float bv = nan;
     int bi = 0x7fffffff;
-    for (int j0 = threadIdx.x; j0 < n4; j0 += 4 * SP_THREADS) {
+    for (int j0 = pt.beg4 + (int)threadIdx.x; j0 < pt.end4; j0 += 4 * SP_THREADS) {
         float4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++)
-            v[u] = j0 + u * SP_THREADS < n4 ? sp_load4(x, j0 + u * SP_THREADS, V, aligned)
-                                            : make_float4(nan, nan, nan, nan);
+            v[u] = j0 + u * SP_THREADS < pt.end4 ? sp_load4(x, j0 + u * SP_THREADS, V, aligned)
+                                                 : make_float4(nan, nan, nan, nan);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int i = 4 * (j0 + u * SP_THREADS);
@@ -440,40 +498,47 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
         sh.wv[warp] = bv;
         sh.wi[warp] = bi;
     }
-    for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS) {
+    for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS)
         sh.w1[b] = 0;
-    }
     if (threadIdx.x == 0)
         sh.kmin = SP_NONE;
     __syncthreads();
-    bv = sh.wv[0];
-    bi = sh.wi[0];
-    for (int w = 1; w < SP_WARPS; w++)
-        if (duet_argmax_better(sh.wv[w], sh.wi[w], bv, bi)) {
-            bv = sh.wv[w];
-            bi = sh.wi[w];
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < SP_WARPS; w++)
+            if (duet_argmax_better(sh.wv[w], sh.wi[w], bv, bi)) {
+                bv = sh.wv[w];
+                bi = sh.wi[w];
+            }
+        sh.xv = bv;
+        sh.xi = bi;
+    }
+    cl.sync();
+    bv = nan;
+    bi = 0x7fffffff;
+    for (unsigned q = 0; q < cl.num_blocks(); q++) {
+        float qv = *cl.map_shared_rank(&sh.xv, q);
+        int qi = *cl.map_shared_rank(&sh.xi, q);
+        if (duet_argmax_better(qv, qi, bv, bi)) {
+            bv = qv;
+            bi = qi;
         }
-    if (bv != bv) { /* every logit NaN */
-        if (threadIdx.x == 0)
-            out[r.out] = 0;
-        return;
     }
-    if (!(r.temperature > 0.0f) || isinf(bv)) { /* greedy; +inf wins outright, a row of -inf is its first */
-        if (threadIdx.x == 0)
-            out[r.out] = bi;
-        return;
-    }
+    *bi_out = bi;
+    if (bv != bv) /* every logit NaN */
+        return 0;
+    if (!(r.temperature > 0.0f) || isinf(bv)) /* greedy; +inf wins outright, a row of -inf is its first */
+        return -1;
 
-    /* 2. p, keys and the level-1 bins */
+    /* 2. p, keys and the level-1 bins of the block's part, then the cluster's */
     const float inv_t = __fdiv_rn(1.0f, r.temperature), mx = __fmul_rn(bv, inv_t);
     uint32_t kloc = SP_NONE;
-    uint4 *k4 = (uint4 *)keys;
-    for (int w0 = (int)(threadIdx.x & ~31u); w0 < n4; w0 += 4 * SP_THREADS) { /* the same trips for a warp */
+    uint4 *k4 = (uint4 *)pt.keys;
+    for (int w0 = pt.beg4 + (int)(threadIdx.x & ~31u); w0 < pt.end4; w0 += 4 * SP_THREADS) { /* a warp's trips */
         float4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int j = w0 + lane + u * SP_THREADS;
-            v[u] = j < n4 ? sp_load4(x, j, V, aligned) : make_float4(nan, nan, nan, nan);
+            v[u] = j < pt.end4 ? sp_load4(x, j, V, aligned) : make_float4(nan, nan, nan, nan);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -483,33 +548,34 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 float e = duet_sample_exp(__fsub_rn(__fmul_rn(l[t], inv_t), mx));
-                bool cand = e >= 1e-9f && j < n4; /* and e <= 1; past V the logit is NaN: e = 0 */
+                bool cand = e >= 1e-9f && j < pt.end4; /* and e <= 1; past V the logit is NaN: e = 0 */
                 uint32_t bits = __float_as_uint(e);
                 k[t] = cand ? SP_ONE - bits : SP_NONE;
                 sp_add_warp(sh.w1, cand, (int)(k[t] >> 17), sp_term(bits));
                 kloc = min(kloc, k[t]);
             }
-            if (j < n4)
-                k4[j] = make_uint4(k[0], k[1], k[2], k[3]);
+            if (j < pt.end4)
+                ((uint4 *)k4)[j] = make_uint4(k[0], k[1], k[2], k[3]);
         }
     }
     kloc = __reduce_min_sync(0xffffffffu, kloc);
     if (lane == 0)
         atomicMin(&sh.kmin, kloc);
+    cl.sync();
+    sp_merge(cl, sh.m1, sh.w1, SP_B1);
+    uint32_t kmin = SP_NONE;
+    for (unsigned q = 0; q < cl.num_blocks(); q++)
+        kmin = min(kmin, *cl.map_shared_rank(&sh.kmin, q));
     __syncthreads();
-    const uint32_t kmin = sh.kmin;
-    if (kmin == SP_NONE) { /* no candidate: only when the scaled maximum overflowed */
-        if (threadIdx.x == 0)
-            out[r.out] = bi;
-        return;
-    }
+    if (kmin == SP_NONE) /* no candidate: only when the scaled maximum overflowed */
+        return -1;
     /* the whole: count and exact sum of every candidate */
     uint32_t n;
     sp_u128 S;
     {
         uint32_t lc = 0, ec;
         sp_u128 ls = 0, es;
-        const sp_bins bins1 = {sh.w1, -1};
+        const sp_bins bins1 = {sh.m1, -1};
         for (int b = threadIdx.x; b < SP_B1; b += SP_THREADS) {
             uint32_t bc;
             sp_u128 bs;
@@ -526,7 +592,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     bool bad = false;
     if (r.top_k > 0 && n > (uint32_t)r.top_k) {
         sp_pred p = {(uint32_t)r.top_k, 0, 0, 0};
-        sp_pos q = sp_locate(sh, keys, V, p);
+        sp_pos q = sp_locate(sh, cl, pt, p);
         bad |= !q.ok;
         L = q.cnt;
         S = q.sum;
@@ -539,7 +605,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
             uint32_t lc = 0, ec, tc;
             sp_u128 ls = 0, es, ts;
             sp_each_key(
-                keys, V, [&](uint32_t k) { return k <= kt; },
+                pt, [&](uint32_t k) { return k <= kt; },
                 [&](int, uint32_t k, bool in) {
                     if (in) {
                         lc++;
@@ -547,6 +613,18 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
                     }
                 });
             sp_exscan(sh, lc, ls, &ec, &es, &tc, &ts);
+            if (threadIdx.x == 0) {
+                sh.xc = tc;
+                sh.xlo = (sp_u64)ts;
+                sh.xhi = (sp_u64)(ts >> 64);
+            }
+            cl.sync();
+            tc = 0;
+            ts = 0;
+            for (unsigned q = 0; q < cl.num_blocks(); q++) {
+                tc += *cl.map_shared_rank(&sh.xc, q);
+                ts += ((sp_u128)*cl.map_shared_rank(&sh.xhi, q) << 64) | *cl.map_shared_rank(&sh.xlo, q);
+            }
             if (tc < L) {
                 L = tc;
                 S = ts;
@@ -563,7 +641,7 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
             S = sp_f53(pmax_bits);
         } else {
             sp_pred p = {0, 150 - e, 0, (sp_u128)((tb & 0x7fffffu) | 0x800000u) * S};
-            sp_pos q = sp_locate(sh, keys, V, p);
+            sp_pos q = sp_locate(sh, cl, pt, p);
             bad |= !q.ok;
             L = q.cnt;
             S = q.sum;
@@ -572,12 +650,36 @@ __global__ void __launch_bounds__(SP_THREADS, 1)
     (void)L;
     /* the draw: the first position whose running sum exceeds u * S (u = U * 2^-53) */
     sp_pred p = {0, 53, 1, (sp_u128)r.u * S};
-    sp_pos q = sp_locate(sh, keys, V, p);
-    int32_t id = bi;
-    if (q.ok && !bad)
-        id = q.j == 1 ? q.id1 : sp_nth_id(sh, keys, V, q.key, q.j);
-    if (threadIdx.x == 0)
-        out[r.out] = id >= 0 ? id : bi; /* a failed search cannot happen (the sums are exact); the argmax then */
+    sp_pos q = sp_locate(sh, cl, pt, p);
+    if (!q.ok || bad) /* a failed search cannot happen (the sums are exact); the argmax then */
+        return -1;
+    int32_t id = q.j == 1 ? q.id1 : sp_nth_id(sh, cl, pt, q.key, q.j);
+    return id >= 0 ? id : -1;
+}
+
+/* Blocks in clusters of P (the launch's cluster size), a cluster a row: block q of a cluster
+ * takes the row's 4-id vectors [q * per, (q + 1) * per). */
+__global__ void __launch_bounds__(SP_THREADS, 1)
+    sample_kernel(const float *__restrict__ logits, int V, const duet_cuda_sample_row_t *__restrict__ rows,
+                  int32_t *__restrict__ out, uint32_t *__restrict__ keys_all)
+{
+    duet_pdl_wait();
+    __shared__ sp_smem sh;
+    cg::cluster_group cl = cg::this_cluster();
+    const unsigned P = cl.num_blocks(), rank = cl.block_rank();
+    const int row = (int)(blockIdx.x / P);
+    const duet_cuda_sample_row_t r = rows[row];
+    const int n4 = (V + 3) >> 2, per = (n4 + (int)P - 1) / (int)P;
+    sp_part pt;
+    pt.keys = keys_all + (size_t)row * (size_t)((V + 3) & ~3); /* 16-byte rows */
+    pt.V = V;
+    pt.beg4 = min(n4, (int)rank * per);
+    pt.end4 = min(n4, pt.beg4 + per);
+    int32_t bi = 0;
+    int32_t id = sp_row(sh, cl, r, logits + (size_t)r.row * V, pt, &bi);
+    cl.sync(); /* no block leaves while another may still read its shared memory */
+    if (rank == 0 && threadIdx.x == 0)
+        out[r.out] = id >= 0 ? id : bi;
 }
 
 extern "C" duet_status_t duet_cuda_sample(duet_cuda_t *c, const float *logits, int vocab,
@@ -596,10 +698,36 @@ extern "C" duet_status_t duet_cuda_sample(duet_cuda_t *c, const float *logits, i
             return duet_cuda_failf(c, DUET_ERR_INVALID, "sample: row %d's draw %llu is not below 2^53", k,
                                    (unsigned long long)rows[k].u);
     }
+    /* the largest cluster with which every row's is resident at once: a row of 129,280 ids is
+     * about 0.12 ms on one block (its instructions), so rows fewer than the SMs spread over them */
+    static const unsigned sizes[3] = {8, 4, 2};
+    unsigned P = 1;
+    for (int k = 0; k < 3 && P == 1; k++) {
+        if ((unsigned)vocab < sizes[k] * 8192u) /* below 8,192 ids a block the cluster's barriers cost more */
+            continue;
+        if (!c->sample_clusters[k]) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(sizes[k] * (unsigned)c->info.sm_count);
+            cfg.blockDim = dim3(SP_THREADS);
+            cudaLaunchAttribute at = {};
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = sizes[k];
+            at.val.clusterDim.y = 1;
+            at.val.clusterDim.z = 1;
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+            int num = 0;
+            DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveClusters(&num, sample_kernel, &cfg));
+            c->sample_clusters[k] = num > 0 ? num : -1;
+        }
+        if (c->sample_clusters[k] >= n)
+            P = sizes[k];
+    }
     void *keys, *args;
     DUET_TRY(duet_cuda_scratch(c, sizeof(uint32_t) * (size_t)((vocab + 3) & ~3) * (size_t)n, &keys));
     DUET_TRY(duet_cuda_args(c, rows, sizeof(*rows) * (size_t)n, &args));
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, sample_kernel, dim3(n), dim3(SP_THREADS), 0, logits, vocab,
-                                        (const duet_cuda_sample_row_t *)args, out, (uint32_t *)keys));
+    DUET_CUDA_CHECK(c, duet_cuda_launch_cluster(c, sample_kernel, dim3((unsigned)n * P), dim3(SP_THREADS), 0, P,
+                                                logits, vocab, (const duet_cuda_sample_row_t *)args, out,
+                                                (uint32_t *)keys));
     return DUET_OK;
 }
