@@ -43,8 +43,8 @@ typedef struct {
     void *gpu;          /* CUDA state (engine/tp_cuda.h: contexts, device weights, device pools); NULL on the CPU */
     float *logits;      /* (logit_rows, vocab) host rows the forward writes; pinned on the GPU */
     uint32_t logit_rows;
-    float *dlogits;     /* GPU: (logit_rows, vocab) on the first GPU, a decode step's logits (made by the first) */
-    int32_t *dids;      /* GPU: logit_rows greedy ids */
+    float *dlogits;     /* GPU: (logit_rows, vocab) on the first GPU, a step's logits rows (made at the first) */
+    int32_t *dids;      /* GPU: their logit_rows ids */
     /* staging counters: bytes moved and wall time of the copies (launch to completion) */
     uint64_t d2h_bytes, d2h_ns, d2h_calls;
     uint64_t h2d_bytes, h2d_ns, h2d_calls;
