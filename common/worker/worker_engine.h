@@ -14,10 +14,13 @@
  * kernels, one launch per pool, and return once the copy is complete.
  *
  * Sampling: a token is the same function of (logits, seed, position) on both
- * backends.  Sampled rows are drawn on the host (the logits buffer is pinned on
- * the GPU); in a decode step on the GPU the greedy rows take the device's
- * argmax, which picks what duet_sample() picks at temperature 0 bit for bit, so
- * only their ids cross to the host (duet_worker_engine_decode). */
+ * backends.  On the CPU every row is drawn by duet_sample_batch().  On the GPU a
+ * step's logits stay on the device: greedy rows take the device's argmax and
+ * sampled rows the device's draw (duet_cuda_sample), each picking what
+ * duet_sample() picks bit for bit, so only ids cross to the host
+ * (duet_worker_engine_decode, and duet_worker_engine_prefill for the first
+ * tokens); DUET_DRAW_HOST=1 draws sampled rows on the host instead (the logits
+ * buffer is pinned). */
 #ifndef DUET_WORKER_ENGINE_H
 #define DUET_WORKER_ENGINE_H
 
