@@ -642,7 +642,13 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
     if (layer >= 0 && duet_kv_cache_layer(dc->host, layer, &v) != DUET_OK)
         return duet_err_set(err, DUET_ERR_RANGE, "staging: no layer %d", layer);
     uint32_t np = duet_kv_cache_n_pages(dc->host), ns = duet_kv_cache_n_slots(dc->host);
+    /* every pool's unit ids in one list, one copy to the device, then a launch a pool back to back
+     * (duet_cuda_pages_copy_parts) */
+    duet_cuda_page_part_t part[DUET_POOL_COUNT];
+    int n_part = 0;
+    uint32_t *all = NULL, total = 0;
     uint64_t moved = 0;
+    duet_status_t st = DUET_OK;
     for (int k = 0; k < DUET_POOL_COUNT; k++) {
         const duet_cache_layout_t *l = duet_kv_cache_layout(dc->host, (duet_pool_kind_t)k);
         uint8_t *hb = duet_kv_cache_pool_base(dc->host, (duet_pool_kind_t)k);
@@ -658,23 +664,39 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
             units = v.n_units[k];
         }
         uint32_t *ids = NULL, cnt = 0;
-        DUET_TRY(stage_ids(l, units, n_layers, seqs, n_pages, n, &ids, &cnt, err));
+        if ((st = stage_ids(l, units, n_layers, seqs, n_pages, n, &ids, &cnt, err)) != DUET_OK)
+            goto out;
         if (!cnt)
             continue;
-        uint8_t *dev = dc->mem[k] + off, *host = dc->hmap[k] + off;
-        duet_status_t st = dir == DUET_STAGE_TO_HOST
-                               ? duet_cuda_pages_copy(dc->c, host, ids, dev, ids, cnt, l->page_bytes)
-                               : duet_cuda_pages_copy(dc->c, dev, ids, host, ids, cnt, l->page_bytes);
+        uint32_t *grown = cnt <= UINT32_MAX / 2 - total ? realloc(all, sizeof(uint32_t) * ((size_t)total + cnt)) : NULL;
+        if (!grown) {
+            free(ids);
+            st = duet_err_set(err, DUET_ERR_NOMEM, "staging: %u unit ids", total + cnt);
+            goto out;
+        }
+        all = grown;
+        memcpy(all + total, ids, sizeof(uint32_t) * cnt);
         free(ids);
-        if (st != DUET_OK)
-            return cuda_fail(dc->c, st, err);
+        uint8_t *dev = dc->mem[k] + off, *host = dc->hmap[k] + off;
+        int up = dir == DUET_STAGE_TO_DEVICE;
+        part[n_part++] = (duet_cuda_page_part_t){up ? dev : host, up ? host : dev, total, cnt, l->page_bytes};
+        total += cnt;
         moved += (uint64_t)cnt * l->page_bytes;
     }
-    if (duet_cuda_sync(dc->c) != DUET_OK)
-        return cuda_fail(dc->c, DUET_ERR_CUDA, err);
+    duet_status_t cs = duet_cuda_pages_copy_parts(dc->c, part, n_part, all, total);
+    if (cs != DUET_OK) {
+        st = cuda_fail(dc->c, cs, err);
+        goto out;
+    }
+    if (duet_cuda_sync(dc->c) != DUET_OK) {
+        st = cuda_fail(dc->c, DUET_ERR_CUDA, err);
+        goto out;
+    }
     if (bytes)
         *bytes = moved;
-    return DUET_OK;
+out:
+    free(all);
+    return st;
 }
 
 /* ---- the per-call plan ---------------------------------------------------

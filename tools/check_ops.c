@@ -2890,6 +2890,93 @@ static void case_pages(ck_t *ck, const char *what, uint64_t page_bytes, uint32_t
         duet_cuda_free(ck->c, dstage);
 }
 
+typedef struct {
+    duet_cuda_page_part_t *parts;
+    int n_parts;
+    uint32_t *ids;
+    uint32_t n_ids;
+} pp_arg_t;
+
+static duet_status_t pp_call(ck_t *ck, void *p)
+{
+    pp_arg_t *a = p;
+    return duet_cuda_pages_copy_parts(ck->c, a->parts, a->n_parts, a->ids, a->n_ids);
+}
+
+/* Several pools copied at the same units in one call (the workers' staging): pools of the given
+ * page sizes, `n` random units of each, every destination byte against the CPU's copy (units not
+ * listed keep their poison). */
+static void case_pages_parts(ck_t *ck, const char *what, int n_parts, const uint64_t *page_bytes, uint32_t units,
+                             uint32_t n)
+{
+    rng_t r;
+    char tag[80];
+    snprintf(tag, sizeof tag, "pages-parts/%s/%d/%u/%u", what, n_parts, units, n);
+    rng_init(&r, ck->seed, tag);
+    duet_cuda_page_part_t parts[8];
+    uint8_t *src_h[8], *dst_h[8], *want[8];
+    uint32_t *ids = xmalloc(sizeof(uint32_t) * (size_t)n * (size_t)n_parts), *perm = xmalloc(sizeof(uint32_t) * units);
+    double bytes = 0.0;
+    for (int p = 0; p < n_parts; p++) {
+        size_t pool = (size_t)units * page_bytes[p];
+        src_h[p] = rand_bytes(&r, pool);
+        want[p] = xmalloc(pool);
+        memset(want[p], 0xff, pool);
+        for (uint32_t i = 0; i < units; i++)
+            perm[i] = i;
+        for (uint32_t i = 0; i < n; i++) { /* n distinct units, in random order */
+            uint32_t j = i + (uint32_t)(rng_u64(&r) % (units - i)), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+            ids[(size_t)p * n + i] = perm[i];
+            memcpy(want[p] + (size_t)perm[i] * page_bytes[p], src_h[p] + (size_t)perm[i] * page_bytes[p],
+                   page_bytes[p]);
+        }
+        parts[p] = (duet_cuda_page_part_t){.dst = dmalloc(ck, pool),
+                                           .src = dupload(ck, src_h[p], pool),
+                                           .at = (uint32_t)p * n,
+                                           .n = n,
+                                           .page_bytes = page_bytes[p]};
+        dpoison(ck, parts[p].dst, pool);
+        bytes += 2.0 * (double)n * (double)page_bytes[p];
+    }
+    pp_arg_t a = {parts, n_parts, ids, n * (uint32_t)n_parts};
+    CK(pp_call(ck, &a));
+    row_t row = row_new("pages_parts", "%s x%d units=%u n=%u", what, n_parts, units, n);
+    size_t diff = 0, first = (size_t)-1;
+    int fp = -1;
+    for (int p = 0; p < n_parts; p++) {
+        size_t pool = (size_t)units * page_bytes[p];
+        dst_h[p] = xmalloc(pool);
+        ddownload(ck, dst_h[p], parts[p].dst, pool);
+        for (size_t i = 0; i < pool; i++)
+            if (dst_h[p][i] != want[p][i]) {
+                if (fp < 0) {
+                    fp = p;
+                    first = i;
+                }
+                diff++;
+            }
+    }
+    row.exact = 1;
+    row.tol = 0;
+    row.err = (double)diff;
+    row.pass = diff == 0;
+    if (diff)
+        snprintf(row.note, sizeof row.note, "part %d, first byte %zu differs", fp, first);
+    bench_row(ck, &row, pp_call, &a, bytes, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    for (int p = 0; p < n_parts; p++) {
+        free(src_h[p]);
+        free(dst_h[p]);
+        free(want[p]);
+        duet_cuda_free(ck->c, parts[p].dst);
+        duet_cuda_free(ck->c, (void *)parts[p].src);
+    }
+    free(ids);
+    free(perm);
+}
+
 static void group_pages(ck_t *ck)
 {
     duet_cache_layout_t kv = flash_layout(DUET_POOL_C4_KV, DUET_CACHE_FP8),
@@ -2906,6 +2993,10 @@ static void group_pages(ck_t *ck)
     case_pages(ck, "64KiB", 65536, 8192, 2048, 4, 0);
     case_pages(ck, "64KiB", 65536, 4096, 1024, 0, 1);
     case_pages(ck, "odd", 1000, 300, 77, 2, 0);
+    const uint64_t pools[3] = {kv.page_bytes, ik.page_bytes, swa.page_bytes};
+    case_pages_parts(ck, "c4kv+c4idx+swa", 3, pools, 1024, 40);
+    const uint64_t odd[2] = {1000, 48};
+    case_pages_parts(ck, "odd", 2, odd, 300, 77);
 }
 
 /* ---- copy_list ---- */

@@ -115,3 +115,21 @@ extern "C" duet_status_t duet_cuda_pages_copy(duet_cuda_t *c, uint8_t *dst_pool,
     const uint32_t *d = (const uint32_t *)dev;
     return duet_cuda_pages_copy_dev(c, dst_pool, d + n, src_pool, d, n, page_bytes);
 }
+
+extern "C" duet_status_t duet_cuda_pages_copy_parts(duet_cuda_t *c, const duet_cuda_page_part_t *parts, int n_parts,
+                                                    const uint32_t *ids, uint32_t n_ids)
+{
+    for (int p = 0; p < n_parts; p++)
+        if (parts[p].at > n_ids || parts[p].n > n_ids - parts[p].at)
+            return duet_cuda_failf(c, DUET_ERR_INVALID, "pages_copy_parts: part %d's ids [%u, +%u) of %u", p,
+                                   parts[p].at, parts[p].n, n_ids);
+    if (!n_ids)
+        return DUET_OK;
+    void *dev;
+    DUET_TRY(duet_cuda_args(c, ids, sizeof(uint32_t) * (size_t)n_ids, &dev));
+    const uint32_t *d = (const uint32_t *)dev;
+    for (int p = 0; p < n_parts; p++)
+        DUET_TRY(duet_cuda_pages_copy_dev(c, parts[p].dst, d + parts[p].at, parts[p].src, d + parts[p].at, parts[p].n,
+                                          parts[p].page_bytes));
+    return DUET_OK;
+}

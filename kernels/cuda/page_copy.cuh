@@ -32,6 +32,20 @@ duet_status_t duet_cuda_pages_copy_dev(duet_cuda_t *c, uint8_t *dst, const uint3
                                        const uint8_t *src, const uint32_t *src_ids_dev, uint32_t n,
                                        uint64_t page_bytes);
 
+/* Several pools' copies at the same units (dst[ids[j]] = src[ids[j]] for the part's ids): one
+ * host id list for all the parts (part p's at ids + at, n of them), queued to the device in one
+ * copy, then a launch a part, back to back.  (duet_cuda_pages_copy a part at a time waits, before
+ * queuing each part's ids, for the launch ahead of it.) */
+typedef struct {
+    uint8_t *dst;
+    const uint8_t *src;
+    uint32_t at, n;
+    uint64_t page_bytes;
+} duet_cuda_page_part_t;
+
+duet_status_t duet_cuda_pages_copy_parts(duet_cuda_t *c, const duet_cuda_page_part_t *parts, int n_parts,
+                                         const uint32_t *ids, uint32_t n_ids);
+
 #ifdef __cplusplus
 }
 #endif
