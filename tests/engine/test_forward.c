@@ -16,22 +16,12 @@
 
 #include "forward.h"
 #include "sampling.h"
+#include "test_prompt.h"
 
 static const char *g_model_dir;
 static duet_model_t *g_model;
 
 #define PROMPT_LEN 300
-
-static void make_prompt(int32_t *ids, int n, uint64_t seed, int vocab)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (int i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        ids[i] = (int32_t)(x % (uint64_t)vocab);
-    }
-}
 
 /* Prefill `n` tokens in chunks of the given sizes (cycled), collecting all logits (n, V). */
 static float *prefill_chunked(duet_kv_cache_t *cache, duet_seq_t *seq, const int32_t *ids, int n,

@@ -23,22 +23,12 @@
 
 #include "forward.h"
 #include "hicache.h"
+#include "test_prompt.h"
 
 #define PT 128
 #define N_PAGES 64
 
 static duet_model_t *g_model;
-
-static void make_prompt(int32_t *ids, int n, uint64_t seed, int vocab)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (int i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        ids[i] = (int32_t)(x % (uint64_t)vocab);
-    }
-}
 
 static duet_kv_cache_t *make_cache(duet_cache_dtype_t kv, duet_cache_dtype_t ik)
 {

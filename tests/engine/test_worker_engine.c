@@ -16,23 +16,13 @@
 #include "forward.h"
 #include "sampling.h"
 #include "worker_engine.h"
+#include "test_prompt.h"
 
 static const char *g_model_dir;
 static duet_model_t *g_model;
 
 #define N_SEQ 3
 static const int g_len[N_SEQ] = {40, 70, 30};
-
-static void make_prompt(int32_t *ids, int n, uint64_t seed, int vocab)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (int i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        ids[i] = (int32_t)(x % (uint64_t)vocab);
-    }
-}
 
 static duet_kv_cache_t *make_cache(void)
 {
