@@ -578,46 +578,44 @@ duet_status_t duet_kv_cache_cuda_map_host_shared(duet_kv_cache_cuda_t *dc, const
     return DUET_OK;
 }
 
-/* One pool's unit ids of the sequences over `n_layers` layers of `units` units each (layer-major). */
+/* One pool's unit ids of the sequences over `n_layers` layers of `units` units each
+ * (layer-major), appended to *list (of *len ids, grown here); *cnt: how many. */
 static duet_status_t stage_ids(const duet_cache_layout_t *l, uint32_t units, uint32_t n_layers,
-                               const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n, uint32_t **out,
-                               uint32_t *count, duet_err_t *err)
+                               const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n, uint32_t **list,
+                               uint32_t *len, uint32_t *cnt, duet_err_t *err)
 {
     size_t per = 0;
     for (uint32_t i = 0; i < n; i++)
         per += l->paged ? (n_pages ? n_pages[i] : seqs[i]->n_pages) : 1;
-    *out = NULL;
-    *count = 0;
+    *cnt = 0;
     if (!per)
         return DUET_OK;
-    if (per * n_layers > UINT32_MAX / 2)
-        return duet_err_set(err, DUET_ERR_RANGE, "staging: %zu units in one copy", per * n_layers);
-    uint32_t *ids = malloc(sizeof(uint32_t) * per * n_layers);
-    if (!ids)
+    if (per * n_layers > UINT32_MAX / 2 - *len)
+        return duet_err_set(err, DUET_ERR_RANGE, "staging: %zu units in one copy", per * n_layers + *len);
+    uint32_t *grown = realloc(*list, sizeof(uint32_t) * (*len + per * n_layers));
+    if (!grown)
         return duet_err_set(err, DUET_ERR_NOMEM, "out of memory");
+    *list = grown;
+    uint32_t *ids = grown + *len;
     size_t j = 0;
     for (uint32_t ly = 0; ly < n_layers; ly++)
         for (uint32_t i = 0; i < n; i++) {
             const duet_seq_t *s = seqs[i];
             if (!l->paged) {
-                if (s->slot >= units) {
-                    free(ids);
+                if (s->slot >= units)
                     return duet_err_set(err, DUET_ERR_RANGE, "staging: slot %u of %u", s->slot, units);
-                }
                 ids[j++] = ly * units + s->slot;
                 continue;
             }
             uint32_t np = n_pages ? n_pages[i] : s->n_pages;
             for (uint32_t p = 0; p < np; p++) {
-                if (s->pages[p] >= units) {
-                    free(ids);
+                if (s->pages[p] >= units)
                     return duet_err_set(err, DUET_ERR_RANGE, "staging: page %u of %u", s->pages[p], units);
-                }
                 ids[j++] = ly * units + s->pages[p];
             }
         }
-    *out = ids;
-    *count = (uint32_t)j;
+    *cnt = (uint32_t)j;
+    *len += (uint32_t)j;
     return DUET_OK;
 }
 
@@ -663,24 +661,14 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
             n_layers = 1;
             units = v.n_units[k];
         }
-        uint32_t *ids = NULL, cnt = 0;
-        if ((st = stage_ids(l, units, n_layers, seqs, n_pages, n, &ids, &cnt, err)) != DUET_OK)
+        uint32_t at = total, cnt = 0;
+        if ((st = stage_ids(l, units, n_layers, seqs, n_pages, n, &all, &total, &cnt, err)) != DUET_OK)
             goto out;
         if (!cnt)
             continue;
-        uint32_t *grown = cnt <= UINT32_MAX / 2 - total ? realloc(all, sizeof(uint32_t) * ((size_t)total + cnt)) : NULL;
-        if (!grown) {
-            free(ids);
-            st = duet_err_set(err, DUET_ERR_NOMEM, "staging: %u unit ids", total + cnt);
-            goto out;
-        }
-        all = grown;
-        memcpy(all + total, ids, sizeof(uint32_t) * cnt);
-        free(ids);
         uint8_t *dev = dc->mem[k] + off, *host = dc->hmap[k] + off;
         int up = dir == DUET_STAGE_TO_DEVICE;
-        part[n_part++] = (duet_cuda_page_part_t){up ? dev : host, up ? host : dev, total, cnt, l->page_bytes};
-        total += cnt;
+        part[n_part++] = (duet_cuda_page_part_t){up ? dev : host, up ? host : dev, at, cnt, l->page_bytes};
         moved += (uint64_t)cnt * l->page_bytes;
     }
     duet_status_t cs = duet_cuda_pages_copy_parts(dc->c, part, n_part, all, total);

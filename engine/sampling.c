@@ -24,10 +24,14 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+uint64_t duet_sample_draw53(uint64_t seed, int64_t position)
+{
+    return splitmix64(splitmix64(seed) ^ (uint64_t)position) >> 11;
+}
+
 double duet_sample_uniform(uint64_t seed, int64_t position)
 {
-    uint64_t r = splitmix64(splitmix64(seed) ^ (uint64_t)position);
-    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+    return (double)duet_sample_draw53(seed, position) * (1.0 / 9007199254740992.0);
 }
 
 typedef struct {
@@ -259,10 +263,6 @@ static sb_keep_t sb_cross(sample_ws_t *w, sb_keep_t k, int z, u128 rhs, int reac
     return k;
 }
 
-/* duet_sample with w's buffers (reserved here for the vocabulary; without memory, the greedy
- * pick, as before).  The order is (p desc, id asc); sums are exact, so the draw is the same
- * whatever order they are taken in: only the buckets where top-k, min-p, top-p or the draw
- * cut are sorted (a flat distribution's 129k candidates: about 110 a bucket). */
 /* ev[i] = duet_sample_exp(logits[i] * inv_t - mx): a loop without branches, which the compiler
  * vectorizes (engine/meson.build builds this file with -fno-trapping-math) */
 static void exp_row(const float *logits, int vocab, float inv_t, float mx, float *ev)
@@ -270,6 +270,11 @@ static void exp_row(const float *logits, int vocab, float inv_t, float mx, float
     for (int i = 0; i < vocab; i++)
         ev[i] = duet_sample_exp(logits[i] * inv_t - mx);
 }
+
+/* duet_sample with w's buffers (reserved here for the vocabulary; without memory, the greedy
+ * pick, as before).  The order is (p desc, id asc); sums are exact, so the draw is the same
+ * whatever order they are taken in: only the buckets where top-k, min-p, top-p or the draw
+ * cut are sorted (a flat distribution's 129k candidates: about 110 a bucket). */
 
 static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *s, int64_t position, sample_ws_t *w)
 {
@@ -374,7 +379,7 @@ static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *
         }
     }
     /* the draw: the first candidate whose running sum exceeds u * S (u = U * 2^-53) */
-    uint64_t u = (uint64_t)(duet_sample_uniform(s->seed, position) * 9007199254740992.0);
+    uint64_t u = duet_sample_draw53(s->seed, position);
     (void)sb_cross(w, k, 53, (u128)u * sum, 0, &id, &cut);
     return id;
 }

@@ -19,6 +19,9 @@ void duet_sampling_default(duet_sampling_t *s);
 
 /* Uniform [0, 1) draw for (seed, position): splitmix64 of the pair. */
 double duet_sample_uniform(uint64_t seed, int64_t position);
+/* The same draw as an integer below 2^53: duet_sample_uniform() * 2^53, exactly (what a draw
+ * compares, and what duet_cuda_sample takes). */
+uint64_t duet_sample_draw53(uint64_t seed, int64_t position);
 
 /* Pick a token from logits(vocab) for the token at `position`.  Greedy takes
  * the largest logit (lowest id on ties).  Otherwise: logits / temperature,

@@ -2732,7 +2732,7 @@ static void case_sample(ck_t *ck, const char *what, int rows, int vocab, int mod
                                          .min_p = s->min_p,
                                          .top_k = s->top_k,
                                          .out = b,
-                                         .u = (uint64_t)(duet_sample_uniform(s->seed, pos) * 9007199254740992.0)};
+                                         .u = duet_sample_draw53(s->seed, pos)};
         poss[b] = pos;
     }
     sp_arg_t a = {dupload(ck, l, 4 * nl), dmalloc(ck, 4 * (size_t)rows), sr, rows, vocab};

@@ -213,17 +213,17 @@ static duet_status_t dev_logits(duet_worker_engine_t *e, duet_cuda_t *c0, duet_e
 #endif
 
 /* Tokens for the nr logits rows of a step: row k is item it[k]'s, drawn with sp[it[k]] at
- * position pos[it[k]] into tok[it[k]].  On the CPU (dev 0) the rows are in e->logits and every
+ * position pos[it[k]] into tok[it[k]].  On the CPU the rows are in e->logits and every
  * one is drawn here, on up to `threads` threads.  On the GPU they are in e->dlogits: every row's
  * argmax, the sampled rows drawn on the device (duet_cuda_sample) or, with e->draw_host or a
  * vocabulary beyond the device draw's, their logits downloaded (one download a run of
  * consecutive rows) and drawn here; otherwise only ids come back.  `count`: into the draw
  * counters (decode's steps). */
-static duet_status_t pick_tokens(duet_worker_engine_t *e, int dev, int nr, const int *it,
-                                 const duet_sampling_t *const *sp, const int64_t *pos, int32_t *tok, int threads,
-                                 int count, duet_err_t *err)
+static duet_status_t pick_tokens(duet_worker_engine_t *e, int nr, const int *it, const duet_sampling_t *const *sp,
+                                 const int64_t *pos, int32_t *tok, int threads, int count, duet_err_t *err)
 {
     size_t V = (size_t)e->model->cfg.vocab_size;
+    const int dev = e->gpu != NULL;
     int *rows = malloc(sizeof(int) * (size_t)nr);
     const duet_sampling_t **sp2 = malloc(sizeof(*sp2) * (size_t)nr);
     int64_t *pos2 = malloc(sizeof(int64_t) * (size_t)nr);
@@ -252,14 +252,13 @@ static duet_status_t pick_tokens(duet_worker_engine_t *e, int dev, int nr, const
             }
             for (int j = 0; j < nd; j++) {
                 const duet_sampling_t *s = sp[it[rows[j]]];
-                double u = duet_sample_uniform(s->seed, pos[it[rows[j]]]);
                 sr[j] = (duet_cuda_sample_row_t){.row = rows[j],
                                                  .temperature = s->temperature,
                                                  .top_p = s->top_p,
                                                  .min_p = s->min_p,
                                                  .top_k = s->top_k,
                                                  .out = rows[j],
-                                                 .u = (uint64_t)(u * 9007199254740992.0)};
+                                                 .u = duet_sample_draw53(s->seed, pos[it[rows[j]]])};
             }
             duet_status_t sst = duet_cuda_sample(c0, e->dlogits, (int)V, sr, nd, e->dids); /* sr copied */
             free(sr);
@@ -353,7 +352,7 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
         goto out;
     for (int i = 0; i < n; i++)
         pos[i] = items[i].seq->n_past;
-    st = pick_tokens(e, e->gpu != NULL, n, it, sp, pos, tok, threads, 1, err);
+    st = pick_tokens(e, n, it, sp, pos, tok, threads, 1, err);
 out:
     free(it);
     free(pos);
@@ -385,7 +384,7 @@ duet_status_t duet_worker_engine_prefill(duet_worker_engine_t *e, duet_fwd_item_
         }
     duet_status_t st = forward_rows(e, items, n, nr, layer_done, arg, err);
     if (st == DUET_OK && nr > 0)
-        st = pick_tokens(e, e->gpu != NULL, nr, it, sp, pos, tok, threads, 0, err);
+        st = pick_tokens(e, nr, it, sp, pos, tok, threads, 0, err);
     free(it);
     return st;
 }

@@ -4,11 +4,11 @@
  * descending, id ascending) and the same exact sums, so the same top-k, min-p and top-p cuts and
  * the same draw.  Greedy rows (temperature <= 0, or NaN) take the argmax.
  *
- * One block a row.  Where the host sorts the buckets a cut falls in, the kernel finds each cut
- * by a radix search over the probabilities' bits with a count and an exact 128-bit sum per
- * bin (three levels: 11, 9 and 8 bits), and ties by id; since every sum is exact, a cut is the
- * same whatever order its terms are added in.  The rows' keys go to the context's scratch
- * (vocab * 4 bytes a row). */
+ * A cluster of up to 8 blocks a row (one block when the rows fill the SMs).  Where the host
+ * sorts the buckets a cut falls in, the kernel finds each cut by a radix search over the
+ * probabilities' bits with a count and an exact sum per bin (three levels: 11, 9 and 8 bits),
+ * and ties by id; since every sum is exact, a cut is the same whatever order its terms are
+ * added in.  The rows' keys go to the context's scratch (vocab * 4 bytes a row). */
 #ifndef DUET_CUDA_SAMPLE_CUH
 #define DUET_CUDA_SAMPLE_CUH
 
@@ -27,7 +27,7 @@ typedef struct {
     float min_p;       /* off unless > 0 */
     int32_t top_k;     /* off unless > 0 */
     int32_t out;       /* the token goes to out[this] */
-    uint64_t u;        /* duet_sample_uniform(seed, position) * 2^53: an integer below 2^53 */
+    uint64_t u;        /* duet_sample_draw53(seed, position): an integer below 2^53 */
 } duet_cuda_sample_row_t;
 
 /* The largest vocabulary: a bin's count and sum share a 64-bit word (sample.cu). */
