@@ -549,8 +549,7 @@ int main(int argc, char **argv)
     if (duet_worker_engine_open(&S.eng, &S.o, S.model, S.cache, S.o.max_batch < 1024 ? S.o.max_batch : 1024,
                                 &err) != DUET_OK)
         goto fail;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    S.sample_threads = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
+    S.sample_threads = duet_worker_engine_draw_threads();
     S.eng.receives = 1;
     if (duet_worker_net_open(&S.net, &S.o, &S.eng, handler, &S, &err) != DUET_OK)
         goto fail;

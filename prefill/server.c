@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "alloc.h"
 #include "ctl.h"
@@ -662,8 +661,7 @@ int main(int argc, char **argv)
     }
     if (duet_worker_engine_open(&S.eng, &S.o, S.model, S.cache, MAX_FINALS, &err) != DUET_OK)
         goto fail;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    S.sample_threads = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
+    S.sample_threads = duet_worker_engine_draw_threads();
     S.finals = duet_calloc(MAX_FINALS, sizeof(preq_t *));
     if (!S.finals) {
         duet_err_set(&err, DUET_ERR_NOMEM, "out of memory");

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "duet_config.h"
@@ -153,6 +154,12 @@ void duet_worker_engine_close(duet_worker_engine_t *e)
 #endif
     free(e->logits);
     e->logits = NULL;
+}
+
+int duet_worker_engine_draw_threads(void)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    return ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
 }
 
 /* A step's draws into the counters (host ones, or the GPU's): rows, and the time since t0 (a

@@ -114,6 +114,8 @@ duet_status_t duet_worker_engine_xfer_register(duet_worker_engine_t *e, duet_xfe
 
 /* One log line with the staging counters (GPU only). */
 void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who);
+/* Threads for a step's host draws: the host's cores, at most 16. */
+int duet_worker_engine_draw_threads(void);
 /* The decode steps' draws: a line for the host's (rows drawn of the rows stepped, steps with any
  * of the steps, the mean time of a step's draws) and on the GPU one for the device's. */
 void duet_worker_engine_log_draws(const duet_worker_engine_t *e, const char *who);
