@@ -1404,10 +1404,233 @@ static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, u
         }
     }
     print_row(ck, &row);
+    /* the same load from a pool 4 bytes off 16-byte alignment: the block-an-entry kernel that
+     * layouts not aligned for the warp kernel take */
+    row = row_new("cache_load", "%s %s %u x %uB, pool unaligned", pn, dn, n_entries, l.entry_bytes);
+    uint8_t *dodd = dmalloc(ck, pool_bytes + 16);
+    CK(duet_cuda_upload(ck->c, dodd + 4, pool, pool_bytes));
+    dpoison(ck, a.dvec, 4 * nv);
+    CK(duet_cuda_cache_load(ck->c, &l, dodd + 4, a.dunit, a.didx, a.dvec, a.n));
+    ddownload(ck, gv, a.dvec, 4 * nv);
+    row_bytes(&row, gv, cv, 4 * nv);
+    print_row(ck, &row);
+    duet_cuda_free(ck->c, dodd);
     free(g16); free(c16);
     free(unit); free(idx); free(vec); free(pool); free(gpool); free(gv); free(cv);
     duet_cuda_free(ck->c, a.dpool); duet_cuda_free(ck->c, a.dunit); duet_cuda_free(ck->c, a.didx);
     duet_cuda_free(ck->c, a.dvec);
+}
+
+/* duet_cuda_cache_load_sel(_bf16) against duet_cache_entry_load, bit for bit over the whole output
+ * (slots not selected keep their poison): rows sequences of random lengths over one page table,
+ * each with up to k selected entries (some -1), as attention's compressed keys are loaded. */
+typedef struct {
+    const duet_cache_layout_t *l;
+    uint8_t *dpool;
+    int32_t *dsel, *dnsel, *dpoff, *ddst;
+    uint32_t *dpages;
+    void *dout;
+    int k, rows, bf16;
+} ls_arg_t;
+
+static duet_status_t ls_call(ck_t *ck, void *p)
+{
+    ls_arg_t *a = p;
+    if (a->bf16)
+        return duet_cuda_cache_load_sel_bf16(ck->c, a->l, a->dpool, a->dsel, a->k, a->rows, a->dnsel, a->dpages,
+                                             a->dpoff, a->ddst, a->dout);
+    return duet_cuda_cache_load_sel(ck->c, a->l, a->dpool, a->dsel, a->k, a->rows, a->dnsel, a->dpages, a->dpoff,
+                                    a->ddst, a->dout);
+}
+
+static void case_load_sel(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, int rows, int k, int max_entries)
+{
+    duet_cache_layout_t l = flash_layout(kind, dt);
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "lsel/%d/%d/%d/%d", (int)kind, (int)dt, rows, k);
+    rng_init(&r, ck->seed, tag);
+    uint32_t epp = l.entries_per_page, dim = l.vec_dim;
+    int32_t *nsel = xmalloc(4 * (size_t)rows), *poff = xmalloc(4 * (size_t)rows), *dst = xmalloc(4 * (size_t)rows);
+    int32_t *sel = xmalloc(4 * (size_t)rows * k), *len = xmalloc(4 * (size_t)rows);
+    size_t n_pt = 0, n_out = 0, n_loaded = 0;
+    for (int b = 0; b < rows; b++) {
+        len[b] = (int32_t)(rng_u64(&r) % (uint64_t)(max_entries + 1));
+        poff[b] = (int32_t)n_pt;
+        n_pt += (len[b] + epp - 1) / epp;
+        nsel[b] = len[b] < k ? len[b] : k;
+        dst[b] = (int32_t)n_out;
+        n_out += (size_t)k + b % 3; /* gaps between rows stay poisoned */
+        for (int j = 0; j < k; j++)
+            sel[(size_t)b * k + j] = j < nsel[b] && rng_u64(&r) % 16 ? (int32_t)(rng_u64(&r) % (uint64_t)len[b]) : -1;
+    }
+    uint32_t units = (uint32_t)n_pt + 5;
+    uint32_t *pages = xmalloc(4 * (n_pt + 1));
+    for (size_t i = 0; i < n_pt; i++) /* page ids in random order, some shared by two rows */
+        pages[i] = (uint32_t)(rng_u64(&r) % units);
+    size_t pool_bytes = (size_t)units * l.page_bytes;
+    uint8_t *pool = rand_bytes(&r, pool_bytes);
+    float *vec = xmalloc(4 * (size_t)dim);
+    for (uint32_t u = 0; u < units; u++) /* every slot an entry the CPU's codec stored (random bytes would hold
+                                            e4m3 NaN codes, whose product's NaN bits differ by the machine) */
+        for (uint32_t ix = 0; ix < epp; ix++) {
+            for (uint32_t i = 0; i < dim; i++)
+                vec[i] = rng_normal(&r) * ((u + ix) % 29 == 0 ? 300.0f : 2.0f);
+            if ((u + ix) % 31 == 0)
+                memset(vec, 0, 4 * (dim < 64 ? dim : 64)); /* an all-zero scale block */
+            duet_cache_entry_store(&l, pool + (size_t)u * l.page_bytes, ix, vec);
+        }
+    free(vec);
+    size_t nv = n_out * dim;
+    float *cv = xmalloc(4 * nv), *gv = xmalloc(4 * nv);
+    uint16_t *c16 = xmalloc(2 * nv), *g16 = xmalloc(2 * nv);
+    memset(cv, 0xff, 4 * nv);
+    memset(c16, 0xff, 2 * nv);
+    for (int b = 0; b < rows; b++)
+        for (int j = 0; j < nsel[b]; j++) {
+            int32_t e = sel[(size_t)b * k + j];
+            if (e < 0)
+                continue;
+            float *o = cv + ((size_t)dst[b] + j) * dim;
+            duet_cache_entry_load(&l, pool + (size_t)pages[poff[b] + e / (int32_t)epp] * l.page_bytes,
+                                  (uint32_t)e % epp, o);
+            for (uint32_t i = 0; i < dim; i++)
+                c16[((size_t)dst[b] + j) * dim + i] = duet_f32_to_bf16(o[i]);
+            n_loaded++;
+        }
+    ls_arg_t a = {&l,
+                  dupload(ck, pool, pool_bytes),
+                  dupload(ck, sel, 4 * (size_t)rows * k),
+                  dupload(ck, nsel, 4 * (size_t)rows),
+                  dupload(ck, poff, 4 * (size_t)rows),
+                  dupload(ck, dst, 4 * (size_t)rows),
+                  dupload(ck, pages, 4 * (n_pt + 1)),
+                  dmalloc(ck, 4 * nv),
+                  k,
+                  rows,
+                  0};
+    const char *dn = duet_cache_dtype_name(dt), *pn = duet_pool_kind_name(kind);
+    double io = (double)n_loaded * (l.entry_bytes + 4.0 * dim);
+    row_t row = row_new("cache_load_sel", "%s %s rows=%d k=%d (%zu loaded)", pn, dn, rows, k, n_loaded);
+    dpoison(ck, a.dout, 4 * nv);
+    CK(ls_call(ck, &a));
+    ddownload(ck, gv, a.dout, 4 * nv);
+    row_bytes(&row, gv, cv, 4 * nv);
+    bench_row(ck, &row, ls_call, &a, io, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    row = row_new("cache_load_sel_bf16", "%s %s rows=%d k=%d (%zu loaded)", pn, dn, rows, k, n_loaded);
+    a.bf16 = 1;
+    dpoison(ck, a.dout, 2 * nv);
+    CK(ls_call(ck, &a));
+    ddownload(ck, g16, a.dout, 2 * nv);
+    row_bytes(&row, g16, c16, 2 * nv);
+    bench_row(ck, &row, ls_call, &a, (double)n_loaded * (l.entry_bytes + 2.0 * dim), 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    free(nsel);
+    free(poff);
+    free(dst);
+    free(sel);
+    free(len);
+    free(pages);
+    free(pool);
+    free(cv);
+    free(gv);
+    free(c16);
+    free(g16);
+    duet_cuda_free(ck->c, a.dpool);
+    duet_cuda_free(ck->c, a.dsel);
+    duet_cuda_free(ck->c, a.dnsel);
+    duet_cuda_free(ck->c, a.dpoff);
+    duet_cuda_free(ck->c, a.ddst);
+    duet_cuda_free(ck->c, a.dpages);
+    duet_cuda_free(ck->c, a.dout);
+}
+
+/* duet_cuda_gather_rows_to(_bf16) against the plain loop, bit for bit over the whole output (rows
+ * not written keep their poison).  off shifts both buffers by that many values: 16-byte alignment
+ * and dim % 8 take the eight-a-thread kernel, anything else the element-a-thread one. */
+typedef struct {
+    void *ddst;
+    float *dsrc;
+    int32_t *ddi, *dsi;
+    int n, dim, bf16;
+} gt_arg_t;
+
+static duet_status_t gt_call(ck_t *ck, void *p)
+{
+    gt_arg_t *a = p;
+    if (a->bf16)
+        return duet_cuda_gather_rows_to_bf16(ck->c, a->ddst, a->ddi, a->dsrc, a->dsi, a->n, a->dim);
+    return duet_cuda_gather_rows_to(ck->c, a->ddst, a->ddi, a->dsrc, a->dsi, a->n, a->dim);
+}
+
+static void case_gather_to(ck_t *ck, int n, int dim, int src_rows, int dst_rows, int off)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "gto/%d/%d/%d", n, dim, off);
+    rng_init(&r, ck->seed, tag);
+    size_t ns = (size_t)src_rows * dim, nd = (size_t)dst_rows * dim;
+    float *src = rand_f32(&r, ns, 3.0f);
+    for (size_t i = 0; i < ns; i += 61) /* bf16's corner cases: NaN, infinities, a rounding tie */
+        src[i] = i % 3 == 0 ? NAN : i % 3 == 1 ? -INFINITY : 1.00390625f;
+    int32_t *di = xmalloc(4 * (size_t)n), *si = xmalloc(4 * (size_t)n);
+    uint32_t *perm = xmalloc(4 * (size_t)dst_rows);
+    for (int i = 0; i < dst_rows; i++)
+        perm[i] = (uint32_t)i;
+    for (int i = dst_rows - 1; i > 0; i--) {
+        int j = (int)(rng_u64(&r) % (uint64_t)(i + 1));
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int i = 0; i < n; i++) {
+        di[i] = (int32_t)perm[i]; /* distinct destinations */
+        si[i] = (int32_t)(rng_u64(&r) % (uint64_t)src_rows);
+    }
+    float *cref = xmalloc(4 * nd), *gout = xmalloc(4 * nd);
+    uint16_t *c16 = xmalloc(2 * nd), *g16 = xmalloc(2 * nd);
+    memset(cref, 0xff, 4 * nd);
+    memset(c16, 0xff, 2 * nd);
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < dim; d++) {
+            float v = src[(size_t)si[i] * dim + d];
+            cref[(size_t)di[i] * dim + d] = v;
+            c16[(size_t)di[i] * dim + d] = duet_f32_to_bf16(v);
+        }
+    float *dsrc = dmalloc(ck, 4 * (ns + 8));
+    uint8_t *dout = dmalloc(ck, 4 * (nd + 8));
+    CK(duet_cuda_upload(ck->c, dsrc + off, src, 4 * ns));
+    gt_arg_t a = {
+        dout + 4 * off, dsrc + off, dupload(ck, di, 4 * (size_t)n), dupload(ck, si, 4 * (size_t)n), n, dim, 0};
+    row_t row = row_new("gather_rows_to", "n=%d dim=%d%s", n, dim, off ? ", unaligned" : "");
+    dpoison(ck, a.ddst, 4 * nd);
+    CK(gt_call(ck, &a));
+    ddownload(ck, gout, a.ddst, 4 * nd);
+    row_bytes(&row, gout, cref, 4 * nd);
+    bench_row(ck, &row, gt_call, &a, 8.0 * n * dim, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    row = row_new("gather_rows_to_bf16", "n=%d dim=%d%s", n, dim, off ? ", unaligned" : "");
+    a.bf16 = 1;
+    a.ddst = dout + 2 * off;
+    dpoison(ck, a.ddst, 2 * nd);
+    CK(gt_call(ck, &a));
+    ddownload(ck, g16, a.ddst, 2 * nd);
+    row_bytes(&row, g16, c16, 2 * nd);
+    bench_row(ck, &row, gt_call, &a, 6.0 * n * dim, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    free(src);
+    free(di);
+    free(si);
+    free(perm);
+    free(cref);
+    free(gout);
+    free(c16);
+    free(g16);
+    duet_cuda_free(ck->c, dsrc);
+    duet_cuda_free(ck->c, dout);
+    duet_cuda_free(ck->c, a.ddi);
+    duet_cuda_free(ck->c, a.dsi);
 }
 
 /* duet_cuda_kv_entries against duet_kv_cache_entries on the host, exactly: n_runs sequences of
@@ -1481,6 +1704,14 @@ static void group_cache(ck_t *ck)
     case_cache(ck, DUET_POOL_C128_KV, DUET_CACHE_FP8, 37);
     case_cache(ck, DUET_POOL_C4_INDEX_K, DUET_CACHE_FP8, 8192);
     case_cache(ck, DUET_POOL_C4_INDEX_K, DUET_CACHE_BF16, 8192);
+    /* attention's selected compressed keys, and its key rows gathered (batch 32 at 4k: 512 of up
+     * to 1024 entries a row; 160 keys a row) */
+    case_load_sel(ck, DUET_POOL_C4_KV, DUET_CACHE_FP8, 32, 512, 1024);
+    case_load_sel(ck, DUET_POOL_C4_KV, DUET_CACHE_BF16, 32, 512, 1024);
+    case_load_sel(ck, DUET_POOL_C4_KV, DUET_CACHE_FP8, 5, 37, 40);
+    case_gather_to(ck, 32 * 160, 512, 32 * 160 + 17, 32 * 700, 0);
+    case_gather_to(ck, 1000, 512, 1200, 1100, 2);
+    case_gather_to(ck, 333, 12, 400, 350, 0);
     /* index lists from page tables (the forward's index-K list) */
     case_kv_entries(ck, 1, 1, 64);
     case_kv_entries(ck, 32, 1024, 64);   /* batch 32 at 4k context */
@@ -2539,6 +2770,37 @@ static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
         bench_row(ck, &row, hcprenorm_call, &a, 4.0 * (nx + nfn + (size_t)n * (2 * dim + hc + hc * hc)),
                   2.0 * (double)mix * hc * dim * n + 4.0 * nx, BOUND_FP32);
         print_row(ck, &row);
+        /* batch invariance (the engine's mode): the last row alone gives the bits it gets among the n
+         * (at 64 rows and more the partial sums take eight rows a block, alone four) */
+        if (n > 1) {
+            duet_cuda_set_invariant(ck->c, 1);
+            size_t last = (size_t)(n - 1);
+            float *ya = xmalloc(4 * (size_t)dim), *pa = xmalloc(4 * (size_t)hc), *ca = xmalloc(4 * (size_t)hc * hc);
+            CK(hcprenorm_call(ck, &a));
+            ddownload(ck, y2, a.dy, 4 * (size_t)n * dim);
+            ddownload(ck, p2, a.dpost, 4 * (size_t)n * hc);
+            ddownload(ck, c2, a.dcomb, 4 * (size_t)n * hc * hc);
+            hc_arg_t one = a;
+            one.dx = a.dx + last * hc * dim;
+            one.n = 1;
+            dpoison(ck, a.dy, 4 * (size_t)dim);
+            CK(hcprenorm_call(ck, &one));
+            ddownload(ck, ya, a.dy, 4 * (size_t)dim);
+            ddownload(ck, pa, a.dpost, 4 * (size_t)hc);
+            ddownload(ck, ca, a.dcomb, 4 * (size_t)hc * hc);
+            row = row_new("hc_pre_norm", "invariant: row %d of %d alone, hc=%d dim=%d", n - 1, n, hc, dim);
+            row_bytes(&row, ya, y2 + last * dim, 4 * (size_t)dim);
+            if (row.pass &&
+                (memcmp(pa, p2 + last * hc, 4 * (size_t)hc) || memcmp(ca, c2 + last * hc * hc, 4 * (size_t)hc * hc))) {
+                row.pass = 0;
+                snprintf(row.note, sizeof row.note, "post or comb differ alone");
+            }
+            print_row(ck, &row);
+            duet_cuda_set_invariant(ck->c, 0);
+            free(ya);
+            free(pa);
+            free(ca);
+        }
         /* hc_head_norm the same way */
         CK(hchead_call(ck, &a));
         CK(duet_cuda_rmsnorm(ck->c, a.dout, a.dnw, n, dim, 1e-6f, a.dy));
@@ -2589,6 +2851,7 @@ static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
 static void group_hc(ck_t *ck)
 {
     case_hc(ck, 32, 4, 4096, 20);
+    case_hc(ck, 128, 4, 4096, 20);
     case_hc(ck, 1, 4, 4096, 20);
     case_hc(ck, 512, 4, 4096, 20);
     case_hc(ck, 3, 3, 100, 5);
