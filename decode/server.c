@@ -26,6 +26,7 @@
 #include "xfer.h"
 
 #define GRACE_MS 60000 /* data-plane record kept this long past the wait deadline */
+#define DUET_XFER_POLL_MAX 32 /* data-plane events taken a poll; the arrivals among them share one upload */
 
 typedef struct {
     duet_sampling_t sp;
@@ -359,7 +360,50 @@ static void prefill_dead(dsrv_t *s, const char *prefill_id)
     duet_warn("prefill worker %s failed: %d requests ended, their pages released", id, n);
 }
 
-static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
+/* A request whose input arrived in one poll of the data plane, its first token not yet delivered */
+typedef struct {
+    duet_dreq_t *r;
+    int32_t first_token;
+} arrival_t;
+
+/* The poll's arrivals: on the GPU, their received pages and slots host -> device pools in one copy
+ * (one wait for all instead of one each); then each one's first token, in arrival order.  Nothing
+ * else runs between a request's TransferDone and here (no command is served inside a poll), so
+ * each is still DECODING and holds its pages. */
+static void arrive(dsrv_t *s, arrival_t *a, uint32_t n)
+{
+    if (!n)
+        return;
+    if (duet_worker_engine_on_gpu(&s->eng)) {
+        const duet_seq_t *seqs[DUET_XFER_POLL_MAX];
+        uint32_t np[DUET_XFER_POLL_MAX];
+        for (uint32_t i = 0; i < n; i++) {
+            const dd_t *u = a[i].r->user;
+            seqs[i] = &a[i].r->seq;
+            np[i] = u && u->n_prompt_pages <= a[i].r->seq.n_pages ? u->n_prompt_pages : a[i].r->seq.n_pages;
+        }
+        duet_err_t err = {0};
+        duet_status_t st = duet_worker_engine_to_device_n(&s->eng, seqs, np, n, &err);
+        if (st != DUET_OK) {
+            for (uint32_t i = 0; i < n; i++) {
+                duet_dreq_t *r = a[i].r;
+                duet_log_rid(DUET_LOG_ERROR, r->rid, "copy of the received pages to the device failed: %s",
+                             duet_err_text(&err));
+                emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ERROR,
+                              DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, st);
+                free_dd(s, r);
+                duet_dreq_finish(s->tab, r->rid);
+            }
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        duet_log_rid(DUET_LOG_DEBUG, a[i].r->rid, "input arrived, first token %d", a[i].first_token);
+        deliver_token(s, a[i].r, a[i].first_token);
+    }
+}
+
+static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev, arrival_t *arr, uint32_t *n_arr)
 {
     duet_dreq_t *r = duet_dreq_find(s->tab, ev->rid);
     if (!r || r->epoch != ev->epoch)
@@ -387,24 +431,9 @@ static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
         r->seq.n_past = r->prompt_len;
         if (r->user)
             ((dd_t *)r->user)->cached_tokens = ev->cached_tokens;
-        if (duet_worker_engine_on_gpu(&s->eng)) {
-            /* what arrived (verified) in the host pools: the prompt's pages and the slot -> device pools */
-            const dd_t *u = r->user;
-            duet_err_t err = {0};
-            uint32_t np = u && u->n_prompt_pages <= r->seq.n_pages ? u->n_prompt_pages : r->seq.n_pages;
-            duet_status_t st = duet_worker_engine_to_device(&s->eng, &r->seq, np, &err);
-            if (st != DUET_OK) {
-                duet_log_rid(DUET_LOG_ERROR, r->rid, "copy of the received pages to the device failed: %s",
-                             duet_err_text(&err));
-                emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ERROR,
-                              DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, st);
-                free_dd(s, r);
-                duet_dreq_finish(s->tab, r->rid);
-                return;
-            }
-        }
-        duet_log_rid(DUET_LOG_DEBUG, r->rid, "input arrived, first token %d", ev->first_token);
-        deliver_token(s, r, ev->first_token);
+        /* what arrived (verified) in the host pools: the prompt's pages and the slot go to the device
+         * pools with the poll's other arrivals (arrive) */
+        arr[(*n_arr)++] = (arrival_t){r, ev->first_token};
         return;
     }
     /* the transfer failed: the request ends; whether its pages may be reused depends on why */
@@ -422,12 +451,16 @@ static void on_recv_event(dsrv_t *s, const duet_xfer_event_t *ev)
 
 static void drain_xfer(dsrv_t *s)
 {
-    duet_xfer_event_t ev[32];
+    duet_xfer_event_t ev[DUET_XFER_POLL_MAX];
+    arrival_t arr[DUET_XFER_POLL_MAX];
     uint32_t n;
-    while ((n = duet_xfer_poll(s->net.xfer, ev, 32)) > 0)
+    while ((n = duet_xfer_poll(s->net.xfer, ev, DUET_XFER_POLL_MAX)) > 0) {
+        uint32_t n_arr = 0;
         for (uint32_t i = 0; i < n; i++)
             if (ev[i].kind == DUET_XFER_EV_RECV)
-                on_recv_event(s, &ev[i]);
+                on_recv_event(s, &ev[i], arr, &n_arr);
+        arrive(s, arr, n_arr);
+    }
 }
 
 static void expire_waiting(dsrv_t *s)

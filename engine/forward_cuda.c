@@ -619,9 +619,9 @@ static duet_status_t stage_ids(const duet_cache_layout_t *l, uint32_t units, uin
     return DUET_OK;
 }
 
-duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
-                                       const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
-                                       uint64_t *bytes, duet_err_t *err)
+static duet_status_t stage_copy(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
+                                const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n, int wait,
+                                uint64_t *bytes, duet_err_t *err)
 {
     if (bytes)
         *bytes = 0;
@@ -676,7 +676,7 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
         st = cuda_fail(dc->c, cs, err);
         goto out;
     }
-    if (duet_cuda_sync(dc->c) != DUET_OK) {
+    if (wait && duet_cuda_sync(dc->c) != DUET_OK) {
         st = cuda_fail(dc->c, DUET_ERR_CUDA, err);
         goto out;
     }
@@ -685,6 +685,20 @@ duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_
 out:
     free(all);
     return st;
+}
+
+duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
+                                       const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
+                                       uint64_t *bytes, duet_err_t *err)
+{
+    return stage_copy(dc, dir, layer, seqs, n_pages, n, 1, bytes, err);
+}
+
+duet_status_t duet_kv_cache_cuda_stage_queue(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
+                                             const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
+                                             uint64_t *bytes, duet_err_t *err)
+{
+    return stage_copy(dc, dir, layer, seqs, n_pages, n, 0, bytes, err);
 }
 
 /* ---- the per-call plan ---------------------------------------------------
@@ -1944,7 +1958,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         if ((st = attention(F, l, err)) != DUET_OK)
             goto out;
         if (opts && opts->layer_done) {
-            if (duet_cuda_sync(mc->c) != DUET_OK) {
+            if (!opts->layer_done_queued && duet_cuda_sync(mc->c) != DUET_OK) {
                 st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
                 goto out;
             }

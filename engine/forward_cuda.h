@@ -104,6 +104,12 @@ typedef enum { DUET_STAGE_TO_HOST = 0, DUET_STAGE_TO_DEVICE = 1 } duet_stage_dir
 duet_status_t duet_kv_cache_cuda_stage(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
                                        const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
                                        uint64_t *bytes, duet_err_t *err);
+/* The same copy queued on the forward's stream behind what is queued there (a layer's work), and
+ * not waited for: the caller marks a fence (duet_cuda_fence on the pools' context) and waits on it
+ * before anything reads what the copy writes. */
+duet_status_t duet_kv_cache_cuda_stage_queue(duet_kv_cache_cuda_t *dc, duet_stage_dir_t dir, int layer,
+                                             const duet_seq_t *const *seqs, const uint32_t *n_pages, uint32_t n,
+                                             uint64_t *bytes, duet_err_t *err);
 
 /* What one forward call moved and computed (for roofline ratios). */
 typedef struct {
@@ -118,6 +124,9 @@ typedef struct {
 
 typedef struct {
     duet_layer_done_fn layer_done; /* as duet_forward_hooked (called after a device sync) */
+    /* layer_done called as soon as the layer's attention is queued, without the sync: the hook
+     * orders its own work on the stream and fences it (the prefill server's staging copies) */
+    int layer_done_queued;
     void *arg;
     /* Non-NULL: the logits rows go here (device memory, the items' rows in item order:
      * one for LAST, n_tokens for ALL) and the items' host buffers are not written. */

@@ -333,6 +333,36 @@ duet_status_t duet_tp_cuda_map_host(duet_tp_cuda_t *t, duet_err_t *err)
     return DUET_OK;
 }
 
+duet_status_t duet_tp_cuda_stage_queue(duet_tp_cuda_t *t, int layer, const duet_seq_t *const *seqs, uint32_t n,
+                                       uint64_t *bytes, duet_err_t *err)
+{
+    duet_status_t st = t->size > 1 ? duet_cuda_bind(t->ranks[0].cu) : DUET_OK;
+    if (st != DUET_OK) {
+        if (err)
+            *err = *duet_cuda_error(t->ranks[0].cu);
+        return st;
+    }
+    return duet_kv_cache_cuda_stage_queue(t->ranks[0].dc, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, bytes, err);
+}
+
+static duet_status_t fence_op(duet_tp_cuda_t *t, int slot, int wait, duet_err_t *err)
+{
+    duet_cuda_t *c = t->ranks[0].cu;
+    duet_status_t st = t->size > 1 ? duet_cuda_bind(c) : DUET_OK;
+    if (st == DUET_OK)
+        st = wait ? duet_cuda_fence_wait(c, slot) : duet_cuda_fence(c, slot);
+    if (st != DUET_OK && err)
+        *err = *duet_cuda_error(c);
+    return st;
+}
+
+duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err) { return fence_op(t, slot, 0, err); }
+
+duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, duet_err_t *err)
+{
+    return fence_op(t, slot, 1, err);
+}
+
 duet_status_t duet_tp_cuda_stage(duet_tp_cuda_t *t, duet_stage_dir_t dir, int layer, const duet_seq_t *const *seqs,
                                  const uint32_t *n_pages, uint32_t n, uint64_t *bytes, duet_err_t *err)
 {

@@ -66,6 +66,7 @@ typedef struct {
     /* step scratch for the layer hook */
     preq_t **finals;
     uint32_t n_finals;
+    int staged; /* the layer whose copy to the host pools is queued and whose puts wait for it; -1: none */
 } psrv_t;
 
 static volatile int g_stop;
@@ -382,28 +383,11 @@ static const duet_seq_t *own_pages(const psrv_t *s, const preq_t *r, int64_t upt
     return view;
 }
 
-static duet_status_t layer_done(void *arg, int layer)
+/* The puts of layer `layer`'s units of the requests finishing in this step */
+static void send_puts(psrv_t *s, int layer)
 {
-    psrv_t *s = arg;
-    /* commands are served between layers too, so a long step does not hold the router's calls */
-    duet_ctl_server_poll(s->net.srv, 0, NULL);
-    duet_worker_notify_watchdog(&s->net);
     const duet_model_config_t *c = &s->model->cfg;
     int ratio = c->compress_ratios[layer], ri = duet_cfg_ratio_layer_index(c, layer);
-    if (duet_worker_engine_on_gpu(&s->eng) && s->n_finals) {
-        /* the layer's units of the requests finishing now: device pools -> host pools (the data
-         * plane's memory), one batched copy, complete before any put reads them */
-        const duet_seq_t *seqs[MAX_FINALS];
-        duet_seq_t views[MAX_FINALS];
-        duet_err_t err = {0};
-        for (uint32_t i = 0; i < s->n_finals; i++)
-            seqs[i] = own_pages(s, s->finals[i], s->finals[i]->n_tokens, &views[i]);
-        duet_status_t st = duet_worker_engine_to_host(&s->eng, layer, seqs, s->n_finals, &err);
-        if (st != DUET_OK) {
-            duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
-            return st;
-        }
-    }
     for (uint32_t i = 0; i < s->n_finals; i++) {
         preq_t *r = s->finals[i];
         duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_SWA_KV, (uint32_t)layer);
@@ -416,6 +400,50 @@ static duet_status_t layer_done(void *arg, int layer)
             duet_xfer_send_put(s->net.xfer, r->tid, DUET_POOL_STATE_C128, (uint32_t)ri);
         }
     }
+}
+
+#define STAGE_FENCE(layer) ((layer)&1) /* two fence slots: the layer being copied and the one before */
+
+/* The staged layer's copy complete, then its puts; nothing staged afterwards. */
+static duet_status_t ship_staged(psrv_t *s, duet_err_t *err)
+{
+    if (s->staged < 0)
+        return DUET_OK;
+    int layer = s->staged;
+    s->staged = -1;
+    duet_status_t st = duet_worker_engine_fence_wait(&s->eng, STAGE_FENCE(layer), err);
+    if (st != DUET_OK)
+        return st;
+    send_puts(s, layer);
+    return DUET_OK;
+}
+
+/* After each layer's attention (on the GPU: once it is queued): the layer's units of the requests
+ * finishing in this step go device -> host pools (one batched copy queued behind the layer, a
+ * fence behind it), and the layer before, whose copy the GPU has passed by now or will before
+ * this layer's, is shipped: its fence waited for, its puts sent.  So the host never waits for the
+ * layer it has just queued, and the GPU is never without the next layer's work. */
+static duet_status_t layer_done(void *arg, int layer)
+{
+    psrv_t *s = arg;
+    /* commands are served between layers too, so a long step does not hold the router's calls */
+    duet_ctl_server_poll(s->net.srv, 0, NULL);
+    duet_worker_notify_watchdog(&s->net);
+    if (!s->n_finals)
+        return DUET_OK;
+    const duet_seq_t *seqs[MAX_FINALS];
+    duet_seq_t views[MAX_FINALS];
+    duet_err_t err = {0};
+    for (uint32_t i = 0; i < s->n_finals; i++)
+        seqs[i] = own_pages(s, s->finals[i], s->finals[i]->n_tokens, &views[i]);
+    duet_status_t st = duet_worker_engine_to_host_queue(&s->eng, layer, seqs, s->n_finals, STAGE_FENCE(layer), &err);
+    if (st == DUET_OK)
+        st = ship_staged(s, &err);
+    if (st != DUET_OK) {
+        duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
+        return st;
+    }
+    s->staged = layer;
     return DUET_OK;
 }
 
@@ -595,8 +623,19 @@ static void prefill_step(psrv_t *s)
         pos[i] = owners[i]->n_tokens; /* a first token's position: the prompt's length */
         tok[i] = 0;
     }
+    s->staged = -1;
     duet_status_t st =
         duet_worker_engine_prefill(&s->eng, items, (int)n, layer_done, s, sp, pos, tok, s->sample_threads, &err);
+    /* the last layer's copy and puts.  A failed step sends nothing more, but waits for both fences
+     * all the same: no queued copy may still write pages its requests give back. */
+    if (st == DUET_OK)
+        st = ship_staged(s, &err);
+    if (st != DUET_OK) {
+        duet_err_t e2 = {0};
+        s->staged = -1;
+        for (int slot = 0; slot < 2; slot++)
+            (void)duet_worker_engine_fence_wait(&s->eng, slot, &e2);
+    }
     for (uint32_t i = 0; i < n; i++)
         owners[i]->in_step = 0;
     if (st != DUET_OK) {

@@ -14,7 +14,7 @@
 # On the GPU: unpacks .bundle (as device-check.sh), regenerates the fixtures
 # with duet-mkmodel the way the build does (tiny-bf16 seed 1, tiny-fp8-fp4
 # seed 2; the slice fixture in the background), runs the operation checks
-# (duet-check-ops --check-only), then duet-check-forward:
+# (duet-check-ops, every group), then duet-check-forward:
 #   - tiny-bf16, KV bf16 / index-K bf16: 20 prompts x 256 greedy tokens, GPU
 #     batch vs CPU (logits nmse, first greedy difference), plus the GPU
 #     batch-invariance check (alone vs batched, chunked vs single-shot);

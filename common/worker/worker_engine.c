@@ -327,7 +327,8 @@ static duet_status_t forward_rows(duet_worker_engine_t *e, duet_fwd_item_t *item
         duet_status_t st = nr > 0 ? dev_logits(e, duet_tp_cuda_context(e->gpu, 0), err) : DUET_OK;
         if (st != DUET_OK)
             return st;
-        duet_fwd_cuda_opts_t fo = {.layer_done = layer_done, .arg = arg, .logits_dev = nr > 0 ? e->dlogits : NULL};
+        duet_fwd_cuda_opts_t fo = {
+            .layer_done = layer_done, .arg = arg, .layer_done_queued = 1, .logits_dev = nr > 0 ? e->dlogits : NULL};
         return duet_tp_cuda_forward(e->gpu, items, n, &fo, err);
     }
 #endif
@@ -411,6 +412,7 @@ static duet_status_t stage(duet_worker_engine_t *e, duet_stage_dir_t dir, int la
     *(up ? &e->h2d_ns : &e->d2h_ns) += duet_time_ns() - t0;
     *(up ? &e->h2d_bytes : &e->d2h_bytes) += bytes;
     (*(up ? &e->h2d_calls : &e->d2h_calls))++;
+    *(up ? &e->h2d_seqs : &e->d2h_seqs) += n;
     return DUET_OK;
 }
 #endif
@@ -426,16 +428,63 @@ duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, con
 #endif
 }
 
+duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
+                                               uint32_t n, int slot, duet_err_t *err)
+{
+#if DUET_HAVE_CUDA
+    if (!e->gpu || !n)
+        return DUET_OK;
+    uint64_t bytes = 0, t0 = duet_time_ns();
+    duet_status_t st = e->direct ? DUET_OK : duet_tp_cuda_stage_queue(e->gpu, layer, seqs, n, &bytes, err);
+    if (st == DUET_OK)
+        st = duet_tp_cuda_fence(e->gpu, slot, err);
+    if (st != DUET_OK)
+        return st;
+    if (!e->direct) {
+        e->d2h_ns += duet_time_ns() - t0;
+        e->d2h_bytes += bytes;
+        e->d2h_calls++;
+        e->d2h_seqs += n;
+    }
+    return DUET_OK;
+#else
+    (void)e, (void)layer, (void)seqs, (void)n, (void)slot, (void)err;
+    return DUET_OK;
+#endif
+}
+
+duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err)
+{
+#if DUET_HAVE_CUDA
+    if (!e->gpu)
+        return DUET_OK;
+    uint64_t t0 = duet_time_ns();
+    duet_status_t st = duet_tp_cuda_fence_wait(e->gpu, slot, err);
+    if (!e->direct)
+        e->d2h_ns += duet_time_ns() - t0;
+    return st;
+#else
+    (void)e, (void)slot, (void)err;
+    return DUET_OK;
+#endif
+}
+
+duet_status_t duet_worker_engine_to_device_n(duet_worker_engine_t *e, const duet_seq_t *const *seqs,
+                                             const uint32_t *n_pages, uint32_t n, duet_err_t *err)
+{
+#if DUET_HAVE_CUDA
+    return stage(e, DUET_STAGE_TO_DEVICE, -1, seqs, n_pages, n, err);
+#else
+    (void)e, (void)seqs, (void)n_pages, (void)n, (void)err;
+    return DUET_OK;
+#endif
+}
+
 duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_seq_t *seq, uint32_t n_pages,
                                            duet_err_t *err)
 {
-#if DUET_HAVE_CUDA
     const duet_seq_t *one[1] = {seq};
-    return stage(e, DUET_STAGE_TO_DEVICE, -1, one, &n_pages, 1, err);
-#else
-    (void)e, (void)seq, (void)n_pages, (void)err;
-    return DUET_OK;
-#endif
+    return duet_worker_engine_to_device_n(e, one, &n_pages, 1, err);
 }
 
 void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who)
@@ -457,11 +506,12 @@ void duet_worker_engine_log_stats(const duet_worker_engine_t *e, const char *who
         duet_info("%s: data plane straight between GPU memory (no staging copies)", who);
         return;
     }
-    duet_info("%s: staging device->host %llu copies, %.1f MB in %.1f ms (%.2f GB/s); host->device %llu copies, "
-              "%.1f MB in %.1f ms (%.2f GB/s)",
-              who, (unsigned long long)e->d2h_calls, e->d2h_bytes / 1e6, e->d2h_ns / 1e6,
-              e->d2h_ns ? e->d2h_bytes / (double)e->d2h_ns : 0.0, (unsigned long long)e->h2d_calls,
-              e->h2d_bytes / 1e6, e->h2d_ns / 1e6, e->h2d_ns ? e->h2d_bytes / (double)e->h2d_ns : 0.0);
+    duet_info("%s: staging device->host %llu copies of %llu sequences, %.1f MB in %.1f ms (%.2f GB/s); host->device "
+              "%llu copies of %llu sequences, %.1f MB in %.1f ms (%.2f GB/s)",
+              who, (unsigned long long)e->d2h_calls, (unsigned long long)e->d2h_seqs, e->d2h_bytes / 1e6,
+              e->d2h_ns / 1e6, e->d2h_ns ? e->d2h_bytes / (double)e->d2h_ns : 0.0, (unsigned long long)e->h2d_calls,
+              (unsigned long long)e->h2d_seqs, e->h2d_bytes / 1e6, e->h2d_ns / 1e6,
+              e->h2d_ns ? e->h2d_bytes / (double)e->h2d_ns : 0.0);
 }
 
 duet_status_t duet_worker_engine_xfer_prepare(duet_worker_engine_t *e, duet_xfer_opts_t *xo, duet_err_t *err)

@@ -10,7 +10,8 @@
  * layer of the requests completing in a step device -> host before its puts
  * (duet_worker_engine_to_host, from the layer hook), decode copies a request's
  * received pages and slot host -> device once its TransferDone has been
- * verified (duet_worker_engine_to_device).  Both are batched page-copy
+ * verified (duet_worker_engine_to_device_n: the requests whose transfers one
+ * poll of the data plane reported, in one copy).  Both are batched page-copy
  * kernels, one launch per pool, and return once the copy is complete.
  *
  * Sampling: a token is the same function of (logits, seed, position) on both
@@ -48,9 +49,10 @@ typedef struct {
     uint32_t logit_rows;
     float *dlogits;     /* GPU: (logit_rows, vocab) on the first GPU, a step's logits rows (made at the first) */
     int32_t *dids;      /* GPU: their logit_rows ids */
-    /* staging counters: bytes moved and wall time of the copies (launch to completion) */
-    uint64_t d2h_bytes, d2h_ns, d2h_calls;
-    uint64_t h2d_bytes, h2d_ns, h2d_calls;
+    /* staging counters: bytes moved, wall time of the copies (launch to completion), the calls and
+     * the sequences they copied */
+    uint64_t d2h_bytes, d2h_ns, d2h_calls, d2h_seqs;
+    uint64_t h2d_bytes, h2d_ns, h2d_calls, h2d_seqs;
     /* decode steps (duet_worker_engine_decode): their rows and count, and of those the rows drawn
      * on the host, the steps that had any, and the wall time of their logits' download (GPU)
      * and the draws; on the GPU, the sampled rows drawn there, the steps that had any, and the
@@ -84,7 +86,10 @@ duet_status_t duet_worker_engine_decode(duet_worker_engine_t *e, duet_fwd_item_t
                                         duet_err_t *err);
 
 /* A prefill step and the first tokens of the requests it finishes: the forward of `n` items
- * (duet_forward_hooked on the chosen backend; layer_done may be NULL), then for each item whose
+ * (duet_forward_hooked on the chosen backend; layer_done may be NULL: on the CPU it runs after each
+ * layer, on the GPU once the layer's attention is queued, without waiting for it, so a hook that
+ * reads the layer's cache stages it with duet_worker_engine_to_host_queue and waits on the fence
+ * before its puts), then for each item whose
  * logits_mode is LAST (its final chunk; at most logit_rows of them, their logits pointers set
  * here to rows of e->logits) tok[i] = duet_sample(its row, sp[i], pos[i]) on up to `threads`
  * threads; on the GPU drawn on the device as duet_worker_engine_decode's rows.  Other items'
@@ -97,10 +102,22 @@ duet_status_t duet_worker_engine_prefill(duet_worker_engine_t *e, duet_fwd_item_
  * layer has, and their slot) from the device pools into the host pools.  CPU: nothing. */
 duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
                                          uint32_t n, duet_err_t *err);
+/* The same, queued behind the forward's work so far and not waited for, then a fence marked in
+ * `slot` (0 .. 3) behind it (in direct mode, the fence alone: the data plane reads the device
+ * pools).  duet_worker_engine_fence_wait(e, slot) returns once the stream has passed the slot's
+ * mark: the copy is in the host pools.  For the hook of a forward run with layer_done_queued
+ * (duet_worker_engine_prefill on the GPU).  CPU: nothing. */
+duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
+                                               uint32_t n, int slot, duet_err_t *err);
+duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err);
 /* GPU: copy the first `n_pages` pages (every layer) and the slot of `seq` from the host pools
  * into the device pools.  CPU: nothing. */
 duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_seq_t *seq, uint32_t n_pages,
                                            duet_err_t *err);
+/* The same for n sequences in one copy (one id list, one launch a pool, one wait): sequence i's
+ * first n_pages[i] pages and its slot. */
+duet_status_t duet_worker_engine_to_device_n(duet_worker_engine_t *e, const duet_seq_t *const *seqs,
+                                             const uint32_t *n_pages, uint32_t n, duet_err_t *err);
 
 /* The data plane on the GPU (docs/DATAPLANE.md, "Device memory").  prepare: before
  * duet_xfer_create, give the engine staging ops (a CUDA context of its own on the first GPU and

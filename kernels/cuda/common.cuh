@@ -89,6 +89,7 @@ struct duet_cuda {
     struct duet_cuda_phases *phases; /* duet_cuda_phases_enable: NULL when off */
     struct duet_cuda *side;          /* duet_cuda_side: NULL until asked for */
     cudaEvent_t order;               /* duet_cuda_fork / duet_cuda_join: the point other streams wait for */
+    cudaEvent_t fence[DUET_CUDA_FENCES]; /* duet_cuda_fence: made at a slot's first mark */
     void *flush_buf; /* duet_cuda_flush_l2 */
     size_t flush_bytes;
     duet_cuda_info_t info;

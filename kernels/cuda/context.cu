@@ -78,6 +78,9 @@ static void ctx_release(duet_cuda_t *c)
         cudaEventDestroy(c->args_done);
     if (c->order)
         cudaEventDestroy(c->order);
+    for (int i = 0; i < DUET_CUDA_FENCES; i++)
+        if (c->fence[i])
+            cudaEventDestroy(c->fence[i]);
     if (c->args_host)
         cudaFreeHost(c->args_host);
     cudaFree(c->args_dev);
@@ -229,6 +232,26 @@ extern "C" void duet_cuda_info(const duet_cuda_t *c, duet_cuda_info_t *info) { *
 extern "C" duet_status_t duet_cuda_sync(duet_cuda_t *c)
 {
     DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_CUDA_CHECK(c, cudaGetLastError());
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_fence(duet_cuda_t *c, int slot)
+{
+    if (slot < 0 || slot >= DUET_CUDA_FENCES)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "fence slot %d (0..%d)", slot, DUET_CUDA_FENCES - 1);
+    if (!c->fence[slot])
+        DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->fence[slot], cudaEventDisableTiming));
+    DUET_CUDA_CHECK(c, cudaEventRecord(c->fence[slot], c->stream));
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_fence_wait(duet_cuda_t *c, int slot)
+{
+    if (slot < 0 || slot >= DUET_CUDA_FENCES)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "fence slot %d (0..%d)", slot, DUET_CUDA_FENCES - 1);
+    if (c->fence[slot])
+        DUET_CUDA_CHECK(c, cudaEventSynchronize(c->fence[slot]));
     DUET_CUDA_CHECK(c, cudaGetLastError());
     return DUET_OK;
 }
