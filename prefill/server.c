@@ -421,8 +421,8 @@ static duet_status_t ship_staged(psrv_t *s, duet_err_t *err)
 /* After each layer's attention (on the GPU: once it is queued): the layer's units of the requests
  * finishing in this step go device -> host pools (one batched copy queued behind the layer, a
  * fence behind it), and the layer before, whose copy the GPU has passed by now or will before
- * this layer's, is shipped: its fence waited for, its puts sent.  So the host never waits for the
- * layer it has just queued, and the GPU is never without the next layer's work. */
+ * this layer's, is shipped: its fence waited for, its puts sent.  So the host does not wait for
+ * the layer it has just queued (but the last), and the GPU keeps the next layer's work. */
 static duet_status_t layer_done(void *arg, int layer)
 {
     psrv_t *s = arg;
@@ -444,6 +444,12 @@ static duet_status_t layer_done(void *arg, int layer)
         return st;
     }
     s->staged = layer;
+    /* the last layer ships at once: nothing of the forward's is left to overlap with but the last
+     * feed-forward half and the head, and the transfer should not wait for those and the draw */
+    if (layer == s->model->cfg.num_hidden_layers - 1 && (st = ship_staged(s, &err)) != DUET_OK) {
+        duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
+        return st;
+    }
     return DUET_OK;
 }
 
@@ -626,8 +632,9 @@ static void prefill_step(psrv_t *s)
     s->staged = -1;
     duet_status_t st =
         duet_worker_engine_prefill(&s->eng, items, (int)n, layer_done, s, sp, pos, tok, s->sample_threads, &err);
-    /* the last layer's copy and puts.  A failed step sends nothing more, but waits for both fences
-     * all the same: no queued copy may still write pages its requests give back. */
+    /* nothing is left staged after the last layer's hook; a failed step sends nothing more, but
+     * waits for both fences all the same: no queued copy may still write pages its requests give
+     * back */
     if (st == DUET_OK)
         st = ship_staged(s, &err);
     if (st != DUET_OK) {
