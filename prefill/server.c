@@ -402,7 +402,8 @@ static void send_puts(psrv_t *s, int layer)
     }
 }
 
-#define STAGE_FENCE(layer) ((layer)&1) /* two fence slots: the layer being copied and the one before */
+#define STAGE_FENCES 2 /* fence slots: the layer being copied and the one before */
+#define STAGE_FENCE(layer) ((layer) % STAGE_FENCES)
 
 /* The staged layer's copy complete, then its puts; nothing staged afterwards. */
 static duet_status_t ship_staged(psrv_t *s, duet_err_t *err)
@@ -632,15 +633,12 @@ static void prefill_step(psrv_t *s)
     s->staged = -1;
     duet_status_t st =
         duet_worker_engine_prefill(&s->eng, items, (int)n, layer_done, s, sp, pos, tok, s->sample_threads, &err);
-    /* nothing is left staged after the last layer's hook; a failed step sends nothing more, but
-     * waits for both fences all the same: no queued copy may still write pages its requests give
-     * back */
-    if (st == DUET_OK)
-        st = ship_staged(s, &err);
+    /* the last layer's hook shipped what was staged; a failed step sends nothing more, but waits for
+     * both fences all the same: no queued copy may still write pages its requests give back */
     if (st != DUET_OK) {
         duet_err_t e2 = {0};
         s->staged = -1;
-        for (int slot = 0; slot < 2; slot++)
+        for (int slot = 0; slot < STAGE_FENCES; slot++)
             (void)duet_worker_engine_fence_wait(&s->eng, slot, &e2);
     }
     for (uint32_t i = 0; i < n; i++)

@@ -398,6 +398,15 @@ duet_status_t duet_worker_engine_prefill(duet_worker_engine_t *e, duet_fwd_item_
 }
 
 #if DUET_HAVE_CUDA
+/* One staging copy of n sequences and `bytes`, begun at t0, into the counters of its direction */
+static void count_stage(duet_worker_engine_t *e, int up, uint64_t bytes, uint32_t n, uint64_t t0)
+{
+    *(up ? &e->h2d_ns : &e->d2h_ns) += duet_time_ns() - t0;
+    *(up ? &e->h2d_bytes : &e->d2h_bytes) += bytes;
+    (*(up ? &e->h2d_calls : &e->d2h_calls))++;
+    *(up ? &e->h2d_seqs : &e->d2h_seqs) += n;
+}
+
 /* A staging copy through the group (none when the data plane uses the device pools), counted. */
 static duet_status_t stage(duet_worker_engine_t *e, duet_stage_dir_t dir, int layer, const duet_seq_t *const *seqs,
                            const uint32_t *n_pages, uint32_t n, duet_err_t *err)
@@ -408,11 +417,7 @@ static duet_status_t stage(duet_worker_engine_t *e, duet_stage_dir_t dir, int la
     duet_status_t st = duet_tp_cuda_stage(e->gpu, dir, layer, seqs, n_pages, n, &bytes, err);
     if (st != DUET_OK)
         return st;
-    int up = dir == DUET_STAGE_TO_DEVICE;
-    *(up ? &e->h2d_ns : &e->d2h_ns) += duet_time_ns() - t0;
-    *(up ? &e->h2d_bytes : &e->d2h_bytes) += bytes;
-    (*(up ? &e->h2d_calls : &e->d2h_calls))++;
-    *(up ? &e->h2d_seqs : &e->d2h_seqs) += n;
+    count_stage(e, dir == DUET_STAGE_TO_DEVICE, bytes, n, t0);
     return DUET_OK;
 }
 #endif
@@ -440,12 +445,8 @@ duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int laye
         st = duet_tp_cuda_fence(e->gpu, slot, err);
     if (st != DUET_OK)
         return st;
-    if (!e->direct) {
-        e->d2h_ns += duet_time_ns() - t0;
-        e->d2h_bytes += bytes;
-        e->d2h_calls++;
-        e->d2h_seqs += n;
-    }
+    if (!e->direct)
+        count_stage(e, 0, bytes, n, t0);
     return DUET_OK;
 #else
     (void)e, (void)layer, (void)seqs, (void)n, (void)slot, (void)err;
