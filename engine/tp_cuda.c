@@ -345,22 +345,34 @@ duet_status_t duet_tp_cuda_stage_queue(duet_tp_cuda_t *t, int layer, const duet_
     return duet_kv_cache_cuda_stage_queue(t->ranks[0].dc, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, bytes, err);
 }
 
-static duet_status_t fence_op(duet_tp_cuda_t *t, int slot, int wait, duet_err_t *err)
+enum { FENCE_MARK, FENCE_WAIT, FENCE_ASK };
+
+static duet_status_t fence_op(duet_tp_cuda_t *t, int slot, int op, int *passed, duet_err_t *err)
 {
     duet_cuda_t *c = t->ranks[0].cu;
     duet_status_t st = t->size > 1 ? duet_cuda_bind(c) : DUET_OK;
     if (st == DUET_OK)
-        st = wait ? duet_cuda_fence_wait(c, slot) : duet_cuda_fence(c, slot);
+        st = op == FENCE_WAIT  ? duet_cuda_fence_wait(c, slot)
+             : op == FENCE_ASK ? duet_cuda_fence_passed(c, slot, passed)
+                               : duet_cuda_fence(c, slot);
     if (st != DUET_OK && err)
         *err = *duet_cuda_error(c);
     return st;
 }
 
-duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err) { return fence_op(t, slot, 0, err); }
+duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err)
+{
+    return fence_op(t, slot, FENCE_MARK, NULL, err);
+}
 
 duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, duet_err_t *err)
 {
-    return fence_op(t, slot, 1, err);
+    return fence_op(t, slot, FENCE_WAIT, NULL, err);
+}
+
+duet_status_t duet_tp_cuda_fence_passed(duet_tp_cuda_t *t, int slot, int *passed, duet_err_t *err)
+{
+    return fence_op(t, slot, FENCE_ASK, passed, err);
 }
 
 duet_status_t duet_tp_cuda_stage(duet_tp_cuda_t *t, duet_stage_dir_t dir, int layer, const duet_seq_t *const *seqs,

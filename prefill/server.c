@@ -7,6 +7,7 @@
  *
  * One thread owns the model, the cache and the queue; the loop serves
  * commands between steps, takes data-plane events, and runs one step. */
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -405,6 +406,17 @@ static void send_puts(psrv_t *s, int layer)
 #define STAGE_FENCES 2 /* fence slots: the layer being copied and the one before */
 #define STAGE_FENCE(layer) ((layer) % STAGE_FENCES)
 
+/* While the host waits for the GPU inside a step: control calls answered (a caller that sends one
+ * call at a time, Reserve then Prefill, would otherwise wait for the whole step), else a yield. */
+static void serve_idle(void *arg)
+{
+    psrv_t *s = arg;
+    uint32_t served = 0;
+    duet_ctl_server_poll(s->net.srv, 0, &served);
+    if (!served)
+        sched_yield();
+}
+
 /* The staged layer's copy complete, then its puts; nothing staged afterwards. */
 static duet_status_t ship_staged(psrv_t *s, duet_err_t *err)
 {
@@ -412,7 +424,7 @@ static duet_status_t ship_staged(psrv_t *s, duet_err_t *err)
         return DUET_OK;
     int layer = s->staged;
     s->staged = -1;
-    duet_status_t st = duet_worker_engine_fence_wait(&s->eng, STAGE_FENCE(layer), err);
+    duet_status_t st = duet_worker_engine_fence_wait_idle(&s->eng, STAGE_FENCE(layer), serve_idle, s, err);
     if (st != DUET_OK)
         return st;
     send_puts(s, layer);

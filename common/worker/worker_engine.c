@@ -456,16 +456,27 @@ duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int laye
 
 duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err)
 {
+    return duet_worker_engine_fence_wait_idle(e, slot, NULL, NULL, err);
+}
+
+duet_status_t duet_worker_engine_fence_wait_idle(duet_worker_engine_t *e, int slot, void (*idle)(void *), void *arg,
+                                                 duet_err_t *err)
+{
 #if DUET_HAVE_CUDA
     if (!e->gpu)
         return DUET_OK;
     uint64_t t0 = duet_time_ns();
-    duet_status_t st = duet_tp_cuda_fence_wait(e->gpu, slot, err);
+    duet_status_t st = idle ? DUET_OK : duet_tp_cuda_fence_wait(e->gpu, slot, err);
+    for (int passed = 0; idle && st == DUET_OK;) {
+        if ((st = duet_tp_cuda_fence_passed(e->gpu, slot, &passed, err)) != DUET_OK || passed)
+            break;
+        idle(arg);
+    }
     if (!e->direct)
         e->d2h_ns += duet_time_ns() - t0;
     return st;
 #else
-    (void)e, (void)slot, (void)err;
+    (void)e, (void)slot, (void)idle, (void)arg, (void)err;
     return DUET_OK;
 #endif
 }

@@ -110,6 +110,12 @@ duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, con
 duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
                                                uint32_t n, int slot, duet_err_t *err);
 duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err);
+/* The same, calling idle(arg) for as long as the stream has not passed the mark (the prefill
+ * server answers its control calls there, so a caller that sends one call at a time is not held
+ * for the rest of the step).  idle should return within tens of microseconds when it has
+ * nothing to do. */
+duet_status_t duet_worker_engine_fence_wait_idle(duet_worker_engine_t *e, int slot, void (*idle)(void *), void *arg,
+                                                 duet_err_t *err);
 /* GPU: copy the first `n_pages` pages (every layer) and the slot of `seq` from the host pools
  * into the device pools.  CPU: nothing. */
 duet_status_t duet_worker_engine_to_device(duet_worker_engine_t *e, const duet_seq_t *seq, uint32_t n_pages,

@@ -256,6 +256,24 @@ extern "C" duet_status_t duet_cuda_fence_wait(duet_cuda_t *c, int slot)
     return DUET_OK;
 }
 
+extern "C" duet_status_t duet_cuda_fence_passed(duet_cuda_t *c, int slot, int *passed)
+{
+    *passed = 0;
+    if (slot < 0 || slot >= DUET_CUDA_FENCES)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "fence slot %d (0..%d)", slot, DUET_CUDA_FENCES - 1);
+    cudaError_t e = c->fence[slot] ? cudaEventQuery(c->fence[slot]) : cudaSuccess;
+    if (e == cudaErrorNotReady) {
+        /* not an error; some runtimes still leave it as the last error, which later checks must not see */
+        if (cudaPeekAtLastError() == cudaErrorNotReady)
+            (void)cudaGetLastError();
+        return DUET_OK;
+    }
+    DUET_CUDA_CHECK(c, e);
+    DUET_CUDA_CHECK(c, cudaGetLastError());
+    *passed = 1;
+    return DUET_OK;
+}
+
 duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p)
 {
     if (bytes > c->scratch_bytes) {
