@@ -583,6 +583,21 @@ static const char *dt_short(duet_dtype_t dt, duet_dtype_t sdt)
     }
 }
 
+/* A case's call returned st: UNSUPPORTED fails the row with the context's reason (printed: 1,
+ * the case stops there); another error ends the run; DUET_OK: 0. */
+static int row_refused(ck_t *ck, row_t *row, duet_status_t st, const char *op)
+{
+    if (st == DUET_ERR_UNSUPPORTED) {
+        row->pass = 0;
+        snprintf(row->note, sizeof row->note, "unsupported: %s", duet_err_text(duet_cuda_error(ck->c)));
+        print_row(ck, row);
+        return 1;
+    }
+    if (st != DUET_OK)
+        die(ck, op);
+    return 0;
+}
+
 static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t dt, duet_dtype_t sdt, int rows,
                         int cols, int rb, int re, int n, int n_check, double tol)
 {
@@ -605,15 +620,8 @@ static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t d
     float *dy = dmalloc(ck, sizeof(float) * (size_t)n * m);
     dpoison(ck, dy, sizeof(float) * (size_t)n * m);
     mm_arg_t a = {&W, rb, re, n, dx, dy, kind};
-    duet_status_t st = mm_call(ck, &a);
-    if (st == DUET_ERR_UNSUPPORTED) {
-        row.pass = 0;
-        snprintf(row.note, sizeof row.note, "unsupported: %s", duet_err_text(duet_cuda_error(ck->c)));
-        print_row(ck, &row);
+    if (row_refused(ck, &row, mm_call(ck, &a), op))
         goto out;
-    }
-    if (st != DUET_OK)
-        die(ck, op);
     /* sampled tokens: n_check of them, spread over n */
     int ns = n < n_check ? n : n_check;
     float *y = xmalloc(sizeof(float) * (size_t)n * m);
@@ -951,6 +959,283 @@ static void group_fp8_act(ck_t *ck)
     case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, E8, 8192, 8192, 0, 8192, 8192, 4, tq);
     case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, E8, 32768, 1024, 0, 32768, 4096, 4, tq);
     case_matmul(ck, "fp8_act", MM_FP8ACT, DUET_DT_F8_E4M3, DUET_DT_F32, 4096, 4096, 0, 4096, 130, 8, tq);
+}
+
+/* ---- fp8 activations made where they are produced ---- */
+
+static size_t bytes_differ(const void *a, const void *b, size_t n)
+{
+    const uint8_t *x = a, *y = b;
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += x[i] != y[i];
+    return d;
+}
+
+/* The CPU's codes and scales for x(n, k) in duet_cuda_act_quant's layout (scale layout 0:
+ * [k/128][n_pad]): scale amax/448 (1 for an all-zero block), codes duet_f32_to_e4m3(x / s);
+ * rows n .. n_pad code 0, scale 1. */
+static void ref_act_quant(const float *x, int n, int k, uint8_t *q, float *sx)
+{
+    int n_pad = duet_cuda_fp8_act_rows(n), kb = k / 128;
+    memset(q, 0, (size_t)n_pad * k);
+    for (int r = 0; r < n_pad; r++)
+        for (int b = 0; b < kb; b++) {
+            float s = 1.0f;
+            if (r < n) {
+                const float *v = x + (size_t)r * k + b * 128;
+                float amax = 0.0f;
+                for (int i = 0; i < 128; i++)
+                    amax = fmaxf(amax, fabsf(v[i]));
+                s = amax > 0.0f ? amax / 448.0f : 1.0f;
+                for (int i = 0; i < 128; i++)
+                    q[(size_t)r * k + b * 128 + i] = duet_f32_to_e4m3(v[i] / s);
+            }
+            sx[(size_t)b * n_pad + r] = s;
+        }
+}
+
+typedef struct {
+    const float *dx, *dw;
+    float *dy, *dsx, *dout;
+    uint8_t *dq;
+    int n, k;
+    const duet_weight_t *W;
+} q8_arg_t;
+
+static duet_status_t act_quant_call(ck_t *ck, void *p)
+{
+    q8_arg_t *a = p;
+    return duet_cuda_act_quant(ck->c, a->dx, a->n, a->k, a->dq, a->dsx);
+}
+
+static duet_status_t rms_q8_call(ck_t *ck, void *p)
+{
+    q8_arg_t *a = p;
+    return duet_cuda_rmsnorm_q8(ck->c, a->dx, a->dw, a->n, a->k, 1e-6f, a->dy, a->dq, a->dsx);
+}
+
+static duet_status_t fp8_q_call(ck_t *ck, void *p)
+{
+    q8_arg_t *a = p;
+    return duet_cuda_matmul_fp8_q(ck->c, a->W, 0, a->W->rows, a->dq, a->dsx, a->n, a->dout);
+}
+
+/* act_quant against the CPU's codes and scales, bit for bit (a zero block and large values
+ * included) */
+static void case_act_quant(ck_t *ck, int n, int k)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "act_quant/%d/%d", n, k);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("fp8_q", "act_quant n=%d k=%d", n, k);
+    int n_pad = duet_cuda_fp8_act_rows(n);
+    size_t nx = (size_t)n * k, nq = (size_t)n_pad * k, ns = (size_t)n_pad * (k / 128);
+    float *x = rand_f32(&r, nx, 3.0f);
+    memset(x, 0, 128 * sizeof(float)); /* row 0's first block: scale 1 */
+    if (nx > 256)
+        x[200] = 30000.0f; /* row 0's second block: one value far above the others */
+    uint8_t *q = xmalloc(nq), *qr = xmalloc(nq);
+    float *sx = xmalloc(4 * ns), *sr = xmalloc(4 * ns);
+    q8_arg_t a = {.dx = dupload(ck, x, 4 * nx), .dq = dmalloc(ck, nq), .dsx = dmalloc(ck, 4 * ns), .n = n, .k = k};
+    dpoison(ck, a.dq, nq);
+    dpoison(ck, a.dsx, 4 * ns);
+    CK(act_quant_call(ck, &a));
+    ddownload(ck, q, a.dq, nq);
+    ddownload(ck, sx, a.dsx, 4 * ns);
+    ref_act_quant(x, n, k, qr, sr);
+    size_t dq = bytes_differ(q, qr, nq), ds = bytes_differ(sx, sr, 4 * ns);
+    row.exact = 1;
+    row.err = (double)(dq + ds);
+    row.pass = dq + ds == 0;
+    snprintf(row.note, sizeof row.note, "codes %zu differ, scale bytes %zu", dq, ds);
+    bench_row(ck, &row, act_quant_call, &a, 4.0 * nx + (double)nq + 4.0 * ns, 0, BOUND_MEM);
+    print_row(ck, &row);
+    free(x);
+    free(q);
+    free(qr);
+    free(sx);
+    free(sr);
+    duet_cuda_free(ck->c, (void *)a.dx);
+    duet_cuda_free(ck->c, a.dq);
+    duet_cuda_free(ck->c, a.dsx);
+}
+
+/* rmsnorm_q8: its y, codes and scales bit for bit those of duet_cuda_rmsnorm then
+ * duet_cuda_act_quant (two launches), and its y against the CPU's norm; with_y 0 times the
+ * form that writes the codes alone */
+static void case_rmsnorm_q8(ck_t *ck, int n, int dim, int weighted, int with_y)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "rms_q8/%d/%d/%d", n, dim, weighted);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("fp8_q", "rmsnorm_q8 n=%d dim=%d%s%s", n, dim, weighted ? " w" : "", with_y ? " +y" : "");
+    int n_pad = duet_cuda_fp8_act_rows(n);
+    size_t nx = (size_t)n * dim, nq = (size_t)n_pad * dim, ns = (size_t)n_pad * (dim / 128);
+    float *x = rand_f32(&r, nx, 3.0f), *w = rand_f32(&r, dim, 1.0f);
+    float *y = xmalloc(4 * nx), *y2 = xmalloc(4 * nx), *ref = xmalloc(4 * nx);
+    uint8_t *q = xmalloc(nq), *q2 = xmalloc(nq);
+    float *sx = xmalloc(4 * ns), *sx2 = xmalloc(4 * ns);
+    q8_arg_t a = {.dx = dupload(ck, x, 4 * nx),
+                  .dw = weighted ? dupload(ck, w, 4 * (size_t)dim) : NULL,
+                  .dy = dmalloc(ck, 4 * nx),
+                  .dq = dmalloc(ck, nq),
+                  .dsx = dmalloc(ck, 4 * ns),
+                  .n = n,
+                  .k = dim};
+    float *dy2 = dmalloc(ck, 4 * nx), *dsx2 = dmalloc(ck, 4 * ns);
+    uint8_t *dq2 = dmalloc(ck, nq);
+    dpoison(ck, a.dy, 4 * nx);
+    dpoison(ck, a.dq, nq);
+    dpoison(ck, a.dsx, 4 * ns);
+    CK(rms_q8_call(ck, &a));
+    CK(duet_cuda_rmsnorm(ck->c, a.dx, a.dw, n, dim, 1e-6f, dy2));
+    CK(duet_cuda_act_quant(ck->c, dy2, n, dim, dq2, dsx2));
+    ddownload(ck, y, a.dy, 4 * nx);
+    ddownload(ck, q, a.dq, nq);
+    ddownload(ck, sx, a.dsx, 4 * ns);
+    ddownload(ck, y2, dy2, 4 * nx);
+    ddownload(ck, q2, dq2, nq);
+    ddownload(ck, sx2, dsx2, 4 * ns);
+    size_t d = bytes_differ(y, y2, 4 * nx) + bytes_differ(q, q2, nq) + bytes_differ(sx, sx2, 4 * ns);
+    duet_cpu_rmsnorm(x, weighted ? w : NULL, n, dim, 1e-6f, ref);
+    size_t wi;
+    double e = nerr(y, ref, nx, &wi);
+    row.exact = 1;
+    row.err = (double)d;
+    row.pass = d == 0 && e <= 1e-5;
+    snprintf(row.note, sizeof row.note, "vs rmsnorm + act_quant: %zu bytes differ; y vs CPU %.1e (1e-5)", d, e);
+    if (!with_y)
+        a.dy = NULL;
+    bench_row(ck, &row, rms_q8_call, &a, 4.0 * nx + (double)nq + 4.0 * ns + (with_y ? 4.0 * nx : 0), 3.0 * nx,
+              BOUND_MEM);
+    print_row(ck, &row);
+    free(x);
+    free(w);
+    free(y);
+    free(y2);
+    free(ref);
+    free(q);
+    free(q2);
+    free(sx);
+    free(sx2);
+    duet_cuda_free(ck->c, (void *)a.dx);
+    duet_cuda_free(ck->c, (void *)a.dw);
+    duet_cuda_free(ck->c, dy2);
+    duet_cuda_free(ck->c, a.dq);
+    duet_cuda_free(ck->c, a.dsx);
+    duet_cuda_free(ck->c, dq2);
+    duet_cuda_free(ck->c, dsx2);
+}
+
+typedef struct {
+    const duet_weight_t *W;
+    const float *dx, *dnw;
+    float *dxn, *dy;
+    int n;
+} pipe_arg_t;
+
+/* a norm feeding a prefill matmul the way the engine runs it: rmsnorm, then cuBLASLt (x to bf16) */
+static duet_status_t pipe_bf16_call(ck_t *ck, void *p)
+{
+    pipe_arg_t *a = p;
+    DUET_TRY(duet_cuda_rmsnorm(ck->c, a->dx, a->dnw, a->n, a->W->cols, 1e-6f, a->dxn));
+    return duet_cuda_matmul_lt(ck->c, a->W, 0, a->W->rows, a->dxn, a->n, a->dy);
+}
+
+static duet_status_t pipe_fp8_call(ck_t *ck, void *p)
+{
+    q8_arg_t *a = p;
+    DUET_TRY(duet_cuda_rmsnorm_q8(ck->c, a->dx, a->dw, a->n, a->k, 1e-6f, NULL, a->dq, a->dsx));
+    return duet_cuda_matmul_fp8_q(ck->c, a->W, 0, a->W->rows, a->dq, a->dsx, a->n, a->dout);
+}
+
+/* matmul_fp8_q on act_quant's codes: y bit for bit duet_cuda_matmul_fp8_act's.  Timed alone (the
+ * fp8 GEMM with x as its producer leaves it) and, with `pipe`, after its norm against the bf16
+ * form of the same pair (a bf16 weight of the shape). */
+static void case_fp8_q(ck_t *ck, int rows, int cols, int n, int pipe)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "fp8_q/%d/%d/%d", rows, cols, n);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("fp8_q", "matmul_fp8_q %dx%d n=%d", rows, cols, n);
+    weight_t W;
+    weight_make(ck, &r, &W, DUET_DT_F8_E4M3, rows, cols, DUET_DT_F8_E8M0);
+    int n_pad = duet_cuda_fp8_act_rows(n);
+    size_t nx = (size_t)n * cols, nq = (size_t)n_pad * cols, ns = (size_t)n_pad * (cols / 128), ny = (size_t)n * rows;
+    float *x = rand_f32(&r, nx, 1.0f), *nw = rand_f32(&r, cols, 1.0f);
+    q8_arg_t a = {.dx = dupload(ck, x, 4 * nx),
+                  .dw = dupload(ck, nw, 4 * (size_t)cols),
+                  .dq = dmalloc(ck, nq),
+                  .dsx = dmalloc(ck, 4 * ns),
+                  .dout = dmalloc(ck, 4 * ny),
+                  .n = n,
+                  .k = cols,
+                  .W = &W.dw};
+    float *dy2 = dmalloc(ck, 4 * ny), *y = xmalloc(4 * ny), *y2 = xmalloc(4 * ny);
+    dpoison(ck, a.dout, 4 * ny);
+    dpoison(ck, dy2, 4 * ny);
+    duet_status_t st = act_quant_call(ck, &a);
+    if (st == DUET_OK)
+        st = fp8_q_call(ck, &a);
+    if (st == DUET_OK)
+        st = duet_cuda_matmul_fp8_act(ck->c, &W.dw, 0, rows, a.dx, n, dy2);
+    if (row_refused(ck, &row, st, "matmul_fp8_q"))
+        goto out;
+    ddownload(ck, y, a.dout, 4 * ny);
+    ddownload(ck, y2, dy2, 4 * ny);
+    row_bytes(&row, y, y2, 4 * ny);
+    if (row.pass)
+        snprintf(row.note, sizeof row.note, "= matmul_fp8_act bit for bit");
+    bench_row(ck, &row, fp8_q_call, &a, (double)W.data_bytes + W.scale_bytes + (double)nq + 4.0 * ns + 4.0 * ny,
+              2.0 * n * (double)rows * cols, BOUND_FP8);
+    if (ck->bench && row.us > 0 && ck->ceil.bf16_tflops > 0) {
+        double tf = 2.0 * n * (double)rows * cols / (row.us * 1e6);
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "; %.2fx the bf16 GEMM ceiling",
+                 tf / ck->ceil.bf16_tflops);
+        if (pipe) {
+            weight_t B;
+            weight_make(ck, &r, &B, DUET_DT_BF16, rows, cols, DUET_DT_F8_E8M0);
+            pipe_arg_t pb = {&B.dw, a.dx, a.dw, dmalloc(ck, 4 * nx), a.dout, n};
+            double t8 = time_op(ck, pipe_fp8_call, &a), t16 = time_op(ck, pipe_bf16_call, &pb);
+            snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note),
+                     "; rmsnorm_q8 + it %.1f us, rmsnorm + bf16 cuBLASLt %.1f us (%.2fx)", t8, t16, t16 / t8);
+            duet_cuda_free(ck->c, pb.dxn);
+            weight_free(ck, &B);
+        }
+    }
+    print_row(ck, &row);
+out:
+    free(x);
+    free(nw);
+    free(y);
+    free(y2);
+    duet_cuda_free(ck->c, (void *)a.dx);
+    duet_cuda_free(ck->c, (void *)a.dw);
+    duet_cuda_free(ck->c, a.dq);
+    duet_cuda_free(ck->c, a.dsx);
+    duet_cuda_free(ck->c, a.dout);
+    duet_cuda_free(ck->c, dy2);
+    weight_free(ck, &W);
+}
+
+static void group_fp8_q(ck_t *ck)
+{
+    case_act_quant(ck, 4096, 4096);
+    case_act_quant(ck, 130, 1024); /* rows padded to 132 */
+    case_act_quant(ck, 8192, 8192);
+    case_rmsnorm_q8(ck, 4096, 4096, 1, 1);
+    case_rmsnorm_q8(ck, 4096, 4096, 1, 0);
+    case_rmsnorm_q8(ck, 8192, 8192, 1, 0);
+    case_rmsnorm_q8(ck, 33, 1024, 0, 1); /* q_norm's width, rows padded */
+    case_rmsnorm_q8(ck, 5, 16384, 1, 1);
+    case_fp8_q(ck, 4096, 4096, 4096, 1);
+    case_fp8_q(ck, 8192, 8192, 8192, 1);
+    case_fp8_q(ck, 32768, 1024, 4096, 0);
+    case_fp8_q(ck, 1024, 4096, 130, 0);
 }
 
 /* ---- rmsnorm / rope / swiglu ---- */
@@ -3561,6 +3846,7 @@ static const group_t GROUPS[] = {
     {"matmul", group_matmul},
     {"matmul_lt", group_matmul_lt},
     {"fp8_act", group_fp8_act},
+    {"fp8_q", group_fp8_q},
     {"matmul_multi", group_matmul_multi},
     {"rmsnorm", group_rmsnorm},
     {"rope", group_rope},

@@ -350,6 +350,24 @@ __device__ __forceinline__ uint8_t duet_d_f32_to_e4m3(float f)
 }
 
 /* e2m1 nibble -> float: the fp16 high byte of {0, .5, 1, 1.5, 2, 3, 4, 6} picked by __byte_perm. */
+/* fp8 activations (duet_cuda_act_quant and the norms that write them): a 128-column block's
+ * scale amax/448 (1 when the block is all zero), and four of its values' e4m3 codes under it,
+ * duet_f32_to_e4m3(v / s): |v / s| <= 448 there, where the hardware's round-to-nearest-even
+ * with saturation gives the same codes.  Byte i of the word: value i. */
+__device__ __forceinline__ float duet_d_act_scale(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
+__device__ __forceinline__ uint32_t duet_d_act_codes4(float4 v, float s)
+{
+    __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)), __NV_SATFINITE, __NV_E4M3);
+    __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s)), __NV_SATFINITE, __NV_E4M3);
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+__device__ __forceinline__ float duet_d_amax4(float4 v)
+{
+    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
 __device__ __forceinline__ float duet_d_e2m1_to_f32(uint32_t nib)
 {
     uint32_t hi = __byte_perm(0x3e3c3800u, 0x46444240u, nib & 7) & 0xffu;

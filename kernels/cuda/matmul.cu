@@ -2351,15 +2351,8 @@ __global__ void act_quant_kernel(const float *x, int n, int n_pad, int k, uint8_
     float s[ACT_QUANT_ROWS];
 #pragma unroll
     for (int i = 0; i < ACT_QUANT_ROWS; i++) {
-        float amax = duet_warp_max(fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-        s[i] = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
-        /* |x/s| <= 448 here, where the hardware's round-to-nearest-even with saturation gives
-         * duet_f32_to_e4m3's codes */
-        __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
-            make_float2(__fdiv_rn(v[i].x, s[i]), __fdiv_rn(v[i].y, s[i])), __NV_SATFINITE, __NV_E4M3);
-        __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-            make_float2(__fdiv_rn(v[i].z, s[i]), __fdiv_rn(v[i].w, s[i])), __NV_SATFINITE, __NV_E4M3);
-        *(uint32_t *)(xq + (size_t)(row0 + i) * k + b * 128 + lane * 4) = (uint32_t)lo | ((uint32_t)hi << 16);
+        s[i] = duet_d_act_scale(duet_warp_max(duet_d_amax4(v[i])));
+        *(uint32_t *)(xq + (size_t)(row0 + i) * k + b * 128 + lane * 4) = duet_d_act_codes4(v[i], s[i]);
     }
     if (lane < ACT_QUANT_ROWS) { /* the column layout's four scales are one 16-byte line */
         float si = lane == 0 ? s[0] : lane == 1 ? s[1] : lane == 2 ? s[2] : s[3];
@@ -2395,36 +2388,64 @@ __global__ void bf16_to_f32_kernel(const __nv_bfloat16 *x, size_t n, float *y)
         y[i] = __bfloat162float(x[i]);
 }
 
-extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
-                                                  int row_end, const float *x, int n, float *y)
+extern "C" int duet_cuda_fp8_act_rows(int n) { return (n + ACT_QUANT_ROWS - 1) / ACT_QUANT_ROWS * ACT_QUANT_ROWS; }
+
+static duet_status_t act_quant_args(duet_cuda_t *c, const char *op, const void *x, int n, int k, const uint8_t *xq,
+                                    const float *sx)
+{
+    if (n < 0 || k <= 0 || k % 128)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "%s: %d rows of %d columns (columns a multiple of 128)", op, n, k);
+    if (n && (!x || !xq || !sx || (uintptr_t)x % 16 || (uintptr_t)xq % 4 || (uintptr_t)sx % 16))
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "%s: x, codes or scales missing or misaligned (16, 4, 16 bytes)",
+                               op);
+    return DUET_OK;
+}
+
+static duet_status_t act_quant_run(duet_cuda_t *c, const float *x, int n, int k, uint8_t *xq, float *sx)
+{
+    int n_pad = duet_cuda_fp8_act_rows(n);
+    unsigned warps = (unsigned)(n_pad / ACT_QUANT_ROWS * (k / 128));
+    act_quant_kernel<<<duet_cdiv((size_t)warps * 32, 256), 256, 0, c->stream>>>(x, n, n_pad, k, xq, sx,
+                                                                                c->fp8_scale_layout & 1);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_act_quant(duet_cuda_t *c, const float *x, int n, int k, uint8_t *xq, float *sx)
+{
+    DUET_TRY(act_quant_args(c, "act_quant", x, n, k, xq, sx));
+    return n ? act_quant_run(c, x, n, k, xq, sx) : DUET_OK;
+}
+
+/* The weight's part of the fp8 GEMM's checks */
+static duet_status_t fp8_gemm_args(duet_cuda_t *c, const char *op, const duet_weight_t *w, int row_begin, int row_end,
+                                   int n)
 {
     DUET_TRY(check_args(c, w, row_begin, row_end, n));
     if (w->dtype != DUET_DT_F8_E4M3 || w->cols % 128 || row_begin % 128 || c->info.cc_major < 9)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
-                               "matmul_fp8_act: %s weight, %d columns, row_begin %d on sm_%d%d (needs fp8, "
+                               "%s: %s weight, %d columns, row_begin %d on sm_%d%d (needs fp8, "
                                "columns and row_begin multiples of 128, sm_90+)",
-                               duet_dtype_name(w->dtype), w->cols, row_begin, c->info.cc_major, c->info.cc_minor);
-    if (n == 0 || row_end == row_begin)
-        return DUET_OK;
-    int m = row_end - row_begin, k = w->cols, kb = k / 128, kb_pad = (kb + 3) / 4 * 4;
-    int n_pad = (n + 3) / 4 * 4, n_brows = (m + 127) / 128;
-    size_t xq_bytes = duet_round_up((size_t)n_pad * k, 256);
-    size_t sx_bytes = duet_round_up((size_t)kb * n_pad * 4, 256);
-    size_t sw_bytes = duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256);
-    size_t d_bytes = (size_t)m * n_pad * 4; /* fp32 D when padded, or bf16 D */
-    void *scr;
-    DUET_TRY(duet_cuda_scratch(c, xq_bytes + sx_bytes + sw_bytes + d_bytes, &scr));
-    uint8_t *xq = (uint8_t *)scr;
-    float *sx = (float *)(xq + xq_bytes);
-    float *sw = (float *)((uint8_t *)sx + sx_bytes);
-    void *dtmp = (uint8_t *)sw + sw_bytes;
+                               op, duet_dtype_name(w->dtype), w->cols, row_begin, c->info.cc_major, c->info.cc_minor);
+    return DUET_OK;
+}
 
-    if (((uintptr_t)x % 16) != 0)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_fp8_act: x not 16-byte aligned");
-    unsigned warps = (unsigned)(n_pad / ACT_QUANT_ROWS * kb);
+static size_t fp8_gemm_scratch(int m, int n, int k)
+{
+    int kb_pad = (k / 128 + 3) / 4 * 4, n_brows = (m + 127) / 128;
+    return duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256) + (size_t)m * duet_cuda_fp8_act_rows(n) * 4;
+}
+
+/* y(n, m) = x w^T from x's codes and scales (act_quant's layout), the weight's block scales
+ * converted into scr (fp8_gemm_scratch bytes) and D there where y cannot take it */
+static duet_status_t fp8_gemm(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const uint8_t *xq,
+                              const float *sx, int n, float *y, uint8_t *scr)
+{
+    int m = row_end - row_begin, k = w->cols, kb = k / 128, kb_pad = (kb + 3) / 4 * 4;
+    int n_pad = duet_cuda_fp8_act_rows(n), n_brows = (m + 127) / 128;
+    float *sw = (float *)scr;
+    void *dtmp = scr + duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256); /* fp32 D when padded, or bf16 D */
     int lay = c->fp8_scale_layout;
-    act_quant_kernel<<<duet_cdiv((size_t)warps * 32, 256), 256, 0, c->stream>>>(x, n, n_pad, k, xq, sx, lay & 1);
-    DUET_CUDA_CHECK_LAUNCH(c);
     wscale_kernel<<<duet_cdiv((size_t)(n_brows + 3) * kb_pad, 256), 256, 0, c->stream>>>(
         w->scale, w->scale_dtype == DUET_DT_F32, w->scale_cols, row_begin / 128, n_brows, kb, kb_pad, sw, lay & 2);
     DUET_CUDA_CHECK_LAUNCH(c);
@@ -2450,6 +2471,38 @@ extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_wei
         DUET_TRY(lt_run(c, p, wa, xq, y));
     }
     return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_matmul_fp8_q(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                                const uint8_t *xq, const float *sx, int n, float *y)
+{
+    DUET_TRY(fp8_gemm_args(c, "matmul_fp8_q", w, row_begin, row_end, n));
+    if (n == 0 || row_end == row_begin)
+        return DUET_OK;
+    if (!xq || !sx || (uintptr_t)xq % 16 || (uintptr_t)sx % 16)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "matmul_fp8_q: codes or scales missing or not 16-byte aligned");
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, fp8_gemm_scratch(row_end - row_begin, n, w->cols), &scr));
+    return fp8_gemm(c, w, row_begin, row_end, xq, sx, n, y, (uint8_t *)scr);
+}
+
+extern "C" duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                                  const float *x, int n, float *y)
+{
+    DUET_TRY(fp8_gemm_args(c, "matmul_fp8_act", w, row_begin, row_end, n));
+    if (n == 0 || row_end == row_begin)
+        return DUET_OK;
+    if (((uintptr_t)x % 16) != 0)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul_fp8_act: x not 16-byte aligned");
+    int k = w->cols, n_pad = duet_cuda_fp8_act_rows(n);
+    size_t xq_bytes = duet_round_up((size_t)n_pad * k, 256);
+    size_t sx_bytes = duet_round_up((size_t)(k / 128) * n_pad * 4, 256);
+    void *scr;
+    DUET_TRY(duet_cuda_scratch(c, xq_bytes + sx_bytes + fp8_gemm_scratch(row_end - row_begin, n, k), &scr));
+    uint8_t *xq = (uint8_t *)scr;
+    float *sx = (float *)(xq + xq_bytes);
+    DUET_TRY(act_quant_run(c, x, n, k, xq, sx));
+    return fp8_gemm(c, w, row_begin, row_end, xq, sx, n, y, (uint8_t *)sx + sx_bytes);
 }
 
 extern "C" int duet_cuda_fp8_act_output(const duet_cuda_t *c)

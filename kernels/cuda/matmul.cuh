@@ -138,6 +138,16 @@ int duet_cuda_weight_tile_ok(const duet_weight_t *w);
  * otherwise. */
 duet_status_t duet_cuda_matmul_fp8_act(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                        const float *x, int n, float *y);
+/* Its two steps on their own, for activations quantized where they are made (duet_cuda_rmsnorm_q8):
+ * duet_cuda_act_quant writes x(n, k)'s e4m3 codes xq (duet_cuda_fp8_act_rows(n) rows of k bytes;
+ * rows past n code 0) and scales sx (k/128 of them a row; past n, 1) in the layout cuBLASLt
+ * reads (duet_cuda_fp8_act_scale_layout); duet_cuda_matmul_fp8_q multiplies them, y =
+ * duet_cuda_matmul_fp8_act's bit for bit.  k a multiple of 128; x and sx 16-byte aligned, xq 4
+ * (for matmul_fp8_q 16); DUET_ERR_INVALID otherwise. */
+int duet_cuda_fp8_act_rows(int n);
+duet_status_t duet_cuda_act_quant(duet_cuda_t *c, const float *x, int n, int k, uint8_t *xq, float *sx);
+duet_status_t duet_cuda_matmul_fp8_q(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                     const uint8_t *xq, const float *sx, int n, float *y);
 /* Grouped expert launches (fp8 and fp4 weights) from min_n positions on split x into its MMA
  * parts once a position, ahead, instead of in every row block (the same bits either way):
  * min_n > 0 that threshold, 0 never, < 0 the build's defaults (TC_PRESPLIT_MIN_N for 32-token
