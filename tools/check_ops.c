@@ -778,6 +778,96 @@ static void case_matmul_tiled(ck_t *ck, duet_dtype_t wdt, int rows, int cols, in
     free(yt);
 }
 
+static size_t bytes_differ(const void *a, const void *b, size_t n)
+{
+    const uint8_t *x = a, *y = b;
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += x[i] != y[i];
+    return d;
+}
+
+typedef struct {
+    const duet_weight_t *w;
+    int rb, re, n;
+    const float *dx;
+    float *dy;
+    int decode; /* 1: the decode kernel (duet_cuda_matmul_gemv_tc), 0: the engine's entry */
+} inv_arg_t;
+
+static duet_status_t inv_call(ck_t *ck, void *p)
+{
+    inv_arg_t *a = p;
+    return a->decode ? duet_cuda_matmul_gemv_tc(ck->c, a->w, a->rb, a->re, a->dx, a->n, a->dy)
+                     : duet_cuda_matmul_invariant(ck->c, a->w, a->rb, a->re, a->dx, a->n, a->dy);
+}
+
+/* The batch-invariant entry at prefill sizes (fp8 weights there take 64-token tiles on sm_90)
+ * against the decode kernel of 32-token tiles: every token's outputs bit for bit, and against
+ * the CPU at the decode tolerance on sampled tokens.  Timed both ways. */
+static void case_matmul_wide(ck_t *ck, int rows, int cols, int rb, int re, int n)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "matmul_wide/%d/%d/%d/%d/%d", rows, cols, rb, re, n);
+    rng_init(&r, ck->seed, tag);
+    char range[32] = "";
+    if (rb != 0 || re != rows)
+        snprintf(range, sizeof range, " r%d:%d", rb, re);
+    row_t row = row_new("matmul", "fp8 %dx%d%s n=%d inv", rows, cols, range, n);
+    const char *only = getenv("DUET_CHECK_CASE");
+    if (only && *only && !strstr(row.shape, only))
+        return;
+    weight_t W;
+    weight_make(ck, &r, &W, DUET_DT_F8_E4M3, rows, cols, DUET_DT_F8_E8M0);
+    int m = re - rb;
+    size_t ny = (size_t)n * m;
+    float *x = rand_f32(&r, (size_t)n * cols, 1.0f);
+    float *dx = dupload(ck, x, sizeof(float) * (size_t)n * cols);
+    float *dy = dmalloc(ck, 4 * ny), *dd = dmalloc(ck, 4 * ny);
+    dpoison(ck, dy, 4 * ny);
+    dpoison(ck, dd, 4 * ny);
+    inv_arg_t a = {&W.dw, rb, re, n, dx, dy, 0}, d = {&W.dw, rb, re, n, dx, dd, 1};
+    CK(inv_call(ck, &a));
+    CK(inv_call(ck, &d));
+    float *y = xmalloc(4 * ny), *yd = xmalloc(4 * ny);
+    ddownload(ck, y, dy, 4 * ny);
+    ddownload(ck, yd, dd, 4 * ny);
+    size_t diff = bytes_differ(y, yd, 4 * ny);
+    int ns = n < 8 ? n : 8;
+    float *xs = xmalloc(sizeof(float) * (size_t)ns * cols), *ys = xmalloc(sizeof(float) * (size_t)ns * m),
+          *gs = xmalloc(sizeof(float) * (size_t)ns * m);
+    for (int i = 0; i < ns; i++) {
+        int t = (int)((int64_t)i * (n - 1) / (ns - 1 > 0 ? ns - 1 : 1));
+        memcpy(xs + (size_t)i * cols, x + (size_t)t * cols, sizeof(float) * cols);
+        memcpy(gs + (size_t)i * m, y + (size_t)t * m, sizeof(float) * m);
+    }
+    ref_matmul(ck, &W.hw, rb, re, xs, ns, ys);
+    row_float(&row, gs, ys, (size_t)ns * m, 1e-5);
+    if (diff)
+        row.pass = 0;
+    snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note),
+             "%svs the decode kernel: %zu bytes differ", row.note[0] ? "; " : "", diff);
+    double bytes = (double)W.data_bytes * m / rows + 4.0 * n * cols + 4.0 * ny, flops = 2.0 * ny * cols;
+    bench_row(ck, &row, inv_call, &a, bytes, flops, BOUND_BF16);
+    if (ck->bench && row.us > 0) {
+        double td = time_op(ck, inv_call, &d);
+        snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "; decode kernel %.1f us (%.2fx)", td,
+                 td / row.us);
+    }
+    print_row(ck, &row);
+    free(x);
+    free(y);
+    free(yd);
+    free(xs);
+    free(ys);
+    free(gs);
+    duet_cuda_free(ck->c, dx);
+    duet_cuda_free(ck->c, dy);
+    duet_cuda_free(ck->c, dd);
+    weight_free(ck, &W);
+}
+
 static void group_matmul(ck_t *ck)
 {
     const duet_dtype_t E8 = DUET_DT_F8_E8M0, F32 = DUET_DT_F32;
@@ -838,6 +928,13 @@ static void group_matmul(ck_t *ck)
         case_matmul_tiled(ck, DUET_DT_BF16, 4096, 4096, 0, 4096, tiled_n[i]);
     case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4224, 32, 1000, 13); /* 33 units, split along the columns */
     case_matmul_tiled(ck, DUET_DT_BF16, 129280 / 8, 4096, 0, 129280 / 8, 128); /* a slice of the head, four tiles */
+    /* fp8 at prefill sizes through the batch-invariant entry: the decode kernel's bits */
+    case_matmul_wide(ck, 4096, 4096, 0, 4096, 300);
+    case_matmul_wide(ck, 4096, 4096, 0, 4096, 4096);
+    case_matmul_wide(ck, 32768, 1024, 0, 32768, 4096); /* wq_b */
+    case_matmul_wide(ck, 4096, 8192, 0, 4096, 4096);   /* wo_b */
+    case_matmul_wide(ck, 1000, 1024, 64, 1000, 130);   /* rows past a block's end, a partial token tile */
+    case_matmul_wide(ck, 2048, 4096, 128, 2048, 128);  /* one tile; f32-free ue8m0 scales on a row range */
 }
 
 /* Several weights times one x in one launch (duet_cuda_matmul_multi): each part against the
@@ -962,15 +1059,6 @@ static void group_fp8_act(ck_t *ck)
 }
 
 /* ---- fp8 activations made where they are produced ---- */
-
-static size_t bytes_differ(const void *a, const void *b, size_t n)
-{
-    const uint8_t *x = a, *y = b;
-    size_t d = 0;
-    for (size_t i = 0; i < n; i++)
-        d += x[i] != y[i];
-    return d;
-}
 
 /* The CPU's codes and scales for x(n, k) in duet_cuda_act_quant's layout (scale layout 0:
  * [k/128][n_pad]): scale amax/448 (1 for an all-zero block), codes duet_f32_to_e4m3(x / s);

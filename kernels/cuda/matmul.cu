@@ -2242,6 +2242,233 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
     return lt_run(c, p, wa, xb, y);
 }
 
+/* ---- wide token tiles: fp8 weights at prefill sizes ----
+ *
+ * The decode kernel multiplies a block's 128 rows by at most 32 tokens, so a 4096-token prefill
+ * reads each weight 128 times and splits each x unit once per row block.  Here x is split once
+ * (wide_split_kernel: the decode kernel's own h16_split, so the same fp16 parts and scales), laid
+ * out as wgmma's B for 64 tokens, and a block multiplies 64 rows by 64 tokens with wgmma
+ * m64n64k16: measured on the H200 to give every result the bits of mma.sync m16n8k16 on the same
+ * operands (duet-tc-rates).  Each output is the decode kernel's sequence: a unit's 8 k-steps, hi
+ * part then lo part each, into a fresh partial; the partial times (weight block scale times the
+ * token's x scale) into the chunk's sum; chunks of TC_CHUNK_UNITS units into the total.  So a
+ * token's bits are those of a decode step.  fp8 weights (untiled), row_begin a multiple of 64,
+ * from TC_WIDE_MIN_N tokens (0: never; a build setting, for timing variants). */
+#ifndef TC_WIDE_MIN_N
+#define TC_WIDE_MIN_N 128
+#endif
+#define WIDE_TOK 64                    /* tokens a tile */
+#define WIDE_ROWS 64                   /* rows a block: four warps of 16 */
+#define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a (k-step, part, k half) run: 64 tokens' 8 k-slots */
+#define WIDE_B_UNIT (32 * WIDE_B_HALF) /* a unit of a tile: [k-step 8][part 2][k half 2][token][16 B] */
+#define WIDE_W_STAGE (WIDE_ROWS * 128) /* a unit of the block's fp8 rows */
+#define WIDE_STAGE (WIDE_W_STAGE + WIDE_B_UNIT + WIDE_TOK * 4)
+#define WIDE_SMEM_BIT 120
+
+/* A warp a unit of four tokens (a token's eight items in consecutive lanes, h16_split's
+ * arrangement): the records' words to their places in tile T's B image of unit u, the scale
+ * to xsc[T][u][token].  Tokens past n: zeros (their outputs are not stored). */
+__global__ void wide_split_kernel(const float *x, int n, int cols, uint8_t *img, float *xsc)
+{
+    int units = cols / 128, tiles = (n + WIDE_TOK - 1) / WIDE_TOK;
+    size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    int tg = (int)(gw % (WIDE_TOK / 4));
+    size_t rest = gw / (WIDE_TOK / 4);
+    int u = (int)(rest % units), T = (int)(rest / units);
+    if (T >= tiles)
+        return;
+    int tq, f, tok, nt;
+    h16_item<WT_F8>(lane, tq, f, tok, nt);
+    int nl = 4 * tg + tok, t = T * WIDE_TOK + nl;
+    float4 v[4];
+    const float *xp = x + (size_t)(t < n ? t : 0) * cols + u * 128 + f * 64 + tq * 16;
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+        v[c] = t < n ? __ldg(reinterpret_cast<const float4 *>(xp) + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    uint4 rec[h16_traits<WT_F8>::KPG];
+    float scale;
+    h16_split<WT_F8>(v, rec, &scale);
+    uint8_t *base = img + ((size_t)T * units + u) * WIDE_B_UNIT + nl * 16 + 4 * tq;
+#pragma unroll
+    for (int k = 0; k < h16_traits<WT_F8>::KPG; k++) { /* rec: hi b0, hi b1, lo b0, lo b1 */
+        int ks = f * h16_traits<WT_F8>::KPG + k;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 0) * 2 + 0) * WIDE_B_HALF) = rec[k].x;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 0) * 2 + 1) * WIDE_B_HALF) = rec[k].y;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 1) * 2 + 0) * WIDE_B_HALF) = rec[k].z;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 1) * 2 + 1) * WIDE_B_HALF) = rec[k].w;
+    }
+    if (tq == 0 && f == 0)
+        xsc[((size_t)T * units + u) * WIDE_TOK + nl] = scale;
+}
+
+/* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B */
+__device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc)
+{
+#if TC_HAVE_WGMMA
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,"
+                 "%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, "
+                 "1, 1, 1, 0;"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#endif
+}
+
+/* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y): two stages of (the rows' unit
+ * of fp8, its 16-byte chunks stored at chunk ^ 4 on odd rows so that a quarter warp's A reads
+ * take distinct banks; the tile's B image of the unit; its 64 x scales), one unit ahead. */
+__global__ void __launch_bounds__(128) gemv_wide_kernel(gemv_args a, const uint8_t *img, const float *xsc_all)
+{
+#if TC_HAVE_WGMMA
+    extern __shared__ __align__(128) uint8_t wsm_[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int rb = a.row_begin + blockIdx.x * WIDE_ROWS, T = blockIdx.y, units = a.cols / 128;
+    int rg = 16 * warp + g; /* the lane's rows rg and rg + 8 of the block */
+    auto load = [&](int s, int u) {
+        uint8_t *st = wsm_ + s * WIDE_STAGE;
+#pragma unroll
+        for (int i = 0; i < WIDE_W_STAGE / 16 / 128; i++) {
+            int p = threadIdx.x + 128 * i, r = p >> 3, ch = p & 7;
+            int row = min(rb + r, a.row_end - 1);
+            cp_async16(st + r * 128 + 16 * (ch ^ ((r & 1) << 2)), a.w + (size_t)row * a.row_bytes + u * 128 + 16 * ch);
+        }
+        const uint8_t *src = img + ((size_t)T * units + u) * WIDE_B_UNIT;
+#pragma unroll
+        for (int i = 0; i < WIDE_B_UNIT / 16 / 128; i++)
+            cp_async16(st + WIDE_W_STAGE + 16 * (threadIdx.x + 128 * i), src + 16 * (threadIdx.x + 128 * i));
+        if (threadIdx.x < WIDE_TOK * 4 / 16)
+            cp_async16(st + WIDE_W_STAGE + WIDE_B_UNIT + 16 * threadIdx.x,
+                       reinterpret_cast<const uint8_t *>(xsc_all + ((size_t)T * units + u) * WIDE_TOK) +
+                           16 * threadIdx.x);
+    };
+    float part[8][4], pc[8][4], tot[8][4];
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            part[t][e] = pc[t][e] = tot[t][e] = 0.0f;
+    const int srow = min(rb + rg, a.row_end - 1); /* the row whose 128-row block scales the lane's rows */
+    load(0, 0);
+    cp_commit();
+    for (int u = 0; u < units; u++) {
+        if (u + 1 < units)
+            load((u + 1) & 1, u + 1);
+        cp_commit();
+        cp_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copies, read by wgmma's proxy */
+        __syncthreads();
+        const uint8_t *st = wsm_ + (u & 1) * WIDE_STAGE;
+        uint32_t wa[8][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            uint4 w0 = *reinterpret_cast<const uint4 *>(st + rg * 128 + 16 * ((4 * j + tq) ^ ((rg & 1) << 2)));
+            uint4 w1 =
+                *reinterpret_cast<const uint4 *>(st + (rg + 8) * 128 + 16 * ((4 * j + tq) ^ (((rg + 8) & 1) << 2)));
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint32_t x0 = u4_word(w0, q), x1 = u4_word(w1, q);
+                int ks = 4 * j + q;
+                wa[ks][0] = f8_pair_h16(x0 & 0xffffu);
+                wa[ks][1] = f8_pair_h16(x1 & 0xffffu);
+                wa[ks][2] = f8_pair_h16(x0 >> 16);
+                wa[ks][3] = f8_pair_h16(x1 >> 16);
+            }
+        }
+        float ws = scale_load(a.scale, a.scale_f32, (size_t)(srow / 128) * a.scale_cols + u);
+        uint32_t bbase = (uint32_t)__cvta_generic_to_shared(st + WIDE_W_STAGE);
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                wg_keep(part[t][e]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 8; ks++)
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                uint32_t addr = bbase + (ks * 2 + s) * 2 * WIDE_B_HALF;
+                uint64_t desc = (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WIDE_B_HALF >> 4) << 16 |
+                                (uint64_t)(8 * 16 >> 4) << 32;
+                wg_mma64(part, wa[ks], desc);
+            }
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                wg_keep(part[t][e]);
+#pragma unroll
+        for (int ks = 0; ks < 8; ks++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                wg_keep(wa[ks][r]);
+        const float *xsc = reinterpret_cast<const float *>(st + WIDE_W_STAGE + WIDE_B_UNIT);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            float xa = xsc[8 * t + 2 * tq], xb1 = xsc[8 * t + 2 * tq + 1];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float xv = (e & 1) ? xb1 : xa;
+                pc[t][e] = fmaf(part[t][e], ws * xv, pc[t][e]);
+                part[t][e] = 0.0f;
+            }
+        }
+        if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units)
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    tot[t][e] = fmaf(pc[t][e], 1.0f, tot[t][e]);
+                    pc[t][e] = 0.0f;
+                }
+        __syncthreads(); /* the stage is read before the next unit's copies overwrite it */
+    }
+    int m_out = a.row_end - a.row_begin;
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = rb + rg + 8 * (e >> 1), tok = T * WIDE_TOK + 8 * t + 2 * tq + (e & 1);
+            if (row < a.row_end && tok < a.n)
+                a.y[(size_t)tok * m_out + (row - a.row_begin)] = tot[t][e];
+        }
+#endif
+}
+
+static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
+{
+    return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && c->info.cc_major == 9 && c->info.cc_minor == 0 &&
+           w->dtype == DUET_DT_F8_E4M3 && !w->tiled && w->cols % 128 == 0 && row_begin % WIDE_ROWS == 0 &&
+           (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+}
+
+static duet_status_t wide_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
+                                 int n, float *y)
+{
+    gemv_args a;
+    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
+    int units = w->cols / 128, tiles = (n + WIDE_TOK - 1) / WIDE_TOK;
+    size_t img_bytes = (size_t)tiles * units * WIDE_B_UNIT, sc_bytes = (size_t)tiles * units * WIDE_TOK * 4;
+    DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, img_bytes + sc_bytes));
+    uint8_t *img = (uint8_t *)c->tc_xrec;
+    float *xsc = (float *)(img + img_bytes);
+    size_t threads = (size_t)tiles * units * (WIDE_TOK / 4) * 32;
+    wide_split_kernel<<<(unsigned)duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, n, w->cols, img, xsc);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    int smem = 2 * WIDE_STAGE;
+    DUET_TRY(tc_smem(c, gemv_wide_kernel, smem, WIDE_SMEM_BIT));
+    dim3 grid((unsigned)duet_cdiv((size_t)(row_end - row_begin), WIDE_ROWS), (unsigned)tiles);
+    gemv_wide_kernel<<<grid, 128, smem, c->stream>>>(a, img, xsc);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x)
 {
     if (weight_kind(w) < 0)
@@ -2254,8 +2481,13 @@ extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_beg
 extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
                                                     int row_end, const float *x, int n, float *y)
 {
-    if (duet_cuda_matmul_invariant_tc(w, row_begin, x))
+    if (duet_cuda_matmul_invariant_tc(w, row_begin, x)) {
+        if (wide_ok(c, w, row_begin, x, n) && row_end > row_begin) {
+            DUET_TRY(check_args(c, w, row_begin, row_end, n));
+            return wide_launch(c, w, row_begin, row_end, x, n, y);
+        }
         return duet_cuda_matmul_gemv_tc(c, w, row_begin, row_end, x, n, y);
+    }
     return duet_cuda_matmul_gemv(c, w, row_begin, row_end, x, n, y);
 }
 
