@@ -15,13 +15,14 @@
 #   instead (unpacked into build-fwd there).
 #
 # On the GPU: unpacks .bundle and puts on the library path only the sonames the
-# image lacks, regenerates the fixtures (tiny-bf16 seed 1 as the build does; the
+# image lacks, regenerates the fixtures (tiny-bf16 seed 1 and tiny-fp8-fp4 seed 2 as the build does; the
 # slice in the background), then:
 #   - staging: duet-check-forward --staging 2000 (the workers' device<->host
 #     copies for a 2000-token request, checked byte for byte, against pinned
 #     cudaMemcpy measured in the same run), tiny and slice;
 #   - tests/pd/pdtest.py --device cuda: `exact` (12 prompts, concurrency 1 and
-#     32) with bf16/bf16 and fp8/fp8 caches, then `abort-storm`: both workers on
+#     32) with bf16/bf16 and fp8/fp8 caches, and on tiny-fp8-fp4 (fp8 weights, bf16
+#     caches), then `abort-storm`: both workers on
 #     the one GPU, every output equal to `duet-generate --device cuda`;
 #   - pdtest `decode-rate`: 32 requests x 128 tokens on tiny and on the slice.
 # Prints one table at the end; logs go to $OUT (elsewhere build-fwd/device-pd/).
@@ -80,6 +81,7 @@ nproc | sed 's/^/cpus: /' | tee -a "$LOG"
 
 BIN="$BUILD/tools"
 "$BIN/duet-mkmodel" --preset tiny --seed 1 --out "$FIX/tiny-bf16" >>"$LOG" 2>&1
+"$BIN/duet-mkmodel" --preset tiny --seed 2 --weights fp8 --experts fp4 --out "$FIX/tiny-fp8-fp4" >>"$LOG" 2>&1
 slice_pid=""
 if [ "$slice" = 1 ]; then
   ( start=$SECONDS; "$BIN/duet-mkmodel" --preset slice --out "$FIX/slice" >"$RES/mkmodel-slice.log" 2>&1;
@@ -144,6 +146,8 @@ else
   if [ "$checks" = 1 ]; then
     pd exact-bf16 150 "$FIX/tiny-bf16" exact --kv bf16 --ik bf16 --n "$n" --concurrency 1,32
     pd exact-fp8 150 "$FIX/tiny-bf16" exact --kv fp8 --ik fp8 --n "$n" --concurrency 1,32
+    # fp8 weights: prefill's projections from 128 tokens on take the 64-token tiles
+    pd exact-fp8w 150 "$FIX/tiny-fp8-fp4" exact --kv bf16 --ik bf16 --n "$n" --concurrency 1,32
     [ "$quick" = 1 ] || pd abort-storm 150 "$FIX/tiny-bf16" abort-storm --kv fp8 --ik fp8
     [ "$quick" = 1 ] || pd hicache 150 "$FIX/tiny-bf16" hicache --kv fp8 --ik fp8
   fi
