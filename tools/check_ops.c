@@ -1031,6 +1031,9 @@ static void group_matmul_multi(ck_t *ck)
     case_matmul_multi(ck, DUET_DT_F4_E2M1X2, 4096, 2, r2, z2, r2, 1);
     case_matmul_multi(ck, DUET_DT_F4_E2M1X2, 4096, 2, r2, z2, r2, 32);
     case_matmul_multi(ck, DUET_DT_BF16, 512, 3, rr, rb, re, 13);
+    /* prefill sizes: fp8 parts on a 64-row boundary take the wide tiles, x split once for them */
+    case_matmul_multi(ck, DUET_DT_F8_E4M3, 4096, 7, r7, z7, r7, 300);
+    case_matmul_multi(ck, DUET_DT_F8_E4M3, 512, 3, rr, rb, re, 200); /* one part on the decode kernel */
 }
 
 static void group_matmul_lt(ck_t *ck)

@@ -2448,25 +2448,43 @@ static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin,
            (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
 }
 
-static duet_status_t wide_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
-                                 int n, float *y)
+/* x(n, cols) split for the wide tiles into the context's record buffer (grown on demand, kept) */
+static duet_status_t wide_split(duet_cuda_t *c, const float *x, int n, int cols, const uint8_t **img_out,
+                                const float **xsc_out)
 {
-    gemv_args a;
-    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
-    int units = w->cols / 128, tiles = (n + WIDE_TOK - 1) / WIDE_TOK;
+    int units = cols / 128, tiles = (n + WIDE_TOK - 1) / WIDE_TOK;
     size_t img_bytes = (size_t)tiles * units * WIDE_B_UNIT, sc_bytes = (size_t)tiles * units * WIDE_TOK * 4;
     DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, img_bytes + sc_bytes));
     uint8_t *img = (uint8_t *)c->tc_xrec;
     float *xsc = (float *)(img + img_bytes);
     size_t threads = (size_t)tiles * units * (WIDE_TOK / 4) * 32;
-    wide_split_kernel<<<(unsigned)duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, n, w->cols, img, xsc);
+    wide_split_kernel<<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, n, cols, img, xsc);
     DUET_CUDA_CHECK_LAUNCH(c);
+    *img_out = img;
+    *xsc_out = xsc;
+    return DUET_OK;
+}
+
+static duet_status_t wide_run(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n,
+                              float *y, const uint8_t *img, const float *xsc)
+{
+    gemv_args a;
+    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
     int smem = 2 * WIDE_STAGE;
     DUET_TRY(tc_smem(c, gemv_wide_kernel, smem, WIDE_SMEM_BIT));
-    dim3 grid((unsigned)duet_cdiv((size_t)(row_end - row_begin), WIDE_ROWS), (unsigned)tiles);
+    dim3 grid(duet_cdiv((size_t)(row_end - row_begin), WIDE_ROWS), (unsigned)((n + WIDE_TOK - 1) / WIDE_TOK));
     gemv_wide_kernel<<<grid, 128, smem, c->stream>>>(a, img, xsc);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
+}
+
+static duet_status_t wide_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
+                                 int n, float *y)
+{
+    const uint8_t *img;
+    const float *xsc;
+    DUET_TRY(wide_split(c, x, n, w->cols, &img, &xsc));
+    return wide_run(c, w, row_begin, row_end, x, n, y, img, xsc);
 }
 
 extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x)
@@ -2516,6 +2534,27 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
         DUET_TRY(check_args(c, parts[i].w, parts[i].row_begin, parts[i].row_end, n));
     if (n == 0)
         return DUET_OK;
+    /* the parts that the wide tiles take (fp8 at prefill sizes) there, x split once for them all:
+     * each part's bits are those of its own launch either way */
+    duet_cuda_mm_part_t rest[DUET_CUDA_MULTI_MAX];
+    int n_rest = 0;
+    const uint8_t *img = NULL;
+    const float *xsc = NULL;
+    for (int i = 0; i < n_parts; i++) {
+        if (!wide_ok(c, parts[i].w, parts[i].row_begin, x, n)) {
+            rest[n_rest++] = parts[i];
+            continue;
+        }
+        if (parts[i].row_end == parts[i].row_begin)
+            continue;
+        if (!img)
+            DUET_TRY(wide_split(c, x, n, parts[i].w->cols, &img, &xsc));
+        DUET_TRY(wide_run(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc));
+    }
+    if (n_rest == 0)
+        return DUET_OK;
+    parts = rest;
+    n_parts = n_rest;
     gemv_args a;
     gemv_args_of(parts[0].w, parts[0].row_begin, parts[0].row_end, x, n, parts[0].y, &a);
     multi_args m;
