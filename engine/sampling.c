@@ -275,7 +275,6 @@ static void exp_row(const float *logits, int vocab, float inv_t, float mx, float
  * pick, as before).  The order is (p desc, id asc); sums are exact, so the draw is the same
  * whatever order they are taken in: only the buckets where top-k, min-p, top-p or the draw
  * cut are sorted (a flat distribution's 129k candidates: about 110 a bucket). */
-
 static int32_t sample_ws(const float *logits, int vocab, const duet_sampling_t *s, int64_t position, sample_ws_t *w)
 {
     /* NaN logits never win; +inf wins outright (greedy, and sampling falls back to it) */

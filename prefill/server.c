@@ -452,18 +452,16 @@ static duet_status_t layer_done(void *arg, int layer)
     duet_status_t st = duet_worker_engine_to_host_queue(&s->eng, layer, seqs, s->n_finals, STAGE_FENCE(layer), &err);
     if (st == DUET_OK)
         st = ship_staged(s, &err);
-    if (st != DUET_OK) {
-        duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
-        return st;
+    if (st == DUET_OK) {
+        s->staged = layer;
+        /* the last layer ships at once: nothing of the forward's is left to overlap with but the
+         * last feed-forward half and the head, and the transfer should not wait for those and the draw */
+        if (layer == s->model->cfg.num_hidden_layers - 1)
+            st = ship_staged(s, &err);
     }
-    s->staged = layer;
-    /* the last layer ships at once: nothing of the forward's is left to overlap with but the last
-     * feed-forward half and the head, and the transfer should not wait for those and the draw */
-    if (layer == s->model->cfg.num_hidden_layers - 1 && (st = ship_staged(s, &err)) != DUET_OK) {
+    if (st != DUET_OK)
         duet_error("layer %d: staging copy to the host pools failed: %s", layer, duet_err_text(&err));
-        return st;
-    }
-    return DUET_OK;
+    return st;
 }
 
 /* Prefix cache: continue from the longest cached prefix with a resume state.

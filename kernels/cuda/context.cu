@@ -236,10 +236,16 @@ extern "C" duet_status_t duet_cuda_sync(duet_cuda_t *c)
     return DUET_OK;
 }
 
-extern "C" duet_status_t duet_cuda_fence(duet_cuda_t *c, int slot)
+static duet_status_t fence_slot(duet_cuda_t *c, int slot)
 {
     if (slot < 0 || slot >= DUET_CUDA_FENCES)
         return duet_cuda_failf(c, DUET_ERR_INVALID, "fence slot %d (0..%d)", slot, DUET_CUDA_FENCES - 1);
+    return DUET_OK;
+}
+
+extern "C" duet_status_t duet_cuda_fence(duet_cuda_t *c, int slot)
+{
+    DUET_TRY(fence_slot(c, slot));
     if (!c->fence[slot])
         DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->fence[slot], cudaEventDisableTiming));
     DUET_CUDA_CHECK(c, cudaEventRecord(c->fence[slot], c->stream));
@@ -248,8 +254,7 @@ extern "C" duet_status_t duet_cuda_fence(duet_cuda_t *c, int slot)
 
 extern "C" duet_status_t duet_cuda_fence_wait(duet_cuda_t *c, int slot)
 {
-    if (slot < 0 || slot >= DUET_CUDA_FENCES)
-        return duet_cuda_failf(c, DUET_ERR_INVALID, "fence slot %d (0..%d)", slot, DUET_CUDA_FENCES - 1);
+    DUET_TRY(fence_slot(c, slot));
     if (c->fence[slot])
         DUET_CUDA_CHECK(c, cudaEventSynchronize(c->fence[slot]));
     DUET_CUDA_CHECK(c, cudaGetLastError());
@@ -259,8 +264,7 @@ extern "C" duet_status_t duet_cuda_fence_wait(duet_cuda_t *c, int slot)
 extern "C" duet_status_t duet_cuda_fence_passed(duet_cuda_t *c, int slot, int *passed)
 {
     *passed = 0;
-    if (slot < 0 || slot >= DUET_CUDA_FENCES)
-        return duet_cuda_failf(c, DUET_ERR_INVALID, "fence slot %d (0..%d)", slot, DUET_CUDA_FENCES - 1);
+    DUET_TRY(fence_slot(c, slot));
     cudaError_t e = c->fence[slot] ? cudaEventQuery(c->fence[slot]) : cudaSuccess;
     if (e == cudaErrorNotReady) {
         /* not an error; some runtimes still leave it as the last error, which later checks must not see */

@@ -2468,6 +2468,8 @@ static duet_status_t wide_split(duet_cuda_t *c, const float *x, int n, int cols,
 static duet_status_t wide_run(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n,
                               float *y, const uint8_t *img, const float *xsc)
 {
+    if (row_end <= row_begin)
+        return DUET_OK;
     gemv_args a;
     gemv_args_of(w, row_begin, row_end, x, n, y, &a);
     int smem = 2 * WIDE_STAGE;
@@ -2500,7 +2502,7 @@ extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_w
                                                     int row_end, const float *x, int n, float *y)
 {
     if (duet_cuda_matmul_invariant_tc(w, row_begin, x)) {
-        if (wide_ok(c, w, row_begin, x, n) && row_end > row_begin) {
+        if (wide_ok(c, w, row_begin, x, n)) {
             DUET_TRY(check_args(c, w, row_begin, row_end, n));
             return wide_launch(c, w, row_begin, row_end, x, n, y);
         }
@@ -2545,8 +2547,6 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
             rest[n_rest++] = parts[i];
             continue;
         }
-        if (parts[i].row_end == parts[i].row_begin)
-            continue;
         if (!img)
             DUET_TRY(wide_split(c, x, n, parts[i].w->cols, &img, &xsc));
         DUET_TRY(wide_run(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc));
@@ -2661,17 +2661,6 @@ __global__ void bf16_to_f32_kernel(const __nv_bfloat16 *x, size_t n, float *y)
 
 extern "C" int duet_cuda_fp8_act_rows(int n) { return (n + ACT_QUANT_ROWS - 1) / ACT_QUANT_ROWS * ACT_QUANT_ROWS; }
 
-static duet_status_t act_quant_args(duet_cuda_t *c, const char *op, const void *x, int n, int k, const uint8_t *xq,
-                                    const float *sx)
-{
-    if (n < 0 || k <= 0 || k % 128)
-        return duet_cuda_failf(c, DUET_ERR_INVALID, "%s: %d rows of %d columns (columns a multiple of 128)", op, n, k);
-    if (n && (!x || !xq || !sx || (uintptr_t)x % 16 || (uintptr_t)xq % 4 || (uintptr_t)sx % 16))
-        return duet_cuda_failf(c, DUET_ERR_INVALID, "%s: x, codes or scales missing or misaligned (16, 4, 16 bytes)",
-                               op);
-    return DUET_OK;
-}
-
 static duet_status_t act_quant_run(duet_cuda_t *c, const float *x, int n, int k, uint8_t *xq, float *sx)
 {
     int n_pad = duet_cuda_fp8_act_rows(n);
@@ -2684,7 +2673,12 @@ static duet_status_t act_quant_run(duet_cuda_t *c, const float *x, int n, int k,
 
 extern "C" duet_status_t duet_cuda_act_quant(duet_cuda_t *c, const float *x, int n, int k, uint8_t *xq, float *sx)
 {
-    DUET_TRY(act_quant_args(c, "act_quant", x, n, k, xq, sx));
+    if (n < 0 || k <= 0 || k % 128)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "act_quant: %d rows of %d columns (columns a multiple of 128)", n,
+                               k);
+    if (n && (!x || !xq || !sx || (uintptr_t)x % 16 || (uintptr_t)xq % 4 || (uintptr_t)sx % 16))
+        return duet_cuda_failf(c, DUET_ERR_INVALID,
+                               "act_quant: x, codes or scales missing or misaligned (16, 4, 16 bytes)");
     return n ? act_quant_run(c, x, n, k, xq, sx) : DUET_OK;
 }
 
@@ -2701,10 +2695,16 @@ static duet_status_t fp8_gemm_args(duet_cuda_t *c, const char *op, const duet_we
     return DUET_OK;
 }
 
-static size_t fp8_gemm_scratch(int m, int n, int k)
+/* the weight's block scales of m rows in cuBLASLt's layout: bytes, 256-aligned */
+static size_t fp8_wscale_bytes(int m, int k)
 {
     int kb_pad = (k / 128 + 3) / 4 * 4, n_brows = (m + 127) / 128;
-    return duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256) + (size_t)m * duet_cuda_fp8_act_rows(n) * 4;
+    return duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256);
+}
+
+static size_t fp8_gemm_scratch(int m, int n, int k)
+{
+    return fp8_wscale_bytes(m, k) + (size_t)m * duet_cuda_fp8_act_rows(n) * 4;
 }
 
 /* y(n, m) = x w^T from x's codes and scales (act_quant's layout), the weight's block scales
@@ -2715,7 +2715,7 @@ static duet_status_t fp8_gemm(duet_cuda_t *c, const duet_weight_t *w, int row_be
     int m = row_end - row_begin, k = w->cols, kb = k / 128, kb_pad = (kb + 3) / 4 * 4;
     int n_pad = duet_cuda_fp8_act_rows(n), n_brows = (m + 127) / 128;
     float *sw = (float *)scr;
-    void *dtmp = scr + duet_round_up((size_t)(n_brows + 3) * kb_pad * 4, 256); /* fp32 D when padded, or bf16 D */
+    void *dtmp = scr + fp8_wscale_bytes(m, k); /* fp32 D when padded, or bf16 D */
     int lay = c->fp8_scale_layout;
     wscale_kernel<<<duet_cdiv((size_t)(n_brows + 3) * kb_pad, 256), 256, 0, c->stream>>>(
         w->scale, w->scale_dtype == DUET_DT_F32, w->scale_cols, row_begin / 128, n_brows, kb, kb_pad, sw, lay & 2);
