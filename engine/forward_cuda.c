@@ -751,7 +751,7 @@ typedef struct {
     size_t o_w128_unit, o_w128_idx, o_w128pos, o_desc128, o_sw128;
     size_t o_gw_dst, o_gw_src, o_g128_dst, o_g128_src;
     size_t o_koff4, o_nk0, o_nk4, o_nsel, o_dst4, o_page_off, o_koff128, o_nk128, o_hrow;
-    /* wo_a grouped (wo_group): offs (Gl+1), tiles (2, Gl+1), x rows (Gl*R), then mid's rows (R*Gl) */
+    /* wo_a grouped (wo_group): offs (Gl+1), tiles (DUET_CUDA_MOE_TILE_ROWS, Gl+1), x rows (Gl*R), then mid's rows (R*Gl) */
     int wo_group;
     int hc_fused; /* hyper-connection pre-mixes fused with their norms (hc_fused) */
     size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;
@@ -769,7 +769,7 @@ typedef struct {
     int32_t *sel;
     float *logit, *xg, *eg, *eu, *yg, *hx, *logits;
     float *sg, *su;                                     /* the shared expert's w1 and w3 outputs (R, I) */
-    int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (2,E+1), (R*K) x2 */
+    int32_t *m_sel, *m_offs, *m_tiles, *m_xrow, *m_pos; /* device routing: (R,K), (L,E+1), (3,E+1), (R*K) x2 */
     float *m_wt;                                         /* (R,K) */
     float *tp_send, *tp_recv; /* tensor parallelism: this rank's part, every rank's parts */
     int no_advance;
@@ -938,7 +938,7 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     int Gl = F->mc->g1 - F->mc->g0;
     if (F->wo_group) {
         F->o_wo_offs = hb_alloc(b, 4 * ((size_t)Gl + 1));
-        F->o_wo_tiles = hb_alloc(b, 4 * 2 * ((size_t)Gl + 1));
+        F->o_wo_tiles = hb_alloc(b, 4 * DUET_CUDA_MOE_TILE_ROWS * ((size_t)Gl + 1));
         F->o_wo_xrow = hb_alloc(b, 4 * (size_t)Gl * R);
         F->o_wo_yrow = hb_alloc(b, 4 * (size_t)Gl * R);
     }
@@ -991,11 +991,12 @@ static duet_status_t build_plan(fc_t *F, hbuf_t *b, duet_err_t *err)
     if (F->wo_group) { /* group g's rows g*R .. : att's row r*Gl + g; mid's row r*Gl + g from g*R + r */
         int32_t *wo_offs = HB(int32_t, F->o_wo_offs), *wo_tiles = HB(int32_t, F->o_wo_tiles);
         int32_t *wo_xrow = HB(int32_t, F->o_wo_xrow), *wo_yrow = HB(int32_t, F->o_wo_yrow);
-        int wide = duet_cuda_moe_wide_tile();
+        int wide = duet_cuda_moe_wide_tile(), wg = duet_cuda_moe_wg_tile();
         for (int g = 0; g <= Gl; g++) {
             wo_offs[g] = g * R;
             wo_tiles[g] = g * ((R + 7) / 8);
             wo_tiles[Gl + 1 + g] = g * ((R + wide - 1) / wide);
+            wo_tiles[2 * (Gl + 1) + g] = g * ((R + wg - 1) / wg);
         }
         for (int g = 0; g < Gl; g++)
             for (int r = 0; r < R; r++) {
@@ -1230,7 +1231,7 @@ static void carve(fc_t *F, bump_t *b)
     F->m_xrow = bump(b, 4 * RK);
     F->m_pos = bump(b, 4 * RK);
     F->m_offs = bump(b, 4 * L * (E + 1));
-    F->m_tiles = bump(b, 4 * 2 * (E + 1));
+    F->m_tiles = bump(b, 4 * DUET_CUDA_MOE_TILE_ROWS * (E + 1));
     F->hx = bump(b, 4 * F->NLR * D);
     F->logits = bump(b, 4 * F->NLR * V);
     size_t T = (size_t)F->mc->tp_size, part = RK * D > R * (G / T) * orank ? RK * D : R * (G / T) * orank;

@@ -2495,20 +2495,21 @@ static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
         if (bad && (u >> 40) % 17 == 0)
             sel[i] = (u >> 50) & 1 ? -1 : E;
     }
-    int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(8 * (size_t)(E + 1));
+    int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     int32_t *xr = xmalloc(4 * (size_t)n), *pos = xmalloc(4 * (size_t)n);
-    int32_t *g_offs = xmalloc(4 * (size_t)(E + 1)), *g_tiles = xmalloc(8 * (size_t)(E + 1));
+    int32_t *g_offs = xmalloc(4 * (size_t)(E + 1)), *g_tiles = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     int32_t *g_xr = xmalloc(4 * (size_t)n), *g_pos = xmalloc(4 * (size_t)n);
     memset(offs, 0, 4 * (size_t)(E + 1));
     for (int i = 0; i < n; i++)
         if (sel[i] >= 0 && sel[i] < E)
             offs[sel[i] + 1]++;
-    int wide = duet_cuda_moe_wide_tile();
-    tiles[0] = tiles[E + 1] = 0;
+    const int size[DUET_CUDA_MOE_TILE_ROWS] = {8, duet_cuda_moe_wide_tile(), duet_cuda_moe_wg_tile()};
+    for (int h = 0; h < DUET_CUDA_MOE_TILE_ROWS; h++)
+        tiles[h * (E + 1)] = 0;
     for (int e = 0; e < E; e++) {
         int c = offs[e + 1];
-        tiles[e + 1] = tiles[e] + (c + 7) / 8;
-        tiles[E + 2 + e] = tiles[E + 1 + e] + (c + wide - 1) / wide;
+        for (int h = 0; h < DUET_CUDA_MOE_TILE_ROWS; h++)
+            tiles[h * (E + 1) + e + 1] = tiles[h * (E + 1) + e] + (c + size[h] - 1) / size[h];
         offs[e + 1] += offs[e];
     }
     int *next = xmalloc(sizeof(int) * (size_t)E);
@@ -2522,19 +2523,19 @@ static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
             xr[pos[i]] = i / K;
     }
     int32_t *dsel = dupload(ck, sel, 4 * (size_t)n);
-    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 8 * (size_t)(E + 1));
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     int32_t *dxr = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
     dpoison(ck, dxr, 4 * (size_t)n);
     dpoison(ck, dpos, 4 * (size_t)n);
     sort_arg_t sa = {dsel, rows, K, E, doffs, dtiles, dxr, dpos};
     CK(sort_call(ck, &sa));
     ddownload(ck, g_offs, doffs, 4 * (size_t)(E + 1));
-    ddownload(ck, g_tiles, dtiles, 8 * (size_t)(E + 1));
+    ddownload(ck, g_tiles, dtiles, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     ddownload(ck, g_xr, dxr, 4 * (size_t)n);
     ddownload(ck, g_pos, dpos, 4 * (size_t)n);
     static const char *const parts[] = {"offsets", "tiles", "rows", "positions"};
     const int32_t *gp[] = {g_offs, g_tiles, g_xr, g_pos}, *rp[] = {offs, tiles, xr, pos};
-    const size_t np[] = {(size_t)E + 1, 2 * ((size_t)E + 1), (size_t)offs[E], (size_t)n};
+    const size_t np[] = {(size_t)E + 1, DUET_CUDA_MOE_TILE_ROWS * ((size_t)E + 1), (size_t)offs[E], (size_t)n};
     row_i32_parts(&row, 4, parts, gp, rp, np);
     bench_row(ck, &row, sort_call, &sa, 4.0 * 3 * n + 12.0 * (E + 1), 0, BOUND_MEM);
     print_row(ck, &row);
@@ -2639,7 +2640,7 @@ static void gx_buffers(ck_t *ck, gx_arg_t *a, int rows)
     a->dxrow = dmalloc(ck, 4 * n);
     a->dpos = dmalloc(ck, 4 * n);
     a->doffs = dmalloc(ck, 4 * (size_t)(a->E + 1));
-    a->dtiles = dmalloc(ck, 8 * (size_t)(a->E + 1));
+    a->dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(a->E + 1));
     a->deg = dmalloc(ck, 4 * n * a->I);
     a->deu = dmalloc(ck, 4 * n * a->I);
     a->dy = dmalloc(ck, 4 * n * a->D);
@@ -2898,10 +2899,13 @@ static void group_moe(ck_t *ck)
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1, 1);   /* batch 1: the launch split along the columns */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 0);   /* all 256 experts, batch 32 */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 1);
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 1);  /* 32-token tiles, tiled */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 128, 0, 1); /* V4-Flash widths, 48 positions an expert */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 128, 1, 1);   /* 24 positions an expert: 32-token tiles, tiled */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 0);  /* 192 an expert, untiled: 32-token tiles */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 1);  /* 192 an expert, tiled: 64-token tiles (sm_90) */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 128, 0, 1); /* V4-Flash widths, 48 positions an expert: 64-token tiles */
     case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1, 0);
-    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 1, 0);  /* 32-token tiles, x split ahead */
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 128, 1, 0);   /* 32-token tiles, x split ahead */
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 1, 0);  /* 64-token tiles (sm_90) */
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 0);      /* 32-token tiles */
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 1);      /* the same, bf16 tiled */
     case_moe_experts(ck, DUET_DT_BF16, 64, 6, 256, 128, 16, 1, 1);        /* one-token tiles, bf16 tiled */
@@ -3832,29 +3836,29 @@ static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
             sel[i * K + j] = e;
         }
     int32_t *dsel = dupload(ck, sel, sizeof(int32_t) * (size_t)n);
-    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 8 * (size_t)(E + 1));
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     int32_t *dxrow = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
     CK(duet_cuda_moe_sort(ck->c, dsel, rows, K, E, doffs, dtiles, dxrow, dpos));
-    int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(8 * (size_t)(E + 1));
-    int32_t *want = xmalloc(8 * (size_t)(E + 1)), *got = xmalloc(8 * (size_t)(E + 1));
+    int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
+    int32_t *want = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1)), *got = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     CK(duet_cuda_sync(ck->c));
     ddownload(ck, offs, doffs, 4 * (size_t)(E + 1));
-    ddownload(ck, tiles, dtiles, 8 * (size_t)(E + 1));
-    /* moe_tiles_own for every rank: t'[e] = t[clamp(e, e0, e1)] - t[e0] in both halves */
+    ddownload(ck, tiles, dtiles, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
+    /* moe_tiles_own for every rank: t'[e] = t[clamp(e, e0, e1)] - t[e0] in every row */
     row_t row = row_new("moe_tp", "tiles_own E%d k%d r%d T%d", E, K, rows, T);
     size_t bad = 0;
     for (int rk = 0; rk < T; rk++) {
         int e0 = (int)((int64_t)E * rk / T), e1 = (int)((int64_t)E * (rk + 1) / T);
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < DUET_CUDA_MOE_TILE_ROWS; h++)
             for (int e = 0; e <= E; e++) {
                 int ce = e < e0 ? e0 : e > e1 ? e1 : e;
                 want[h * (E + 1) + e] = tiles[h * (E + 1) + ce] - tiles[h * (E + 1) + e0];
             }
-        int32_t *dt = dupload(ck, tiles, 8 * (size_t)(E + 1));
+        int32_t *dt = dupload(ck, tiles, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
         CK(duet_cuda_moe_tiles_own(ck->c, dt, E, e0, e1));
         CK(duet_cuda_sync(ck->c));
-        ddownload(ck, got, dt, 8 * (size_t)(E + 1));
-        bad += memcmp(got, want, 8 * (size_t)(E + 1)) != 0;
+        ddownload(ck, got, dt, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
+        bad += memcmp(got, want, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1)) != 0;
         duet_cuda_free(ck->c, dt);
     }
     row_bytes(&row, &bad, &(size_t){0}, sizeof bad);

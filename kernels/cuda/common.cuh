@@ -44,6 +44,8 @@ extern "C" {
 #endif
 static_assert(DUET_CUDA_MOE_WIDE_TILE % 8 == 0 && DUET_CUDA_MOE_WIDE_TILE >= 8 && DUET_CUDA_MOE_WIDE_TILE <= 32,
               "a wide tile is one to four groups of 8 tokens");
+/* Tokens a tile of the 64-token (wgmma) grouped launches holds: moe_sort's third tile prefix sums */
+#define DUET_CUDA_MOE_WG_TILE 64
 
 /* A cached cuBLASLt problem: descriptors and the algorithm the heuristic chose. */
 struct duet_lt_plan {

@@ -1976,6 +1976,11 @@ static duet_status_t tc_group_launch(duet_cuda_t *c, gemv_args &a, const group_a
     return nt == 1 ? launch(one(), std::false_type()) : launch(all(), std::false_type());
 }
 
+/* the wide tiles' grouped form (below, with the plain one) */
+static bool wide_group_ok(const duet_cuda_t *c, const duet_weight_t *w, int n, int E);
+static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group_args g, const int32_t *tiles64,
+                                       const int32_t *xrow, int n, int n_mat, int nonempty);
+
 extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cuda_expert_mats_t *ma,
                                                   const duet_cuda_expert_mats_t *mb, const duet_cuda_moe_plan_t *p,
                                                   const float *x, int use_xrow, float *ya, float *yb)
@@ -2009,6 +2014,8 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
     g.n_experts = p->n_experts;
     int wt = weight_kind(w), E = p->n_experts, n = p->n_assign;
     int nonempty = n < E ? n : E;
+    if (kind == 1 && wide_group_ok(c, w, n, E))
+        return wide_group_launch(c, a, g, p->tiles + 2 * (E + 1), use_xrow ? p->xrow : NULL, n, n_mat, nonempty);
     if (kind == 1) {
         /* wide tiles (DUET_CUDA_MOE_WIDE_TILE tokens) once experts average 16 tokens (each
          * weight row tile is read once a tile), else 8; a token's result does not depend on the
@@ -2242,64 +2249,96 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
     return lt_run(c, p, wa, xb, y);
 }
 
-/* ---- wide token tiles: fp8 weights at prefill sizes ----
+/* ---- wide token tiles: fp8 and fp4 weights at prefill sizes ----
  *
  * The decode kernel multiplies a block's 128 rows by at most 32 tokens, so a 4096-token prefill
  * reads each weight 128 times and splits each x unit once per row block.  Here x is split once
  * (wide_split_kernel: the decode kernel's own h16_split, so the same fp16 parts and scales), laid
- * out as wgmma's B for 64 tokens, and a block multiplies 64 rows by 64 tokens with wgmma
- * m64n64k16: measured on the H200 to give every result the bits of mma.sync m16n8k16 on the same
- * operands (duet-tc-rates).  Each output is the decode kernel's sequence: a unit's 8 k-steps, hi
- * part then lo part each, into a fresh partial; the partial times (weight block scale times the
- * token's x scale) into the chunk's sum; chunks of TC_CHUNK_UNITS units into the total.  So a
- * token's bits are those of a decode step.  fp8 weights (untiled), row_begin a multiple of 64,
- * from TC_WIDE_MIN_N tokens (0: never; a build setting, for timing variants). */
+ * out as wgmma's B, and a block multiplies 64 rows by 64 tokens with wgmma m64n64k16: measured on
+ * the H200 to give every result the bits of mma.sync m16n8k16 on the same operands
+ * (duet-tc-rates).  Each output is the decode kernel's sequence: fp8, a unit's 8 k-steps, hi part
+ * then lo part each, into a fresh partial, the partial times (weight block scale times the
+ * token's x scale) into the chunk's sum; fp4, each 32-column scale group's two k-steps (hi then
+ * lo each) into a fresh partial, that times the rows' group scale into the unit's partial in
+ * group order, the unit's partial times the token's x scale into the chunk's sum; chunks of
+ * TC_CHUNK_UNITS units into the total.  So a token's bits are those of a decode step.
+ *
+ * Plain launches: fp8 weights (untiled), row_begin a multiple of 64, from TC_WIDE_MIN_N tokens.
+ * Grouped launches (duet_cuda_matmul_grouped: the routed experts, the grouped output
+ * projection): fp8 weights, or fp4 in the tiled layout, once the experts average
+ * TC_WIDE_GROUP_MIN_AVG positions; a block is 64 rows of one expert's matrix by a tile of up to
+ * 64 of its sorted positions (moe_sort's 64-token tile prefix sums).  fp4: the block's 64 rows
+ * are two weight tiles of 32, a warp the 16 rows of one that its MMAs take.  sm_90 only (0: never;
+ * build settings, for timing variants).
+ *
+ * The split x: [unit][run][position][16 bytes], a run a (k-step, part, k half) (32 a unit), so
+ * that a tile of any 64 consecutive positions is 1 KB a run; npad positions (64 past the last,
+ * so that a tile's reads stay inside).  Scales [unit][position]. */
 #ifndef TC_WIDE_MIN_N
 #define TC_WIDE_MIN_N 128
 #endif
-#define WIDE_TOK 64                    /* tokens a tile */
+#ifndef TC_WIDE_GROUP_MIN_AVG
+#define TC_WIDE_GROUP_MIN_AVG 48
+#endif
+#define WIDE_TOK DUET_CUDA_MOE_WG_TILE /* tokens a tile */
 #define WIDE_ROWS 64                   /* rows a block: four warps of 16 */
-#define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a (k-step, part, k half) run: 64 tokens' 8 k-slots */
-#define WIDE_B_UNIT (32 * WIDE_B_HALF) /* a unit of a tile: [k-step 8][part 2][k half 2][token][16 B] */
-#define WIDE_W_STAGE (WIDE_ROWS * 128) /* a unit of the block's fp8 rows */
-#define WIDE_STAGE (WIDE_W_STAGE + WIDE_B_UNIT + WIDE_TOK * 4)
-#define WIDE_SMEM_BIT 120
-
-/* A warp a unit of four tokens (a token's eight items in consecutive lanes, h16_split's
- * arrangement): the records' words to their places in tile T's B image of unit u, the scale
- * to xsc[T][u][token].  Tokens past n: zeros (their outputs are not stored). */
-__global__ void wide_split_kernel(const float *x, int n, int cols, uint8_t *img, float *xsc)
+#define WIDE_RUNS 32                   /* runs a unit: [k-step 8][part 2][k half 2] */
+#define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a tile's run: 64 tokens' 8 k-slots */
+#define WIDE_B_UNIT (WIDE_RUNS * WIDE_B_HALF)
+#define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the kernel's form (three) */
+static_assert(WIDE_TOK == 64, "wgmma m64n64k16: a tile's 64 tokens are its N");
+/* a stage: the block's weights of a unit (fp8: 64 rows of 128 bytes, chunk ^ 4 on odd rows; fp4:
+ * the two tiles' codes, then their scale words), the tile's B image of the unit, its 64 x scales */
+template <int WT> __host__ __device__ constexpr int wide_w_stage()
 {
-    int units = cols / 128, tiles = (n + WIDE_TOK - 1) / WIDE_TOK;
+    return WT == WT_F4 ? 2 * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES) : WIDE_ROWS * 128;
+}
+template <int WT> __host__ __device__ constexpr int wide_stage()
+{
+    return wide_w_stage<WT>() + WIDE_B_UNIT + WIDE_TOK * 4;
+}
+
+/* A warp a unit of a few positions (a position's 4 FG items in consecutive lanes, h16_split's
+ * arrangement): position p reads x row xrow[p] (p when xrow is NULL); its words go to their
+ * places in each run of unit u, its scale to xsc[u][p]. */
+template <int WT>
+__global__ void wide_split_kernel(const float *x, const int32_t *xrow, int npos, int npad, int cols, uint8_t *img,
+                                  float *xsc)
+{
+    constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
+    constexpr int PPW = 32 / (4 * FG); /* positions a warp */
+    int units = cols / 128, lane = threadIdx.x & 31;
     size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int tg = (int)(gw % (WIDE_TOK / 4));
-    size_t rest = gw / (WIDE_TOK / 4);
-    int u = (int)(rest % units), T = (int)(rest / units);
-    if (T >= tiles)
-        return;
+    int u = (int)(gw % units);
+    size_t pg = gw / units;
+    if (pg * PPW >= (size_t)npos)
+        return; /* whole warps */
     int tq, f, tok, nt;
-    h16_item<WT_F8>(lane, tq, f, tok, nt);
-    int nl = 4 * tg + tok, t = T * WIDE_TOK + nl;
-    float4 v[4];
-    const float *xp = x + (size_t)(t < n ? t : 0) * cols + u * 128 + f * 64 + tq * 16;
+    h16_item<WT>(lane, tq, f, tok, nt);
+    int p = (int)pg * PPW + tok;
+    bool ok = p < npos;
+    float4 v[GC / 4];
+    const float *xp = x + (size_t)(ok ? (xrow ? __ldg(xrow + p) : p) : 0) * cols + u * 128 + f * (128 / FG) + tq * GC;
 #pragma unroll
-    for (int c = 0; c < 4; c++)
-        v[c] = t < n ? __ldg(reinterpret_cast<const float4 *>(xp) + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    uint4 rec[h16_traits<WT_F8>::KPG];
+    for (int c = 0; c < GC / 4; c++)
+        v[c] = ok ? __ldg(reinterpret_cast<const float4 *>(xp) + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    uint4 rec[KPG];
     float scale;
-    h16_split<WT_F8>(v, rec, &scale);
-    uint8_t *base = img + ((size_t)T * units + u) * WIDE_B_UNIT + nl * 16 + 4 * tq;
+    h16_split<WT>(v, rec, &scale); /* every lane: the shuffles */
+    if (!ok)
+        return;
+    const size_t run = (size_t)npad * 16;
+    uint8_t *base = img + ((size_t)u * WIDE_RUNS * npad + p) * 16 + 4 * tq;
 #pragma unroll
-    for (int k = 0; k < h16_traits<WT_F8>::KPG; k++) { /* rec: hi b0, hi b1, lo b0, lo b1 */
-        int ks = f * h16_traits<WT_F8>::KPG + k;
-        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 0) * 2 + 0) * WIDE_B_HALF) = rec[k].x;
-        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 0) * 2 + 1) * WIDE_B_HALF) = rec[k].y;
-        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 1) * 2 + 0) * WIDE_B_HALF) = rec[k].z;
-        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 1) * 2 + 1) * WIDE_B_HALF) = rec[k].w;
+    for (int k = 0; k < KPG; k++) { /* rec: hi b0, hi b1, lo b0, lo b1 */
+        int ks = f * KPG + k;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 0) * 2 + 0) * run) = rec[k].x;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 0) * 2 + 1) * run) = rec[k].y;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 1) * 2 + 0) * run) = rec[k].z;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 2 + 1) * 2 + 1) * run) = rec[k].w;
     }
     if (tq == 0 && f == 0)
-        xsc[((size_t)T * units + u) * WIDE_TOK + nl] = scale;
+        xsc[(size_t)u * npad + p] = scale;
 }
 
 /* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B */
@@ -2319,32 +2358,103 @@ __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4
 #endif
 }
 
-/* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y): two stages of (the rows' unit
- * of fp8, its 16-byte chunks stored at chunk ^ 4 on odd rows so that a quarter warp's A reads
- * take distinct banks; the tile's B image of the unit; its 64 x scales), one unit ahead. */
-__global__ void __launch_bounds__(128) gemv_wide_kernel(gemv_args a, const uint8_t *img, const float *xsc_all)
+/* wgmma m64n64k16 of run pairs (k-step ks, part s) of the stage's B image into d, the A
+ * operands wa[j] for k-steps ks0 + j, parts in turn: the decode kernel's order */
+template <int KS>
+__device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
+{
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            wg_keep(d[t][e]);
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < KS; j++)
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            uint32_t addr = bbase + ((ks0 + j) * 2 + s) * 2 * WIDE_B_HALF;
+            uint64_t desc =
+                (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WIDE_B_HALF >> 4) << 16 | (uint64_t)(8 * 16 >> 4) << 32;
+            wg_mma64(d, wa[j], desc);
+        }
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            wg_keep(d[t][e]);
+#pragma unroll
+    for (int j = 0; j < KS; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            wg_keep(wa[j][r]);
+}
+
+/* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y; grouped: blockIdx.x also picks
+ * w1 or w3, blockIdx.y one expert's tile): two stages, one unit ahead. */
+template <int WT, bool GROUPED>
+__global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
+    gemv_wide_kernel(gemv_args a, group_args g, const uint8_t *img, const float *xsc_all, int npad)
 {
 #if TC_HAVE_WGMMA
+    constexpr int WSTAGE = wide_w_stage<WT>(), STAGE = wide_stage<WT>();
+    static_assert(WT == WT_F8 || (WT == WT_F4 && GROUPED), "fp8 weights, or the experts' tiled fp4");
     extern __shared__ __align__(128) uint8_t wsm_[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    int rb = a.row_begin + blockIdx.x * WIDE_ROWS, T = blockIdx.y, units = a.cols / 128;
-    int rg = 16 * warp + g; /* the lane's rows rg and rg + 8 of the block */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    int units = a.cols / 128, p0, m, rb;
+    if constexpr (GROUPED) {
+        int e, t0;
+        if (!group_tile(g, blockIdx.y, WIDE_TOK, &e, &t0))
+            return;
+        int mi = blockIdx.x >= (unsigned)g.row_tiles;
+        p0 = __ldg(g.offs + e) + t0;
+        m = min(__ldg(g.offs + e + 1) - p0, WIDE_TOK);
+        const void *const *ws = mi ? g.w[1] : g.w[0], *const *ss = mi ? g.scale[1] : g.scale[0];
+        a.w = (const uint8_t *)ws[e];
+        a.scale = ss ? ss[e] : NULL;
+        a.y = mi ? g.y[1] : g.y[0];
+        rb = ((int)blockIdx.x - mi * g.row_tiles) * WIDE_ROWS;
+    } else {
+        p0 = blockIdx.y * WIDE_TOK;
+        m = min(a.n - p0, WIDE_TOK);
+        rb = a.row_begin + blockIdx.x * WIDE_ROWS;
+    }
+    int rg = 16 * warp + gr; /* the lane's rows rg and rg + 8 of the block */
+    const int tile_last = a.row_end / TC_ROWS - 1; /* fp4: the matrix's last row tile */
+    const size_t b_round = (size_t)2 * npad * 16;   /* two runs of the split x */
     auto load = [&](int s, int u) {
-        uint8_t *st = wsm_ + s * WIDE_STAGE;
+        uint8_t *st = wsm_ + s * STAGE;
+        if constexpr (WT == WT_F4) { /* the two tiles' 4 KB, then their 256 bytes of scale words */
 #pragma unroll
-        for (int i = 0; i < WIDE_W_STAGE / 16 / 128; i++) {
-            int p = threadIdx.x + 128 * i, r = p >> 3, ch = p & 7;
-            int row = min(rb + r, a.row_end - 1);
-            cp_async16(st + r * 128 + 16 * (ch ^ ((r & 1) << 2)), a.w + (size_t)row * a.row_bytes + u * 128 + 16 * ch);
+            for (int i = 0; i < 2; i++) {
+                int q = threadIdx.x + 128 * i, t = q >> 7, rt = min(rb / TC_ROWS + t, tile_last);
+                cp_async16(st + TC_F4_TILE_BYTES * t + 16 * (q & 127),
+                           a.w + ((size_t)rt * units + u) * TC_F4_TILE_BYTES + 16 * (q & 127));
+            }
+            if (threadIdx.x < 2 * TC_F4_TILE_SCALE_BYTES / 16) {
+                int t = threadIdx.x >> 3, rt = min(rb / TC_ROWS + t, tile_last);
+                cp_async16(st + 2 * TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES * t + 16 * (threadIdx.x & 7),
+                           reinterpret_cast<const uint8_t *>(a.scale) +
+                               ((size_t)rt * units + u) * TC_F4_TILE_SCALE_BYTES + 16 * (threadIdx.x & 7));
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < WSTAGE / 16 / 128; i++) {
+                int p = threadIdx.x + 128 * i, r = p >> 3, ch = p & 7;
+                int row = min(rb + r, a.row_end - 1);
+                cp_async16(st + r * 128 + 16 * (ch ^ ((r & 1) << 2)),
+                           a.w + (size_t)row * a.row_bytes + u * 128 + 16 * ch);
+            }
         }
-        const uint8_t *src = img + ((size_t)T * units + u) * WIDE_B_UNIT;
+        /* piece q = threadIdx.x + 128 i: run q / 64, token q % 64 (two runs a round) */
+        const uint8_t *src = img + (((size_t)u * WIDE_RUNS + (threadIdx.x >> 6)) * npad + p0 + (threadIdx.x & 63)) * 16;
 #pragma unroll
         for (int i = 0; i < WIDE_B_UNIT / 16 / 128; i++)
-            cp_async16(st + WIDE_W_STAGE + 16 * (threadIdx.x + 128 * i), src + 16 * (threadIdx.x + 128 * i));
-        if (threadIdx.x < WIDE_TOK * 4 / 16)
-            cp_async16(st + WIDE_W_STAGE + WIDE_B_UNIT + 16 * threadIdx.x,
-                       reinterpret_cast<const uint8_t *>(xsc_all + ((size_t)T * units + u) * WIDE_TOK) +
-                           16 * threadIdx.x);
+            cp_async16(st + WSTAGE + 16 * (threadIdx.x + 128 * i), src + i * b_round);
+        if (threadIdx.x < WIDE_TOK)
+            cp_async4(st + WSTAGE + WIDE_B_UNIT + 4 * threadIdx.x, xsc_all + (size_t)u * npad + p0 + threadIdx.x);
     };
     float part[8][4], pc[8][4], tot[8][4];
 #pragma unroll
@@ -2352,7 +2462,7 @@ __global__ void __launch_bounds__(128) gemv_wide_kernel(gemv_args a, const uint8
 #pragma unroll
         for (int e = 0; e < 4; e++)
             part[t][e] = pc[t][e] = tot[t][e] = 0.0f;
-    const int srow = min(rb + rg, a.row_end - 1); /* the row whose 128-row block scales the lane's rows */
+    const int srow = min(rb + rg, a.row_end - 1); /* fp8: the row whose 128-row block scales the lane's rows */
     load(0, 0);
     cp_commit();
     for (int u = 0; u < units; u++) {
@@ -2362,61 +2472,74 @@ __global__ void __launch_bounds__(128) gemv_wide_kernel(gemv_args a, const uint8
         cp_wait<1>();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copies, read by wgmma's proxy */
         __syncthreads();
-        const uint8_t *st = wsm_ + (u & 1) * WIDE_STAGE;
-        uint32_t wa[8][4];
+        const uint8_t *st = wsm_ + (u & 1) * STAGE;
+        uint32_t bbase = (uint32_t)__cvta_generic_to_shared(st + WSTAGE);
+        const float *xsc = reinterpret_cast<const float *>(st + WSTAGE + WIDE_B_UNIT);
+        if constexpr (WT == WT_F4) {
+            /* the warp's 16 rows: rows 16 mt + (g, g + 8) of tile warp / 2, the lane's words of
+             * a fold group's columns 8 tq .. 8 tq + 7 in the tile's 16-byte record of that group
+             * and lane (rows g, g + 8, g + 16, g + 24) */
+            const int mt = warp & 1;
+            const uint8_t *tile = st + TC_F4_TILE_BYTES * (warp >> 1);
+            const uint32_t *sct =
+                reinterpret_cast<const uint32_t *>(st + 2 * TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES * (warp >> 1));
+            uint32_t sw0 = sct[16 * mt + gr], sw1 = sct[16 * mt + gr + 8];
+            float pu[8][4];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            uint4 w0 = *reinterpret_cast<const uint4 *>(st + rg * 128 + 16 * ((4 * j + tq) ^ ((rg & 1) << 2)));
-            uint4 w1 =
-                *reinterpret_cast<const uint4 *>(st + (rg + 8) * 128 + 16 * ((4 * j + tq) ^ (((rg + 8) & 1) << 2)));
+            for (int f = 0; f < 4; f++) {
+                uint2 wv = *reinterpret_cast<const uint2 *>(tile + 16 * (32 * f + lane) + 8 * mt);
+                uint32_t wa[2][4];
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                uint32_t x0 = u4_word(w0, q), x1 = u4_word(w1, q);
-                int ks = 4 * j + q;
-                wa[ks][0] = f8_pair_h16(x0 & 0xffffu);
-                wa[ks][1] = f8_pair_h16(x1 & 0xffffu);
-                wa[ks][2] = f8_pair_h16(x0 >> 16);
-                wa[ks][3] = f8_pair_h16(x1 >> 16);
+                for (int hf = 0; hf < 2; hf++) { /* k-step 2 f + hf: a0 a2 of row g, a1 a3 of row g + 8 */
+                    f4_word_h16<true>(wv.x, hf, wa[hf][0], wa[hf][2]);
+                    f4_word_h16<true>(wv.y, hf, wa[hf][1], wa[hf][3]);
+                }
+                float w0 = duet_d_e8m0_to_f32((uint8_t)(sw0 >> (8 * f)));
+                float w1 = duet_d_e8m0_to_f32((uint8_t)(sw1 >> (8 * f)));
+                wide_mmas<2>(part, wa, bbase, 2 * f);
+#pragma unroll
+                for (int t = 0; t < 8; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float w = (e >> 1) ? w1 : w0;
+                        pu[t][e] = f ? fmaf(part[t][e], w, pu[t][e]) : part[t][e] * w;
+                        part[t][e] = 0.0f;
+                    }
             }
-        }
-        float ws = scale_load(a.scale, a.scale_f32, (size_t)(srow / 128) * a.scale_cols + u);
-        uint32_t bbase = (uint32_t)__cvta_generic_to_shared(st + WIDE_W_STAGE);
 #pragma unroll
-        for (int t = 0; t < 8; t++)
+            for (int t = 0; t < 8; t++) {
+                float xa = xsc[8 * t + 2 * tq], xb1 = xsc[8 * t + 2 * tq + 1];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                wg_keep(part[t][e]);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < 8; ks++)
-#pragma unroll
-            for (int s = 0; s < 2; s++) {
-                uint32_t addr = bbase + (ks * 2 + s) * 2 * WIDE_B_HALF;
-                uint64_t desc = (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WIDE_B_HALF >> 4) << 16 |
-                                (uint64_t)(8 * 16 >> 4) << 32;
-                wg_mma64(part, wa[ks], desc);
+                for (int e = 0; e < 4; e++)
+                    pc[t][e] = fmaf(pu[t][e], (e & 1) ? xb1 : xa, pc[t][e]);
             }
-        wg_commit();
-        wg_wait0();
+        } else {
+            uint32_t wa[8][4];
 #pragma unroll
-        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < 2; j++) {
+                uint4 w0 = *reinterpret_cast<const uint4 *>(st + rg * 128 + 16 * ((4 * j + tq) ^ ((rg & 1) << 2)));
+                uint4 w1 =
+                    *reinterpret_cast<const uint4 *>(st + (rg + 8) * 128 + 16 * ((4 * j + tq) ^ (((rg + 8) & 1) << 2)));
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                wg_keep(part[t][e]);
+                for (int q = 0; q < 4; q++) {
+                    uint32_t x0 = u4_word(w0, q), x1 = u4_word(w1, q);
+                    int ks = 4 * j + q;
+                    wa[ks][0] = f8_pair_h16(x0 & 0xffffu);
+                    wa[ks][1] = f8_pair_h16(x1 & 0xffffu);
+                    wa[ks][2] = f8_pair_h16(x0 >> 16);
+                    wa[ks][3] = f8_pair_h16(x1 >> 16);
+                }
+            }
+            float ws = scale_load(a.scale, a.scale_f32, (size_t)(srow / 128) * a.scale_cols + u);
+            wide_mmas<8>(part, wa, bbase, 0);
 #pragma unroll
-        for (int ks = 0; ks < 8; ks++)
+            for (int t = 0; t < 8; t++) {
+                float xa = xsc[8 * t + 2 * tq], xb1 = xsc[8 * t + 2 * tq + 1];
 #pragma unroll
-            for (int r = 0; r < 4; r++)
-                wg_keep(wa[ks][r]);
-        const float *xsc = reinterpret_cast<const float *>(st + WIDE_W_STAGE + WIDE_B_UNIT);
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            float xa = xsc[8 * t + 2 * tq], xb1 = xsc[8 * t + 2 * tq + 1];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float xv = (e & 1) ? xb1 : xa;
-                pc[t][e] = fmaf(part[t][e], ws * xv, pc[t][e]);
-                part[t][e] = 0.0f;
+                for (int e = 0; e < 4; e++) {
+                    pc[t][e] = fmaf(part[t][e], ws * ((e & 1) ? xb1 : xa), pc[t][e]);
+                    part[t][e] = 0.0f;
+                }
             }
         }
         if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units)
@@ -2434,59 +2557,107 @@ __global__ void __launch_bounds__(128) gemv_wide_kernel(gemv_args a, const uint8
     for (int t = 0; t < 8; t++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int row = rb + rg + 8 * (e >> 1), tok = T * WIDE_TOK + 8 * t + 2 * tq + (e & 1);
-            if (row < a.row_end && tok < a.n)
-                a.y[(size_t)tok * m_out + (row - a.row_begin)] = tot[t][e];
+            int row = rb + rg + 8 * (e >> 1), tok = 8 * t + 2 * tq + (e & 1);
+            if (row < a.row_end && tok < m)
+                a.y[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = tot[t][e];
         }
 #endif
 }
 
-static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
+static bool wide_arch(const duet_cuda_t *c)
 {
-    return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && c->info.cc_major == 9 && c->info.cc_minor == 0 &&
-           w->dtype == DUET_DT_F8_E4M3 && !w->tiled && w->cols % 128 == 0 && row_begin % WIDE_ROWS == 0 &&
-           (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+    return c->info.cc_major == 9 && c->info.cc_minor == 0;
 }
 
-/* x(n, cols) split for the wide tiles into the context's record buffer (grown on demand, kept) */
-static duet_status_t wide_split(duet_cuda_t *c, const float *x, int n, int cols, const uint8_t **img_out,
-                                const float **xsc_out)
+static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
 {
-    int units = cols / 128, tiles = (n + WIDE_TOK - 1) / WIDE_TOK;
-    size_t img_bytes = (size_t)tiles * units * WIDE_B_UNIT, sc_bytes = (size_t)tiles * units * WIDE_TOK * 4;
+    return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && wide_arch(c) && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
+           w->cols % 128 == 0 && row_begin % WIDE_ROWS == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+}
+
+/* The grouped launches' experts (shaped like proto, tensor-core eligible: grouped_kind 1) at n
+ * positions over E experts */
+static bool wide_group_ok(const duet_cuda_t *c, const duet_weight_t *w, int n, int E)
+{
+    if (TC_WIDE_GROUP_MIN_AVG <= 0 || (long)n < (long)TC_WIDE_GROUP_MIN_AVG * E || !wide_arch(c) || w->cols % 128)
+        return false;
+    if (w->dtype == DUET_DT_F8_E4M3)
+        return !w->tiled;
+    return w->dtype == DUET_DT_F4_E2M1X2 && w->tiled && w->scale_dtype == DUET_DT_F8_E8M0 && w->rows % TC_ROWS == 0;
+}
+
+/* x's npos positions (position p: row xrow[p], or p) split for the wide tiles into the context's
+ * record buffer (grown on demand, kept) */
+template <int WT>
+static duet_status_t wide_split(duet_cuda_t *c, const float *x, const int32_t *xrow, int npos, int cols,
+                                const uint8_t **img_out, const float **xsc_out, int *npad_out)
+{
+    int units = cols / 128, npad = (int)duet_round_up((size_t)npos, 8) + WIDE_TOK;
+    size_t img_bytes = (size_t)units * WIDE_RUNS * npad * 16, sc_bytes = (size_t)units * npad * 4;
     DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, img_bytes + sc_bytes));
     uint8_t *img = (uint8_t *)c->tc_xrec;
     float *xsc = (float *)(img + img_bytes);
-    size_t threads = (size_t)tiles * units * (WIDE_TOK / 4) * 32;
-    wide_split_kernel<<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, n, cols, img, xsc);
+    constexpr int PPW = 32 / (4 * h16_traits<WT>::FG);
+    size_t threads = (size_t)duet_cdiv(npos, PPW) * units * 32;
+    wide_split_kernel<WT><<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, xrow, npos, npad, cols, img, xsc);
     DUET_CUDA_CHECK_LAUNCH(c);
     *img_out = img;
     *xsc_out = xsc;
+    *npad_out = npad;
+    return DUET_OK;
+}
+
+template <int WT, bool GROUPED>
+static duet_status_t wide_kernel_launch(duet_cuda_t *c, dim3 grid, const gemv_args &a, const group_args &g,
+                                        const uint8_t *img, const float *xsc, int npad)
+{
+    constexpr int smem = 2 * wide_stage<WT>();
+    DUET_TRY(tc_smem(c, gemv_wide_kernel<WT, GROUPED>, smem, WIDE_SMEM_BIT + (GROUPED ? 1 + (WT == WT_F4) : 0)));
+    gemv_wide_kernel<WT, GROUPED><<<grid, 128, smem, c->stream>>>(a, g, img, xsc, npad);
+    DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
 
 static duet_status_t wide_run(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n,
-                              float *y, const uint8_t *img, const float *xsc)
+                              float *y, const uint8_t *img, const float *xsc, int npad)
 {
     if (row_end <= row_begin)
         return DUET_OK;
     gemv_args a;
     gemv_args_of(w, row_begin, row_end, x, n, y, &a);
-    int smem = 2 * WIDE_STAGE;
-    DUET_TRY(tc_smem(c, gemv_wide_kernel, smem, WIDE_SMEM_BIT));
-    dim3 grid(duet_cdiv((size_t)(row_end - row_begin), WIDE_ROWS), (unsigned)((n + WIDE_TOK - 1) / WIDE_TOK));
-    gemv_wide_kernel<<<grid, 128, smem, c->stream>>>(a, img, xsc);
-    DUET_CUDA_CHECK_LAUNCH(c);
-    return DUET_OK;
+    group_args g;
+    memset(&g, 0, sizeof g);
+    dim3 grid(duet_cdiv((size_t)(row_end - row_begin), WIDE_ROWS), (unsigned)duet_cdiv(n, WIDE_TOK));
+    return wide_kernel_launch<WT_F8, false>(c, grid, a, g, img, xsc, npad);
 }
 
 static duet_status_t wide_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
                                  int n, float *y)
 {
-    const uint8_t *img;
-    const float *xsc;
-    DUET_TRY(wide_split(c, x, n, w->cols, &img, &xsc));
-    return wide_run(c, w, row_begin, row_end, x, n, y, img, xsc);
+    const uint8_t *img = NULL;
+    const float *xsc = NULL;
+    int npad = 0;
+    DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
+    return wide_run(c, w, row_begin, row_end, x, n, y, img, xsc, npad);
+}
+
+/* The grouped launch in wide tiles (tiles64: moe_sort's 64-token tile prefix sums); n positions
+ * over `nonempty` experts at most take n / 64 + nonempty tiles */
+static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group_args g, const int32_t *tiles64,
+                                       const int32_t *xrow, int n, int n_mat, int nonempty)
+{
+    const uint8_t *img = NULL;
+    const float *xsc = NULL;
+    int npad = 0;
+    g.tiles = tiles64;
+    g.row_tiles = duet_cdiv(a.row_end, WIDE_ROWS);
+    dim3 grid((unsigned)(g.row_tiles * n_mat), (unsigned)(duet_cdiv(n, WIDE_TOK) + nonempty));
+    if (a.tiled) {
+        DUET_TRY(wide_split<WT_F4>(c, a.x, xrow, n, a.cols, &img, &xsc, &npad));
+        return wide_kernel_launch<WT_F4, true>(c, grid, a, g, img, xsc, npad);
+    }
+    DUET_TRY(wide_split<WT_F8>(c, a.x, xrow, n, a.cols, &img, &xsc, &npad));
+    return wide_kernel_launch<WT_F8, true>(c, grid, a, g, img, xsc, npad);
 }
 
 extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x)
@@ -2542,14 +2713,15 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
     int n_rest = 0;
     const uint8_t *img = NULL;
     const float *xsc = NULL;
+    int npad = 0;
     for (int i = 0; i < n_parts; i++) {
         if (!wide_ok(c, parts[i].w, parts[i].row_begin, x, n)) {
             rest[n_rest++] = parts[i];
             continue;
         }
         if (!img)
-            DUET_TRY(wide_split(c, x, n, parts[i].w->cols, &img, &xsc));
-        DUET_TRY(wide_run(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc));
+            DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, parts[i].w->cols, &img, &xsc, &npad));
+        DUET_TRY(wide_run(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc, npad));
     }
     if (n_rest == 0)
         return DUET_OK;

@@ -101,7 +101,8 @@ typedef struct {
     int n_experts;
     int n_assign;         /* rows * top_k: the sorted positions */
     const int32_t *offs;  /* (E+1) device */
-    const int32_t *tiles; /* (2, E+1) device: prefix sums of ceil(m_e / 8), then of ceil(m_e / wide tile) */
+    const int32_t *tiles; /* (DUET_CUDA_MOE_TILE_ROWS, E+1) device: prefix sums of ceil(m_e / 8), of
+                             ceil(m_e / wide tile) and of ceil(m_e / 64) */
     const int32_t *xrow;  /* (n_assign) device: the x row of each position */
 } duet_cuda_moe_plan_t;
 

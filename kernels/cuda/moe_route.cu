@@ -185,34 +185,38 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
             pos[i] = -1;
     }
     __syncthreads();
-    /* exclusive prefix sums of the counts and of the 8-token and wide tiles, blockDim experts a
-     * pass (a warp scan, then the warps' totals scanned by warp 0) */
-    __shared__ int wsum[3][SORT_THREADS / 32];
+    /* exclusive prefix sums of the counts and of the 8-token, wide and 64-token tiles, blockDim
+     * experts a pass (a warp scan, then the warps' totals scanned by warp 0) */
+    constexpr int NP = 4; /* counts, then the three tile sizes */
+    __shared__ int wsum[NP][SORT_THREADS / 32];
     int lane = tid & 31, warp = tid >> 5, nw = bd >> 5;
-    int c0 = 0, c8 = 0, c32 = 0; /* the passes before */
+    int done[NP] = {0, 0, 0, 0}; /* the passes before */
     for (int e0 = 0; e0 < E; e0 += bd) {
         int e = e0 + tid, c = 0;
         if (e < E)
             for (int s = 0; s < ns; s++)
                 c += cnt[s * E + e];
-        constexpr int W = DUET_CUDA_MOE_WIDE_TILE;
-        int v[3] = {c, (c + 7) / 8, (c + W - 1) / W};
+        constexpr int W = DUET_CUDA_MOE_WIDE_TILE, W64 = DUET_CUDA_MOE_WG_TILE;
+        const int own[NP] = {c, (c + 7) / 8, (c + W - 1) / W, (c + W64 - 1) / W64};
+        int v[NP];
 #pragma unroll
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < NP; k++) {
+            v[k] = own[k];
 #pragma unroll
             for (int sh = 1; sh < 32; sh <<= 1) {
                 int t = __shfl_up_sync(0xffffffffu, v[k], sh);
                 if (lane >= sh)
                     v[k] += t;
             }
+        }
         if (lane == 31)
 #pragma unroll
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < NP; k++)
                 wsum[k][warp] = v[k];
         __syncthreads();
         if (warp == 0)
 #pragma unroll
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < NP; k++) {
                 int w = lane < nw ? wsum[k][lane] : 0;
 #pragma unroll
                 for (int sh = 1; sh < 32; sh <<= 1) {
@@ -224,28 +228,32 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *s
                     wsum[k][lane] = w; /* inclusive over the warps */
             }
         __syncthreads();
-        int b0 = c0 + (warp ? wsum[0][warp - 1] : 0), b8 = c8 + (warp ? wsum[1][warp - 1] : 0),
-            b32 = c32 + (warp ? wsum[2][warp - 1] : 0);
         if (e < E) {
-            int o = b0 + v[0] - c;
-            offs[e] = o;
-            tiles[e] = b8 + v[1] - (c + 7) / 8;
-            tiles[E + 1 + e] = b32 + v[2] - (c + W - 1) / W;
+            int ex[NP]; /* exclusive: this expert's first count and tiles */
+#pragma unroll
+            for (int k = 0; k < NP; k++)
+                ex[k] = done[k] + (warp ? wsum[k][warp - 1] : 0) + v[k] - own[k];
+            offs[e] = ex[0];
+#pragma unroll
+            for (int k = 1; k < NP; k++)
+                tiles[(k - 1) * (E + 1) + e] = ex[k];
+            int o = ex[0];
             for (int s = 0; s < ns; s++) {
                 int t = cnt[s * E + e];
                 cnt[s * E + e] = o;
                 o += t;
             }
         }
-        c0 += wsum[0][nw - 1];
-        c8 += wsum[1][nw - 1];
-        c32 += wsum[2][nw - 1];
+#pragma unroll
+        for (int k = 0; k < NP; k++)
+            done[k] += wsum[k][nw - 1];
         __syncthreads(); /* wsum is read before the next pass writes it */
     }
     if (tid == 0) {
-        offs[E] = c0;
-        tiles[E] = c8;
-        tiles[2 * E + 1] = c32;
+        offs[E] = done[0];
+#pragma unroll
+        for (int k = 1; k < NP; k++)
+            tiles[(k - 1) * (E + 1) + E] = done[k];
     }
     /* placement, stable: warp s walks segment s 32 assignments at a time, in order; a lane's
      * place is its expert's next one in the segment plus the lanes before it with the same expert
@@ -329,6 +337,7 @@ extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe
 }
 
 extern "C" int duet_cuda_moe_wide_tile(void) { return DUET_CUDA_MOE_WIDE_TILE; }
+extern "C" int duet_cuda_moe_wg_tile(void) { return DUET_CUDA_MOE_WG_TILE; }
 
 extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k,
                                             int n_experts, int32_t *offs, int32_t *tiles, int32_t *xrow,
@@ -365,14 +374,14 @@ extern "C" duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *se
     return DUET_OK;
 }
 
-/* Tensor parallelism: the tile prefix sums (2, E+1) restricted to experts [e0, e1): t'[e] =
+/* Tensor parallelism: the tile prefix sums (DUET_CUDA_MOE_TILE_ROWS, E+1) restricted to experts [e0, e1): t'[e] =
  * t[clamp(e, e0, e1)] - t[e0], so the grouped matmul's tiles cover this rank's experts only,
  * at their usual sorted positions. */
 __global__ void moe_tiles_own_kernel(int32_t *tiles, int E, int e0, int e1)
 {
     duet_pdl_wait();
     extern __shared__ int32_t st[];
-    int n = 2 * (E + 1);
+    int n = DUET_CUDA_MOE_TILE_ROWS * (E + 1);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         st[i] = tiles[i];
     __syncthreads();
@@ -422,7 +431,8 @@ extern "C" duet_status_t duet_cuda_moe_tiles_own(duet_cuda_t *c, int32_t *tiles,
     if (n_experts <= 0 || e0 < 0 || e1 > n_experts || e0 > e1)
         return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_tiles_own: experts [%d, %d) of %d", e0, e1, n_experts);
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, moe_tiles_own_kernel, dim3(1), dim3(256),
-                                        sizeof(int32_t) * 2 * (size_t)(n_experts + 1), tiles, n_experts, e0, e1));
+                                        sizeof(int32_t) * DUET_CUDA_MOE_TILE_ROWS * (size_t)(n_experts + 1), tiles,
+                                        n_experts, e0, e1));
     return DUET_OK;
 }
 

@@ -12,8 +12,9 @@
  *                are the CPU's IEEE operations in its order, so weights agree to an ulp
  *                or two (checked at 1e-6).
  *   moe_sort     a counting sort of the (row, k) assignments by expert id, in one
- *                block: offs (E+1), tile prefix sums for 8-token and wide tiles
- *                (duet_cuda_moe_wide_tile tokens: 32)
+ *                block: offs (E+1), tile prefix sums for 8-token, wide
+ *                (duet_cuda_moe_wide_tile tokens: 32) and 64-token tiles
+ *                (duet_cuda_moe_wg_tile)
  *                (duet_cuda_moe_plan_t, matmul.cuh), xrow (the row of each sorted
  *                position, ascending rows within an expert) and pos (the sorted position
  *                of assignment r*K + j; -1 for an id outside [0, E)).  Deterministic.
@@ -50,14 +51,18 @@ duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe_route_t *p
                                   int32_t *sel, float *wt);
 /* Tokens a wide tile holds (the second tile prefix sums of moe_sort). */
 int duet_cuda_moe_wide_tile(void);
-/* sel (n_rows, K) -> offs (E+1), tiles (2, E+1), xrow (n_rows*K), pos (n_rows*K). */
+/* Tokens a tile of the 64-token launches holds (the third). */
+int duet_cuda_moe_wg_tile(void);
+/* Rows of moe_sort's tile prefix sums: 8-token, wide and 64-token tiles. */
+#define DUET_CUDA_MOE_TILE_ROWS 3
+/* sel (n_rows, K) -> offs (E+1), tiles (DUET_CUDA_MOE_TILE_ROWS, E+1), xrow (n_rows*K), pos (n_rows*K). */
 duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k, int n_experts,
                                  int32_t *offs, int32_t *tiles, int32_t *xrow, int32_t *pos);
 /* y (n_rows*K, dim) in sorted order; shared (n_rows, dim) or NULL; out (n_rows, dim). */
 duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *sel, const float *wt, const int32_t *pos,
                                     int n_rows, int top_k, const float *y, const float *shared, int dim, float *out);
 /* Tensor parallelism (rank r holds experts [e0, e1) = [r*E/T, (r+1)*E/T)):
- *   moe_tiles_own  restricts moe_sort's tile prefix sums (2, E+1), in place, to experts [e0, e1):
+ *   moe_tiles_own  restricts moe_sort's tile prefix sums (DUET_CUDA_MOE_TILE_ROWS, E+1), in place, to experts [e0, e1):
  *                  duet_cuda_matmul_grouped then computes this rank's experts only, each at its
  *                  usual sorted positions;
  *   moe_pick       y (n_assign, dim) = for each sorted position p, row p of the all-gathered
