@@ -751,7 +751,7 @@ typedef struct {
     size_t o_w128_unit, o_w128_idx, o_w128pos, o_desc128, o_sw128;
     size_t o_gw_dst, o_gw_src, o_g128_dst, o_g128_src;
     size_t o_koff4, o_nk0, o_nk4, o_nsel, o_dst4, o_page_off, o_koff128, o_nk128, o_hrow;
-    /* wo_a grouped (wo_group): offs (Gl+1), tiles (DUET_CUDA_MOE_TILE_ROWS, Gl+1), x rows (Gl*R), then mid's rows (R*Gl) */
+    /* wo_a grouped (wo_group): offs (Gl+1), tiles (DUET_CUDA_MOE_TILE_ROWS, Gl+1), x rows (Gl*R), mid's rows (R*Gl) */
     int wo_group;
     int hc_fused; /* hyper-connection pre-mixes fused with their norms (hc_fused) */
     size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;

@@ -2523,7 +2523,8 @@ static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
             xr[pos[i]] = i / K;
     }
     int32_t *dsel = dupload(ck, sel, 4 * (size_t)n);
-    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)),
+            *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     int32_t *dxr = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
     dpoison(ck, dxr, 4 * (size_t)n);
     dpoison(ck, dpos, 4 * (size_t)n);
@@ -2899,13 +2900,15 @@ static void group_moe(ck_t *ck)
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 1, 1, 1);   /* batch 1: the launch split along the columns */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 0);   /* all 256 experts, batch 32 */
     case_moe_experts(ck, DUET_DT_F4_E2M1X2, 256, 6, 512, 256, 32, 1, 1);
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 128, 1, 1);   /* 24 positions an expert: 32-token tiles, tiled */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 0);  /* 192 an expert, untiled: 32-token tiles */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 1);  /* 192 an expert, tiled: 64-token tiles (sm_90) */
-    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 128, 0, 1); /* V4-Flash widths, 48 positions an expert: 64-token tiles */
+    /* 24 positions an expert: 32-token tiles; 192: 32-token tiles untiled, 64-token tiles (sm_90) tiled */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 128, 1, 1);
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 0);
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 1, 1);
+    /* V4-Flash widths, 48 positions an expert: 64-token tiles */
+    case_moe_experts(ck, DUET_DT_F4_E2M1X2, 16, 6, 4096, 2048, 128, 0, 1);
     case_moe_experts(ck, DUET_DT_F8_E4M3, 64, 6, 512, 256, 16, 1, 0);
-    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 128, 1, 0);   /* 32-token tiles, x split ahead */
-    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 1, 0);  /* 64-token tiles (sm_90) */
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 128, 1, 0);    /* 32-token tiles, x split ahead */
+    case_moe_experts(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 1, 0);   /* 64-token tiles (sm_90) */
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 0);      /* 32-token tiles */
     case_moe_experts(ck, DUET_DT_BF16, 32, 6, 256, 128, 1024, 1, 1);      /* the same, bf16 tiled */
     case_moe_experts(ck, DUET_DT_BF16, 64, 6, 256, 128, 16, 1, 1);        /* one-token tiles, bf16 tiled */
@@ -3836,11 +3839,13 @@ static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
             sel[i * K + j] = e;
         }
     int32_t *dsel = dupload(ck, sel, sizeof(int32_t) * (size_t)n);
-    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)),
+            *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     int32_t *dxrow = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
     CK(duet_cuda_moe_sort(ck->c, dsel, rows, K, E, doffs, dtiles, dxrow, dpos));
     int32_t *offs = xmalloc(4 * (size_t)(E + 1)), *tiles = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
-    int32_t *want = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1)), *got = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
+    int32_t *want = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1)),
+            *got = xmalloc(4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
     CK(duet_cuda_sync(ck->c));
     ddownload(ck, offs, doffs, 4 * (size_t)(E + 1));
     ddownload(ck, tiles, dtiles, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));

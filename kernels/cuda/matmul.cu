@@ -2421,9 +2421,9 @@ __global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
         m = min(a.n - p0, WIDE_TOK);
         rb = a.row_begin + blockIdx.x * WIDE_ROWS;
     }
-    int rg = 16 * warp + gr; /* the lane's rows rg and rg + 8 of the block */
+    int rg = 16 * warp + gr;                       /* the lane's rows rg and rg + 8 of the block */
     const int tile_last = a.row_end / TC_ROWS - 1; /* fp4: the matrix's last row tile */
-    const size_t b_round = (size_t)2 * npad * 16;   /* two runs of the split x */
+    const size_t b_round = (size_t)2 * npad * 16;  /* two runs of the split x */
     auto load = [&](int s, int u) {
         uint8_t *st = wsm_ + s * STAGE;
         if constexpr (WT == WT_F4) { /* the two tiles' 4 KB, then their 256 bytes of scale words */
@@ -2564,10 +2564,7 @@ __global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
 #endif
 }
 
-static bool wide_arch(const duet_cuda_t *c)
-{
-    return c->info.cc_major == 9 && c->info.cc_minor == 0;
-}
+static bool wide_arch(const duet_cuda_t *c) { return c->info.cc_major == 9 && c->info.cc_minor == 0; }
 
 static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
 {
