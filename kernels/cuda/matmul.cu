@@ -2280,18 +2280,30 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
 #ifndef TC_WIDE_GROUP_MIN_AVG
 #define TC_WIDE_GROUP_MIN_AVG 48
 #endif
-#define WIDE_TOK DUET_CUDA_MOE_WG_TILE /* tokens a tile */
-#define WIDE_ROWS 64                   /* rows a block: four warps of 16 */
+/* Warpgroups a block (each 64 rows of its own, all on the one B image: the image's bytes from L2
+ * a block's rows), and units in shared memory (the first one ahead); build settings, for timing
+ * variants */
+#ifndef TC_WIDE_WGS
+#define TC_WIDE_WGS 1
+#endif
+#ifndef TC_WIDE_STAGES
+#define TC_WIDE_STAGES 2
+#endif
+#define WIDE_TOK DUET_CUDA_MOE_WG_TILE     /* tokens a tile */
+#define WIDE_WG_ROWS 64                    /* rows a warpgroup: four warps of 16 */
+#define WIDE_ROWS (TC_WIDE_WGS * WIDE_WG_ROWS) /* rows a block */
+#define WIDE_THREADS (TC_WIDE_WGS * 128)
 #define WIDE_RUNS 32                   /* runs a unit: [k-step 8][part 2][k half 2] */
 #define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a tile's run: 64 tokens' 8 k-slots */
 #define WIDE_B_UNIT (WIDE_RUNS * WIDE_B_HALF)
 #define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the kernel's form (three) */
 static_assert(WIDE_TOK == 64, "wgmma m64n64k16: a tile's 64 tokens are its N");
-/* a stage: the block's weights of a unit (fp8: 64 rows of 128 bytes, chunk ^ 4 on odd rows; fp4:
- * the two tiles' codes, then their scale words), the tile's B image of the unit, its 64 x scales */
+static_assert(TC_WIDE_WGS >= 1 && TC_WIDE_WGS <= 4 && TC_WIDE_STAGES >= 2, "one to four warpgroups, two stages or more");
+/* a stage: the block's weights of a unit (fp8: its rows of 128 bytes, chunk ^ 4 on odd rows; fp4:
+ * its tiles' codes, then their scale words), the tile's B image of the unit, its 64 x scales */
 template <int WT> __host__ __device__ constexpr int wide_w_stage()
 {
-    return WT == WT_F4 ? 2 * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES) : WIDE_ROWS * 128;
+    return WT == WT_F4 ? (WIDE_ROWS / TC_ROWS) * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES) : WIDE_ROWS * 128;
 }
 template <int WT> __host__ __device__ constexpr int wide_stage()
 {
@@ -2393,13 +2405,15 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
 }
 
 /* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y; grouped: blockIdx.x also picks
- * w1 or w3, blockIdx.y one expert's tile): two stages, one unit ahead. */
+ * w1 or w3, blockIdx.y one expert's tile): TC_WIDE_STAGES stages, the units after the one
+ * computed in flight; warp w's rows 16 w .. 16 w + 15 (warpgroup w / 4 takes its warps' rows). */
 template <int WT, bool GROUPED>
-__global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
+__global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 ? 3 : 1)
     gemv_wide_kernel(gemv_args a, group_args g, const uint8_t *img, const float *xsc_all, int npad)
 {
 #if TC_HAVE_WGMMA
-    constexpr int WSTAGE = wide_w_stage<WT>(), STAGE = wide_stage<WT>();
+    constexpr int WSTAGE = wide_w_stage<WT>(), STAGE = wide_stage<WT>(), S = TC_WIDE_STAGES, NTH = WIDE_THREADS;
+    constexpr int TILES = WIDE_ROWS / TC_ROWS; /* fp4: weight tiles a block */
     static_assert(WT == WT_F8 || (WT == WT_F4 && GROUPED), "fp8 weights, or the experts' tiled fp4");
     extern __shared__ __align__(128) uint8_t wsm_[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
@@ -2423,36 +2437,37 @@ __global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
     }
     int rg = 16 * warp + gr;                       /* the lane's rows rg and rg + 8 of the block */
     const int tile_last = a.row_end / TC_ROWS - 1; /* fp4: the matrix's last row tile */
-    const size_t b_round = (size_t)2 * npad * 16;  /* two runs of the split x */
+    const size_t b_round = (size_t)(NTH / 64) * npad * 16; /* a round's runs of the split x */
     auto load = [&](int s, int u) {
         uint8_t *st = wsm_ + s * STAGE;
-        if constexpr (WT == WT_F4) { /* the two tiles' 4 KB, then their 256 bytes of scale words */
+        if constexpr (WT == WT_F4) { /* the tiles' 2 KB each, then their 128 bytes of scale words each */
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int q = threadIdx.x + 128 * i, t = q >> 7, rt = min(rb / TC_ROWS + t, tile_last);
+            for (int i = 0; i < TILES * TC_F4_TILE_BYTES / 16 / NTH; i++) {
+                int q = threadIdx.x + NTH * i, t = q >> 7, rt = min(rb / TC_ROWS + t, tile_last);
                 cp_async16(st + TC_F4_TILE_BYTES * t + 16 * (q & 127),
                            a.w + ((size_t)rt * units + u) * TC_F4_TILE_BYTES + 16 * (q & 127));
             }
-            if (threadIdx.x < 2 * TC_F4_TILE_SCALE_BYTES / 16) {
+            if (threadIdx.x < TILES * TC_F4_TILE_SCALE_BYTES / 16) {
                 int t = threadIdx.x >> 3, rt = min(rb / TC_ROWS + t, tile_last);
-                cp_async16(st + 2 * TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES * t + 16 * (threadIdx.x & 7),
+                cp_async16(st + TILES * TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES * t + 16 * (threadIdx.x & 7),
                            reinterpret_cast<const uint8_t *>(a.scale) +
                                ((size_t)rt * units + u) * TC_F4_TILE_SCALE_BYTES + 16 * (threadIdx.x & 7));
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < WSTAGE / 16 / 128; i++) {
-                int p = threadIdx.x + 128 * i, r = p >> 3, ch = p & 7;
+            for (int i = 0; i < WSTAGE / 16 / NTH; i++) {
+                int p = threadIdx.x + NTH * i, r = p >> 3, ch = p & 7;
                 int row = min(rb + r, a.row_end - 1);
                 cp_async16(st + r * 128 + 16 * (ch ^ ((r & 1) << 2)),
                            a.w + (size_t)row * a.row_bytes + u * 128 + 16 * ch);
             }
         }
-        /* piece q = threadIdx.x + 128 i: run q / 64, token q % 64 (two runs a round) */
+        /* piece q = threadIdx.x + NTH i: run q / 64, token q % 64 (NTH / 64 runs a round) */
         const uint8_t *src = img + (((size_t)u * WIDE_RUNS + (threadIdx.x >> 6)) * npad + p0 + (threadIdx.x & 63)) * 16;
 #pragma unroll
-        for (int i = 0; i < WIDE_B_UNIT / 16 / 128; i++)
-            cp_async16(st + WSTAGE + 16 * (threadIdx.x + 128 * i), src + i * b_round);
+        for (int i = 0; i < (WIDE_B_UNIT / 16 + NTH - 1) / NTH; i++)
+            if ((WIDE_B_UNIT / 16) % NTH == 0 || threadIdx.x + NTH * i < WIDE_B_UNIT / 16)
+                cp_async16(st + WSTAGE + 16 * (threadIdx.x + NTH * i), src + i * b_round);
         if (threadIdx.x < WIDE_TOK)
             cp_async4(st + WSTAGE + WIDE_B_UNIT + 4 * threadIdx.x, xsc_all + (size_t)u * npad + p0 + threadIdx.x);
     };
@@ -2463,16 +2478,20 @@ __global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
         for (int e = 0; e < 4; e++)
             part[t][e] = pc[t][e] = tot[t][e] = 0.0f;
     const int srow = min(rb + rg, a.row_end - 1); /* fp8: the row whose 128-row block scales the lane's rows */
-    load(0, 0);
-    cp_commit();
-    for (int u = 0; u < units; u++) {
-        if (u + 1 < units)
-            load((u + 1) & 1, u + 1);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < units)
+            load(s, s);
         cp_commit();
-        cp_wait<1>();
+    }
+    for (int u = 0; u < units; u++) {
+        if (u + S - 1 < units)
+            load((u + S - 1) % S, u + S - 1);
+        cp_commit();
+        cp_wait<S - 1>();
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copies, read by wgmma's proxy */
         __syncthreads();
-        const uint8_t *st = wsm_ + (u & 1) * STAGE;
+        const uint8_t *st = wsm_ + (u % S) * STAGE;
         uint32_t bbase = (uint32_t)__cvta_generic_to_shared(st + WSTAGE);
         const float *xsc = reinterpret_cast<const float *>(st + WSTAGE + WIDE_B_UNIT);
         if constexpr (WT == WT_F4) {
@@ -2481,8 +2500,8 @@ __global__ void __launch_bounds__(128, WT == WT_F4 ? 3 : 1)
              * and lane (rows g, g + 8, g + 16, g + 24) */
             const int mt = warp & 1;
             const uint8_t *tile = st + TC_F4_TILE_BYTES * (warp >> 1);
-            const uint32_t *sct =
-                reinterpret_cast<const uint32_t *>(st + 2 * TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES * (warp >> 1));
+            const uint32_t *sct = reinterpret_cast<const uint32_t *>(st + TILES * TC_F4_TILE_BYTES +
+                                                                     TC_F4_TILE_SCALE_BYTES * (warp >> 1));
             uint32_t sw0 = sct[16 * mt + gr], sw1 = sct[16 * mt + gr + 8];
             float pu[8][4];
 #pragma unroll
@@ -2608,9 +2627,9 @@ template <int WT, bool GROUPED>
 static duet_status_t wide_kernel_launch(duet_cuda_t *c, dim3 grid, const gemv_args &a, const group_args &g,
                                         const uint8_t *img, const float *xsc, int npad)
 {
-    constexpr int smem = 2 * wide_stage<WT>();
+    constexpr int smem = TC_WIDE_STAGES * wide_stage<WT>();
     DUET_TRY(tc_smem(c, gemv_wide_kernel<WT, GROUPED>, smem, WIDE_SMEM_BIT + (GROUPED ? 1 + (WT == WT_F4) : 0)));
-    gemv_wide_kernel<WT, GROUPED><<<grid, 128, smem, c->stream>>>(a, g, img, xsc, npad);
+    gemv_wide_kernel<WT, GROUPED><<<grid, WIDE_THREADS, smem, c->stream>>>(a, g, img, xsc, npad);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
