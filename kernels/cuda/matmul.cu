@@ -2281,33 +2281,54 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
 #define TC_WIDE_GROUP_MIN_AVG 48
 #endif
 /* Warpgroups a block (each 64 rows of its own, all on the one B image: the image's bytes from L2
- * a block's rows), and units in shared memory (the first one ahead); build settings, for timing
- * variants */
+ * over a block's rows) and units in shared memory (those after the one computed in flight), for
+ * the plain launches and the grouped ones.  Measured on the H200 (docs/PERF.md): the grouped
+ * launches of a 4096-token prefill faster with three warpgroups and three stages (one block an
+ * SM), the plain ones at 128 tokens slower (too few blocks).  Build settings, for timing variants. */
 #ifndef TC_WIDE_WGS
 #define TC_WIDE_WGS 1
 #endif
 #ifndef TC_WIDE_STAGES
 #define TC_WIDE_STAGES 2
 #endif
-#define WIDE_TOK DUET_CUDA_MOE_WG_TILE     /* tokens a tile */
-#define WIDE_WG_ROWS 64                    /* rows a warpgroup: four warps of 16 */
-#define WIDE_ROWS (TC_WIDE_WGS * WIDE_WG_ROWS) /* rows a block */
-#define WIDE_THREADS (TC_WIDE_WGS * 128)
+/* fp4: the next scale group's MMAs issued before a group's partial is folded (1), or each group's
+ * waited for first (0) */
+#ifndef TC_WIDE_F4_PIPE
+#define TC_WIDE_F4_PIPE 0
+#endif
+#ifndef TC_WIDE_GROUP_WGS
+#define TC_WIDE_GROUP_WGS 3
+#endif
+#ifndef TC_WIDE_GROUP_STAGES
+#define TC_WIDE_GROUP_STAGES 3
+#endif
+#define WIDE_TOK DUET_CUDA_MOE_WG_TILE /* tokens a tile */
+#define WIDE_WG_ROWS 64                /* rows a warpgroup: four warps of 16 */
 #define WIDE_RUNS 32                   /* runs a unit: [k-step 8][part 2][k half 2] */
 #define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a tile's run: 64 tokens' 8 k-slots */
 #define WIDE_B_UNIT (WIDE_RUNS * WIDE_B_HALF)
 #define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the kernel's form (three) */
+static_assert(TC_WIDE_WGS >= 1 && TC_WIDE_WGS <= 4 && TC_WIDE_GROUP_WGS >= 1 && TC_WIDE_GROUP_WGS <= 4 &&
+                  TC_WIDE_STAGES >= 2 && TC_WIDE_GROUP_STAGES >= 2,
+              "one to four warpgroups, two stages or more");
+/* a launch's form: warpgroups and stages */
+template <bool GROUPED> struct wide_form {
+    static constexpr int WGS = GROUPED ? TC_WIDE_GROUP_WGS : TC_WIDE_WGS;
+    static constexpr int STAGES = GROUPED ? TC_WIDE_GROUP_STAGES : TC_WIDE_STAGES;
+    static constexpr int ROWS = WGS * WIDE_WG_ROWS, THREADS = WGS * 128;
+};
 static_assert(WIDE_TOK == 64, "wgmma m64n64k16: a tile's 64 tokens are its N");
 static_assert(TC_WIDE_WGS >= 1 && TC_WIDE_WGS <= 4 && TC_WIDE_STAGES >= 2, "one to four warpgroups, two stages or more");
 /* a stage: the block's weights of a unit (fp8: its rows of 128 bytes, chunk ^ 4 on odd rows; fp4:
  * its tiles' codes, then their scale words), the tile's B image of the unit, its 64 x scales */
-template <int WT> __host__ __device__ constexpr int wide_w_stage()
+template <int WT, bool GROUPED> __host__ __device__ constexpr int wide_w_stage()
 {
-    return WT == WT_F4 ? (WIDE_ROWS / TC_ROWS) * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES) : WIDE_ROWS * 128;
+    constexpr int R = wide_form<GROUPED>::ROWS;
+    return WT == WT_F4 ? (R / TC_ROWS) * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES) : R * 128;
 }
-template <int WT> __host__ __device__ constexpr int wide_stage()
+template <int WT, bool GROUPED> __host__ __device__ constexpr int wide_stage()
 {
-    return wide_w_stage<WT>() + WIDE_B_UNIT + WIDE_TOK * 4;
+    return wide_w_stage<WT, GROUPED>() + WIDE_B_UNIT + WIDE_TOK * 4;
 }
 
 /* A warp a unit of a few positions (a position's 4 FG items in consecutive lanes, h16_split's
@@ -2371,9 +2392,10 @@ __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4
 }
 
 /* wgmma m64n64k16 of run pairs (k-step ks, part s) of the stage's B image into d, the A
- * operands wa[j] for k-steps ks0 + j, parts in turn: the decode kernel's order */
+ * operands wa[j] for k-steps ks0 + j, parts in turn (the decode kernel's order), issued as one
+ * group; wide_done after its wait */
 template <int KS>
-__device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
+__device__ __forceinline__ void wide_issue(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
 {
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -2391,7 +2413,9 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
             wg_mma64(d, wa[j], desc);
         }
     wg_commit();
-    wg_wait0();
+}
+template <int KS> __device__ __forceinline__ void wide_done(float (&d)[8][4], uint32_t (&wa)[KS][4])
+{
 #pragma unroll
     for (int t = 0; t < 8; t++)
 #pragma unroll
@@ -2403,17 +2427,26 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
         for (int r = 0; r < 4; r++)
             wg_keep(wa[j][r]);
 }
+template <int KS>
+__device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
+{
+    wide_issue<KS>(d, wa, bbase, ks0);
+    wg_wait0();
+    wide_done<KS>(d, wa);
+}
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 
 /* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y; grouped: blockIdx.x also picks
- * w1 or w3, blockIdx.y one expert's tile): TC_WIDE_STAGES stages, the units after the one
- * computed in flight; warp w's rows 16 w .. 16 w + 15 (warpgroup w / 4 takes its warps' rows). */
+ * w1 or w3, blockIdx.y one expert's tile): wide_form's stages, the units after the one computed in
+ * flight; warp w's rows 16 w .. 16 w + 15 (warpgroup w / 4 takes its warps' rows). */
 template <int WT, bool GROUPED>
-__global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 ? 3 : 1)
+__global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wide_form<GROUPED>::WGS == 1 ? 3 : 1)
     gemv_wide_kernel(gemv_args a, group_args g, const uint8_t *img, const float *xsc_all, int npad)
 {
 #if TC_HAVE_WGMMA
-    constexpr int WSTAGE = wide_w_stage<WT>(), STAGE = wide_stage<WT>(), S = TC_WIDE_STAGES, NTH = WIDE_THREADS;
-    constexpr int TILES = WIDE_ROWS / TC_ROWS; /* fp4: weight tiles a block */
+    using F = wide_form<GROUPED>;
+    constexpr int WSTAGE = wide_w_stage<WT, GROUPED>(), STAGE = wide_stage<WT, GROUPED>();
+    constexpr int S = F::STAGES, NTH = F::THREADS, TILES = F::ROWS / TC_ROWS; /* fp4: weight tiles a block */
     static_assert(WT == WT_F8 || (WT == WT_F4 && GROUPED), "fp8 weights, or the experts' tiled fp4");
     extern __shared__ __align__(128) uint8_t wsm_[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
@@ -2429,11 +2462,11 @@ __global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 
         a.w = (const uint8_t *)ws[e];
         a.scale = ss ? ss[e] : NULL;
         a.y = mi ? g.y[1] : g.y[0];
-        rb = ((int)blockIdx.x - mi * g.row_tiles) * WIDE_ROWS;
+        rb = ((int)blockIdx.x - mi * g.row_tiles) * F::ROWS;
     } else {
         p0 = blockIdx.y * WIDE_TOK;
         m = min(a.n - p0, WIDE_TOK);
-        rb = a.row_begin + blockIdx.x * WIDE_ROWS;
+        rb = a.row_begin + blockIdx.x * F::ROWS;
     }
     int rg = 16 * warp + gr;                       /* the lane's rows rg and rg + 8 of the block */
     const int tile_last = a.row_end / TC_ROWS - 1; /* fp4: the matrix's last row tile */
@@ -2471,12 +2504,23 @@ __global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 
         if (threadIdx.x < WIDE_TOK)
             cp_async4(st + WSTAGE + WIDE_B_UNIT + 4 * threadIdx.x, xsc_all + (size_t)u * npad + p0 + threadIdx.x);
     };
-    float part[8][4], pc[8][4], tot[8][4];
+    /* fp4 with its groups' MMAs in flight (TC_WIDE_F4_PIPE): a second partial, and the running
+     * total in shared memory ([accumulator][thread], after the stages) to make room for it */
+    constexpr bool PIPE = WT == WT_F4 && TC_WIDE_F4_PIPE;
+    float part[8][4], part2[PIPE ? 8 : 1][4], pc[8][4], tot[PIPE ? 1 : 8][4];
+    float *tot_s = reinterpret_cast<float *>(wsm_ + S * STAGE) + threadIdx.x;
 #pragma unroll
     for (int t = 0; t < 8; t++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            part[t][e] = pc[t][e] = tot[t][e] = 0.0f;
+        for (int e = 0; e < 4; e++) {
+            part[t][e] = pc[t][e] = 0.0f;
+            if constexpr (PIPE) {
+                part2[t][e] = 0.0f;
+                tot_s[(4 * t + e) * NTH] = 0.0f;
+            } else {
+                tot[t][e] = 0.0f;
+            }
+        }
     const int srow = min(rb + rg, a.row_end - 1); /* fp8: the row whose 128-row block scales the lane's rows */
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -2504,26 +2548,52 @@ __global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 
                                                                      TC_F4_TILE_SCALE_BYTES * (warp >> 1));
             uint32_t sw0 = sct[16 * mt + gr], sw1 = sct[16 * mt + gr + 8];
             float pu[8][4];
-#pragma unroll
-            for (int f = 0; f < 4; f++) {
+            /* fold group f's A operands (k-steps 2 f, 2 f + 1: a0 a2 of row g, a1 a3 of row g + 8) */
+            auto decode = [&](int f, uint32_t(&wa)[2][4]) {
                 uint2 wv = *reinterpret_cast<const uint2 *>(tile + 16 * (32 * f + lane) + 8 * mt);
-                uint32_t wa[2][4];
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++) { /* k-step 2 f + hf: a0 a2 of row g, a1 a3 of row g + 8 */
+                for (int hf = 0; hf < 2; hf++) {
                     f4_word_h16<true>(wv.x, hf, wa[hf][0], wa[hf][2]);
                     f4_word_h16<true>(wv.y, hf, wa[hf][1], wa[hf][3]);
                 }
+            };
+            /* group f's partial times its rows' scales into the unit's */
+            auto fold = [&](int f, float(&d)[8][4]) {
                 float w0 = duet_d_e8m0_to_f32((uint8_t)(sw0 >> (8 * f)));
                 float w1 = duet_d_e8m0_to_f32((uint8_t)(sw1 >> (8 * f)));
-                wide_mmas<2>(part, wa, bbase, 2 * f);
 #pragma unroll
                 for (int t = 0; t < 8; t++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         float w = (e >> 1) ? w1 : w0;
-                        pu[t][e] = f ? fmaf(part[t][e], w, pu[t][e]) : part[t][e] * w;
-                        part[t][e] = 0.0f;
+                        pu[t][e] = f ? fmaf(d[t][e], w, pu[t][e]) : d[t][e] * w;
+                        d[t][e] = 0.0f;
                     }
+            };
+            if constexpr (TC_WIDE_F4_PIPE) {
+                /* group f + 1's MMAs in flight while group f's partial is folded */
+                uint32_t wa[2][2][4];
+                decode(0, wa[0]);
+                wide_issue<2>(part, wa[0], bbase, 0);
+#pragma unroll
+                for (int f = 1; f < 4; f++) {
+                    decode(f, wa[f & 1]);
+                    wide_issue<2>(f & 1 ? part2 : part, wa[f & 1], bbase, 2 * f);
+                    wg_wait1();
+                    wide_done<2>(f & 1 ? part : part2, wa[(f - 1) & 1]);
+                    fold(f - 1, f & 1 ? part : part2);
+                }
+                wg_wait0();
+                wide_done<2>(part2, wa[1]);
+                fold(3, part2);
+            } else {
+#pragma unroll
+                for (int f = 0; f < 4; f++) {
+                    uint32_t wa[2][4];
+                    decode(f, wa);
+                    wide_mmas<2>(part, wa, bbase, 2 * f);
+                    fold(f, part);
+                }
             }
 #pragma unroll
             for (int t = 0; t < 8; t++) {
@@ -2566,7 +2636,12 @@ __global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 
             for (int t = 0; t < 8; t++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    tot[t][e] = fmaf(pc[t][e], 1.0f, tot[t][e]);
+                    if constexpr (PIPE) {
+                        float &ts = tot_s[(4 * t + e) * NTH];
+                        ts = fmaf(pc[t][e], 1.0f, ts);
+                    } else {
+                        tot[t][e] = fmaf(pc[t][e], 1.0f, tot[t][e]);
+                    }
                     pc[t][e] = 0.0f;
                 }
         __syncthreads(); /* the stage is read before the next unit's copies overwrite it */
@@ -2577,8 +2652,14 @@ __global__ void __launch_bounds__(WIDE_THREADS, WT == WT_F4 && TC_WIDE_WGS == 1 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int row = rb + rg + 8 * (e >> 1), tok = 8 * t + 2 * tq + (e & 1);
-            if (row < a.row_end && tok < m)
-                a.y[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = tot[t][e];
+            if (row < a.row_end && tok < m) {
+                float v;
+                if constexpr (PIPE)
+                    v = tot_s[(4 * t + e) * NTH];
+                else
+                    v = tot[t][e];
+                a.y[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = v;
+            }
         }
 #endif
 }
@@ -2588,7 +2669,7 @@ static bool wide_arch(const duet_cuda_t *c) { return c->info.cc_major == 9 && c-
 static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
 {
     return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && wide_arch(c) && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
-           w->cols % 128 == 0 && row_begin % WIDE_ROWS == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+           w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
 }
 
 /* The grouped launches' experts (shaped like proto, tensor-core eligible: grouped_kind 1) at n
@@ -2627,9 +2708,10 @@ template <int WT, bool GROUPED>
 static duet_status_t wide_kernel_launch(duet_cuda_t *c, dim3 grid, const gemv_args &a, const group_args &g,
                                         const uint8_t *img, const float *xsc, int npad)
 {
-    constexpr int smem = TC_WIDE_STAGES * wide_stage<WT>();
+    constexpr int smem = wide_form<GROUPED>::STAGES * wide_stage<WT, GROUPED>() +
+                         (WT == WT_F4 && TC_WIDE_F4_PIPE ? 32 * 4 * wide_form<GROUPED>::THREADS : 0);
     DUET_TRY(tc_smem(c, gemv_wide_kernel<WT, GROUPED>, smem, WIDE_SMEM_BIT + (GROUPED ? 1 + (WT == WT_F4) : 0)));
-    gemv_wide_kernel<WT, GROUPED><<<grid, WIDE_THREADS, smem, c->stream>>>(a, g, img, xsc, npad);
+    gemv_wide_kernel<WT, GROUPED><<<grid, wide_form<GROUPED>::THREADS, smem, c->stream>>>(a, g, img, xsc, npad);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -2643,7 +2725,7 @@ static duet_status_t wide_run(duet_cuda_t *c, const duet_weight_t *w, int row_be
     gemv_args_of(w, row_begin, row_end, x, n, y, &a);
     group_args g;
     memset(&g, 0, sizeof g);
-    dim3 grid(duet_cdiv((size_t)(row_end - row_begin), WIDE_ROWS), (unsigned)duet_cdiv(n, WIDE_TOK));
+    dim3 grid(duet_cdiv((size_t)(row_end - row_begin), wide_form<false>::ROWS), (unsigned)duet_cdiv(n, WIDE_TOK));
     return wide_kernel_launch<WT_F8, false>(c, grid, a, g, img, xsc, npad);
 }
 
@@ -2666,7 +2748,7 @@ static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group
     const float *xsc = NULL;
     int npad = 0;
     g.tiles = tiles64;
-    g.row_tiles = duet_cdiv(a.row_end, WIDE_ROWS);
+    g.row_tiles = duet_cdiv(a.row_end, wide_form<true>::ROWS);
     dim3 grid((unsigned)(g.row_tiles * n_mat), (unsigned)(duet_cdiv(n, WIDE_TOK) + nonempty));
     if (a.tiled) {
         DUET_TRY(wide_split<WT_F4>(c, a.x, xrow, n, a.cols, &img, &xsc, &npad));
