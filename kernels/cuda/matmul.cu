@@ -2291,11 +2291,6 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
 #ifndef TC_WIDE_STAGES
 #define TC_WIDE_STAGES 2
 #endif
-/* fp4: the next scale group's MMAs issued before a group's partial is folded (1), or each group's
- * waited for first (0) */
-#ifndef TC_WIDE_F4_PIPE
-#define TC_WIDE_F4_PIPE 0
-#endif
 #ifndef TC_WIDE_GROUP_WGS
 #define TC_WIDE_GROUP_WGS 3
 #endif
@@ -2392,10 +2387,9 @@ __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4
 }
 
 /* wgmma m64n64k16 of run pairs (k-step ks, part s) of the stage's B image into d, the A
- * operands wa[j] for k-steps ks0 + j, parts in turn (the decode kernel's order), issued as one
- * group; wide_done after its wait */
+ * operands wa[j] for k-steps ks0 + j, parts in turn: the decode kernel's order */
 template <int KS>
-__device__ __forceinline__ void wide_issue(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
+__device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
 {
 #pragma unroll
     for (int t = 0; t < 8; t++)
@@ -2413,9 +2407,7 @@ __device__ __forceinline__ void wide_issue(float (&d)[8][4], uint32_t (&wa)[KS][
             wg_mma64(d, wa[j], desc);
         }
     wg_commit();
-}
-template <int KS> __device__ __forceinline__ void wide_done(float (&d)[8][4], uint32_t (&wa)[KS][4])
-{
+    wg_wait0();
 #pragma unroll
     for (int t = 0; t < 8; t++)
 #pragma unroll
@@ -2427,14 +2419,7 @@ template <int KS> __device__ __forceinline__ void wide_done(float (&d)[8][4], ui
         for (int r = 0; r < 4; r++)
             wg_keep(wa[j][r]);
 }
-template <int KS>
-__device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
-{
-    wide_issue<KS>(d, wa, bbase, ks0);
-    wg_wait0();
-    wide_done<KS>(d, wa);
-}
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+
 
 /* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y; grouped: blockIdx.x also picks
  * w1 or w3, blockIdx.y one expert's tile): wide_form's stages, the units after the one computed in
@@ -2504,23 +2489,12 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
         if (threadIdx.x < WIDE_TOK)
             cp_async4(st + WSTAGE + WIDE_B_UNIT + 4 * threadIdx.x, xsc_all + (size_t)u * npad + p0 + threadIdx.x);
     };
-    /* fp4 with its groups' MMAs in flight (TC_WIDE_F4_PIPE): a second partial, and the running
-     * total in shared memory ([accumulator][thread], after the stages) to make room for it */
-    constexpr bool PIPE = WT == WT_F4 && TC_WIDE_F4_PIPE;
-    float part[8][4], part2[PIPE ? 8 : 1][4], pc[8][4], tot[PIPE ? 1 : 8][4];
-    float *tot_s = reinterpret_cast<float *>(wsm_ + S * STAGE) + threadIdx.x;
+    float part[8][4], pc[8][4], tot[8][4];
 #pragma unroll
     for (int t = 0; t < 8; t++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            part[t][e] = pc[t][e] = 0.0f;
-            if constexpr (PIPE) {
-                part2[t][e] = 0.0f;
-                tot_s[(4 * t + e) * NTH] = 0.0f;
-            } else {
-                tot[t][e] = 0.0f;
-            }
-        }
+        for (int e = 0; e < 4; e++)
+            part[t][e] = pc[t][e] = tot[t][e] = 0.0f;
     const int srow = min(rb + rg, a.row_end - 1); /* fp8: the row whose 128-row block scales the lane's rows */
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
@@ -2570,30 +2544,12 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
                         d[t][e] = 0.0f;
                     }
             };
-            if constexpr (TC_WIDE_F4_PIPE) {
-                /* group f + 1's MMAs in flight while group f's partial is folded */
-                uint32_t wa[2][2][4];
-                decode(0, wa[0]);
-                wide_issue<2>(part, wa[0], bbase, 0);
 #pragma unroll
-                for (int f = 1; f < 4; f++) {
-                    decode(f, wa[f & 1]);
-                    wide_issue<2>(f & 1 ? part2 : part, wa[f & 1], bbase, 2 * f);
-                    wg_wait1();
-                    wide_done<2>(f & 1 ? part : part2, wa[(f - 1) & 1]);
-                    fold(f - 1, f & 1 ? part : part2);
-                }
-                wg_wait0();
-                wide_done<2>(part2, wa[1]);
-                fold(3, part2);
-            } else {
-#pragma unroll
-                for (int f = 0; f < 4; f++) {
-                    uint32_t wa[2][4];
-                    decode(f, wa);
-                    wide_mmas<2>(part, wa, bbase, 2 * f);
-                    fold(f, part);
-                }
+            for (int f = 0; f < 4; f++) {
+                uint32_t wa[2][4];
+                decode(f, wa);
+                wide_mmas<2>(part, wa, bbase, 2 * f);
+                fold(f, part);
             }
 #pragma unroll
             for (int t = 0; t < 8; t++) {
@@ -2636,12 +2592,7 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
             for (int t = 0; t < 8; t++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    if constexpr (PIPE) {
-                        float &ts = tot_s[(4 * t + e) * NTH];
-                        ts = fmaf(pc[t][e], 1.0f, ts);
-                    } else {
-                        tot[t][e] = fmaf(pc[t][e], 1.0f, tot[t][e]);
-                    }
+                    tot[t][e] = fmaf(pc[t][e], 1.0f, tot[t][e]);
                     pc[t][e] = 0.0f;
                 }
         __syncthreads(); /* the stage is read before the next unit's copies overwrite it */
@@ -2652,14 +2603,8 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int row = rb + rg + 8 * (e >> 1), tok = 8 * t + 2 * tq + (e & 1);
-            if (row < a.row_end && tok < m) {
-                float v;
-                if constexpr (PIPE)
-                    v = tot_s[(4 * t + e) * NTH];
-                else
-                    v = tot[t][e];
-                a.y[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = v;
-            }
+            if (row < a.row_end && tok < m)
+                a.y[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = tot[t][e];
         }
 #endif
 }
@@ -2708,8 +2653,7 @@ template <int WT, bool GROUPED>
 static duet_status_t wide_kernel_launch(duet_cuda_t *c, dim3 grid, const gemv_args &a, const group_args &g,
                                         const uint8_t *img, const float *xsc, int npad)
 {
-    constexpr int smem = wide_form<GROUPED>::STAGES * wide_stage<WT, GROUPED>() +
-                         (WT == WT_F4 && TC_WIDE_F4_PIPE ? 32 * 4 * wide_form<GROUPED>::THREADS : 0);
+    constexpr int smem = wide_form<GROUPED>::STAGES * wide_stage<WT, GROUPED>();
     DUET_TRY(tc_smem(c, gemv_wide_kernel<WT, GROUPED>, smem, WIDE_SMEM_BIT + (GROUPED ? 1 + (WT == WT_F4) : 0)));
     gemv_wide_kernel<WT, GROUPED><<<grid, wide_form<GROUPED>::THREADS, smem, c->stream>>>(a, g, img, xsc, npad);
     DUET_CUDA_CHECK_LAUNCH(c);
