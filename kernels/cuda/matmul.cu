@@ -2263,13 +2263,13 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
  * group order, the unit's partial times the token's x scale into the chunk's sum; chunks of
  * TC_CHUNK_UNITS units into the total.  So a token's bits are those of a decode step.
  *
- * Plain launches: fp8 weights (untiled), row_begin a multiple of 64, from TC_WIDE_MIN_N tokens.
- * Grouped launches (duet_cuda_matmul_grouped: the routed experts, the grouped output
- * projection): fp8 weights, or fp4 in the tiled layout, once the experts average
- * TC_WIDE_GROUP_MIN_AVG positions; a block is 64 rows of one expert's matrix by a tile of up to
- * 64 of its sorted positions (moe_sort's 64-token tile prefix sums).  fp4: the block's 64 rows
- * are two weight tiles of 32, a warp the 16 rows of one that its MMAs take.  sm_90 only (0: never;
- * build settings, for timing variants).
+ * Plain launches: fp8 weights (untiled), row_begin a multiple of 64, from TC_WIDE_MIN_N tokens;
+ * a block of one warpgroup, 64 rows by 64 tokens.  Grouped launches (duet_cuda_matmul_grouped:
+ * the routed experts, the grouped output projection): fp8 weights, or fp4 in the tiled layout,
+ * once the experts average TC_WIDE_GROUP_MIN_AVG positions; a block of three warpgroups, 192
+ * rows of one expert's matrix by a tile of up to 64 of its sorted positions (moe_sort's 64-token
+ * tile prefix sums).  Warp w takes rows 16 w .. 16 w + 15; fp4's 32-row weight tiles are two
+ * warps' rows each.  sm_90 only (0: never; build settings, for timing variants).
  *
  * The split x: [unit][run][position][16 bytes], a run a (k-step, part, k half) (32 a unit), so
  * that a tile of any 64 consecutive positions is 1 KB a run; npad positions (64 past the last,
@@ -2313,7 +2313,6 @@ template <bool GROUPED> struct wide_form {
     static constexpr int ROWS = WGS * WIDE_WG_ROWS, THREADS = WGS * 128;
 };
 static_assert(WIDE_TOK == 64, "wgmma m64n64k16: a tile's 64 tokens are its N");
-static_assert(TC_WIDE_WGS >= 1 && TC_WIDE_WGS <= 4 && TC_WIDE_STAGES >= 2, "one to four warpgroups, two stages or more");
 /* a stage: the block's weights of a unit (fp8: its rows of 128 bytes, chunk ^ 4 on odd rows; fp4:
  * its tiles' codes, then their scale words), the tile's B image of the unit, its 64 x scales */
 template <int WT, bool GROUPED> __host__ __device__ constexpr int wide_w_stage()
@@ -2419,7 +2418,6 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
         for (int r = 0; r < 4; r++)
             wg_keep(wa[j][r]);
 }
-
 
 /* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y; grouped: blockIdx.x also picks
  * w1 or w3, blockIdx.y one expert's tile): wide_form's stages, the units after the one computed in
@@ -2614,7 +2612,8 @@ static bool wide_arch(const duet_cuda_t *c) { return c->info.cc_major == 9 && c-
 static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
 {
     return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && wide_arch(c) && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
-           w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+           w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)w->data % 16 == 0;
 }
 
 /* The grouped launches' experts (shaped like proto, tensor-core eligible: grouped_kind 1) at n
