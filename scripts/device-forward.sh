@@ -37,7 +37,9 @@
 # REGEX, counted over one decode step at batch 1 then one at batch 32 (4k context), under Nsight
 # Compute with the throughput, occupancy, warp-state, scheduler and instruction sections; the details
 # go to the summary, the per-SASS-instruction stall samples to stalls-N-sass.csv, summed by
-# scripts/kernel-stalls.py into the summary too).
+# scripts/kernel-stalls.py into the summary too), --stalls-prefill (the --stalls launches counted over
+# the slice's timed batch-invariant prefill of 4096 tokens instead: duet-check-forward
+# --profile-prefill; for the 64-token tiles and the grouped experts).
 # Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -49,7 +51,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls=""
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -66,13 +68,14 @@ while [ $# -gt 0 ]; do
     --phases) phases=1 ;;
     --kernels) kernels=1 ;;
     --stalls) stalls="$2"; shift ;;
+    --stalls-prefill) stalls_prefill=1 ;;
     --ops-bench) ops_bench=1 ;;
     --batches) batches="$2"; shift ;;
     --kernel-batches) kernel_batches="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -208,6 +211,8 @@ if [ -n "$slice_pid" ]; then
   fi
   if [ -n "$stalls" ] && [ -n "$ncu" ]; then
     i=0
+    stalls_run=--decode-only # the last decode step's launches, or the timed prefill's
+    [ "$stalls_prefill" = 1 ] && stalls_run=--profile-prefill
     IFS=, read -ra specs <<<"$stalls"
     for spec in "${specs[@]}"; do
       IFS=: read -r re skip count <<<"$spec"
@@ -216,7 +221,7 @@ if [ -n "$slice_pid" ]; then
         --cache-control none --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section InstructionStats --section SourceCounters -f -o "$rep" \
-        "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx 4096 --batches 1,32 \
+        "$BIN/duet-check-forward" --model "$FIX/slice" --bench $stalls_run --ctx 4096 --batches 1,32 \
         >>"$LOG" 2>&1
       rc=$?
       { echo "[stalls $spec] exit $rc"

@@ -50,6 +50,8 @@
 typedef struct {
     const char *model_dir;
     int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp, decode_only, phases;
+    int profile_prefill; /* the profiler's span (ncu --profile-from-start off): the timed batch-invariant
+                            prefill instead of the last decode step */
     int batches[8], n_batches;
     uint64_t seed;
     double tol;
@@ -333,10 +335,15 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
             duet_fwd_item_t it = {.seq = &s, .tokens = prompt, .n_tokens = ctx, .logits_mode = DUET_LOGITS_LAST};
             if (rep == 1)
                 duet_cuda_phase_totals(g->cu, &(duet_cuda_phase_totals_t){0}, 1); /* the timed call's only */
+            int span = a->profile_prefill && mode == 0 && rep == 1;
+            if (span && duet_cuda_profile_span(g->cu, 1) != DUET_OK)
+                goto cuda_fail;
             double t0 = duet_time_s();
             if (duet_forward_cuda_ex(g->mc, g->dc, &it, 1, &o, &err) != DUET_OK)
                 goto fail;
             double t = duet_time_s() - t0;
+            if (span && duet_cuda_profile_span(g->cu, 0) != DUET_OK)
+                goto cuda_fail;
             if (rep > 0 && t < best)
                 best = t;
             duet_seq_release(g->hc, &s);
@@ -381,14 +388,14 @@ static int bench(const args_t *a, const duet_model_t *m, gpu_t *g)
             /* one untimed step for a profiler run (ncu --profile-from-start off) */
             if (s == steps - 1 && a->phases)
                 break;
-            if (s == steps - 1 && duet_cuda_profile_span(g->cu, 1) != DUET_OK)
+            if (s == steps - 1 && !a->profile_prefill && duet_cuda_profile_span(g->cu, 1) != DUET_OK)
                 goto cuda_fail;
             double t0 = duet_time_s();
             if (duet_forward_cuda_ex(g->mc, g->dc, items, b, &o, &err) != DUET_OK)
                 goto fail;
             double t = duet_time_s() - t0;
             if (s == steps - 1) {
-                if (duet_cuda_profile_span(g->cu, 0) != DUET_OK)
+                if (!a->profile_prefill && duet_cuda_profile_span(g->cu, 0) != DUET_OK)
                     goto cuda_fail;
                 continue;
             }
@@ -580,6 +587,8 @@ static void usage(FILE *f)
                "  --bench                   timings instead: --ctx N (default 4096), --batches 1,32\n"
                "  --decode-only             with --bench: the decode steps only (no prefill timings)\n"
                "  --phases                  with --bench: each timing's GPU time by phase of the forward call\n"
+               "  --profile-prefill         with --bench: the profiler's span (cudaProfilerStart) around the\n"
+               "                            timed batch-invariant prefill instead of the last decode step\n"
                "  --staging N               the workers' staging copies for an N-token sequence, checked and timed\n"
                "  --tp N                    check mode on a tensor-parallel group of GPUs N.. of --device (NCCL)\n"
                "  --device N --seed S --page-tokens N\n");
@@ -591,13 +600,14 @@ int main(int argc, char **argv)
                 .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
                 .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
     enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
-           O_STAGE, O_TP, O_DECODE_ONLY, O_PHASES, O_HELP };
+           O_STAGE, O_TP, O_DECODE_ONLY, O_PHASES, O_PROFILE_PREFILL, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
         {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP},
-        {"decode-only", 0, 0, O_DECODE_ONLY}, {"phases", 0, 0, O_PHASES}, {"help", 0, 0, O_HELP},
+        {"decode-only", 0, 0, O_DECODE_ONLY}, {"phases", 0, 0, O_PHASES}, {"profile-prefill", 0, 0, O_PROFILE_PREFILL},
+        {"help", 0, 0, O_HELP},
         {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
@@ -619,6 +629,7 @@ int main(int argc, char **argv)
         case O_BENCH: a.bench = 1; break;
         case O_DECODE_ONLY: a.decode_only = 1; break;
         case O_PHASES: a.phases = 1; break;
+        case O_PROFILE_PREFILL: a.profile_prefill = 1; break;
         case O_CTX: a.ctx = atoi(optarg); break;
         case O_BATCH: {
             a.n_batches = 0;
