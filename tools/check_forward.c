@@ -606,9 +606,8 @@ int main(int argc, char **argv)
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
         {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP},
-        {"decode-only", 0, 0, O_DECODE_ONLY}, {"phases", 0, 0, O_PHASES}, {"profile-prefill", 0, 0, O_PROFILE_PREFILL},
-        {"help", 0, 0, O_HELP},
-        {0, 0, 0, 0}};
+        {"decode-only", 0, 0, O_DECODE_ONLY}, {"phases", 0, 0, O_PHASES},
+        {"profile-prefill", 0, 0, O_PROFILE_PREFILL}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
