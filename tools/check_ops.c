@@ -3819,6 +3819,24 @@ static void group_reads(ck_t *ck)
 
 /* ---- tensor parallelism's MoE steps: moe_tiles_own, moe_pick (forward_cuda.h) ---- */
 
+/* rows x K expert ids, K distinct a row (as routing gives), uniform over E */
+static int32_t *route_distinct(rng_t *r, int rows, int K, int E)
+{
+    int32_t *sel = xmalloc(sizeof(int32_t) * (size_t)rows * K);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < K; j++) {
+            int e, dup;
+            do {
+                e = (int)(rng_u64(r) % (uint64_t)E);
+                dup = 0;
+                for (int k = 0; k < j; k++)
+                    dup |= sel[i * K + k] == e;
+            } while (dup);
+            sel[i * K + j] = e;
+        }
+    return sel;
+}
+
 static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
 {
     rng_t r;
@@ -3826,18 +3844,7 @@ static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
     snprintf(tag, sizeof tag, "moe_tp %d %d %d %d", E, K, rows, T);
     rng_init(&r, ck->seed, tag);
     int n = rows * K;
-    int32_t *sel = xmalloc(sizeof(int32_t) * (size_t)n);
-    for (int i = 0; i < rows; i++) /* K distinct experts a row, as routing gives */
-        for (int j = 0; j < K; j++) {
-            int e, dup;
-            do {
-                e = (int)(rng_u64(&r) % (uint64_t)E);
-                dup = 0;
-                for (int k = 0; k < j; k++)
-                    dup |= sel[i * K + k] == e;
-            } while (dup);
-            sel[i * K + j] = e;
-        }
+    int32_t *sel = route_distinct(&r, rows, K, E);
     int32_t *dsel = dupload(ck, sel, sizeof(int32_t) * (size_t)n);
     int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)),
             *dtiles = dmalloc(ck, 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1));
@@ -3899,6 +3906,75 @@ static void case_moe_tp(ck_t *ck, int E, int K, int rows, int T, int D)
     free(sel); free(offs); free(tiles); free(want); free(got); free(recv); free(pick); free(y0); free(g);
 }
 
+/* The grouped matmul on one rank's experts (moe_tiles_own) against the launch over all experts:
+ * each rank's positions bit for bit, every other position left as it was; at few positions an
+ * expert (8-token tiles), at 24 (32-token tiles) and at 192 (64-token tiles on sm_90, fp8 and tiled
+ * fp4). */
+static void case_moe_own(ck_t *ck, duet_dtype_t dt, int E, int K, int D, int I, int rows, int T, int tile)
+{
+    rng_t r;
+    char tag[96];
+    snprintf(tag, sizeof tag, "moe_own/%d/%d/%d/%d/%d/%d/%d", (int)dt, E, K, D, I, rows, T);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("moe_tp", "grouped own %s E%d k%d %dx%d r%d T%d%s", dt_short(dt, DUET_DT_F8_E8M0), E, K, D, I,
+                        rows, T, tile ? " tiled" : "");
+    int n = rows * K;
+    weight_t *W = xmalloc(sizeof(weight_t) * (size_t)E);
+    const void **tab = xmalloc(sizeof(void *) * 2 * (size_t)E);
+    for (int e = 0; e < E; e++) {
+        weight_make(ck, &r, &W[e], dt, I, D, DUET_DT_F8_E8M0);
+        if (tile && duet_cuda_weight_tile_ok(&W[e].dw))
+            CK(duet_cuda_weight_tile(ck->c, &W[e].dw));
+        tab[e] = W[e].dw.data;
+        tab[E + e] = W[e].dw.scale;
+    }
+    const void **dtab = dupload(ck, tab, sizeof(void *) * 2 * (size_t)E);
+    int32_t *sel = route_distinct(&r, rows, K, E);
+    float *x = rand_f32(&r, (size_t)rows * D, 1.0f);
+    float *dx = dupload(ck, x, sizeof(float) * (size_t)rows * D);
+    int32_t *dsel = dupload(ck, sel, sizeof(int32_t) * (size_t)n);
+    size_t tb = 4 * DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1), yb = sizeof(float) * (size_t)n * I;
+    int32_t *doffs = dmalloc(ck, 4 * (size_t)(E + 1)), *dtiles = dmalloc(ck, tb), *dt_own = dmalloc(ck, tb);
+    int32_t *dxrow = dmalloc(ck, 4 * (size_t)n), *dpos = dmalloc(ck, 4 * (size_t)n);
+    float *dy = dmalloc(ck, yb), *dy_own = dmalloc(ck, yb);
+    CK(duet_cuda_moe_sort(ck->c, dsel, rows, K, E, doffs, dtiles, dxrow, dpos));
+    duet_cuda_expert_mats_t m1 = {&W[0].dw, dtab, W[0].dw.scale ? dtab + E : NULL};
+    duet_cuda_moe_plan_t pl = {.n_experts = E, .n_assign = n, .offs = doffs, .tiles = dtiles, .xrow = dxrow};
+    dpoison(ck, dy, yb);
+    CK(duet_cuda_matmul_grouped(ck->c, &m1, NULL, &pl, dx, 1, dy, NULL));
+    int32_t *offs = xmalloc(4 * (size_t)(E + 1));
+    float *y = xmalloc(yb), *y_own = xmalloc(yb), *want = xmalloc(yb);
+    ddownload(ck, offs, doffs, 4 * (size_t)(E + 1));
+    ddownload(ck, y, dy, yb);
+    size_t bad = 0;
+    for (int rk = 0; rk < T; rk++) {
+        int e0 = (int)((int64_t)E * rk / T), e1 = (int)((int64_t)E * (rk + 1) / T);
+        CK(duet_cuda_memcpy(ck->c, dt_own, dtiles, tb));
+        CK(duet_cuda_moe_tiles_own(ck->c, dt_own, E, e0, e1));
+        duet_cuda_moe_plan_t po = pl;
+        po.tiles = dt_own;
+        dpoison(ck, dy_own, yb);
+        CK(duet_cuda_matmul_grouped(ck->c, &m1, NULL, &po, dx, 1, dy_own, NULL));
+        ddownload(ck, y_own, dy_own, yb);
+        memset(want, 0xff, yb); /* the poison, outside the rank's positions */
+        size_t p0 = (size_t)offs[e0], p1 = (size_t)offs[e1];
+        memcpy(want + p0 * I, y + p0 * I, sizeof(float) * (p1 - p0) * I);
+        bad += memcmp(y_own, want, yb) != 0;
+    }
+    row_bytes(&row, &bad, &(size_t){0}, sizeof bad);
+    if (bad)
+        snprintf(row.note, sizeof row.note, "%zu of %d ranks differ from the launch over all experts", bad, T);
+    else
+        snprintf(row.note, sizeof row.note, "%.0f positions an expert", (double)n / E);
+    print_row(ck, &row);
+    for (int e = 0; e < E; e++)
+        weight_free(ck, &W[e]);
+    free(W); free(tab); free(sel); free(x); free(offs); free(y); free(y_own); free(want);
+    void *d[] = {(void *)dtab, dx, dsel, doffs, dtiles, dt_own, dxrow, dpos, dy, dy_own};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        duet_cuda_free(ck->c, d[i]);
+}
+
 static void group_moe_tp(ck_t *ck)
 {
     case_moe_tp(ck, 16, 4, 1, 2, 128);
@@ -3906,6 +3982,10 @@ static void group_moe_tp(ck_t *ck)
     case_moe_tp(ck, 256, 6, 300, 2, 4096);
     case_moe_tp(ck, 256, 6, 300, 8, 512);
     case_moe_tp(ck, 10, 3, 50, 4, 64); /* experts not divisible by the ranks */
+    case_moe_own(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 16, 3, 1);   /* 3 positions an expert */
+    case_moe_own(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 128, 3, 1);  /* 24 */
+    case_moe_own(ck, DUET_DT_F4_E2M1X2, 32, 6, 512, 256, 1024, 3, 1); /* 192 */
+    case_moe_own(ck, DUET_DT_F8_E4M3, 32, 6, 512, 256, 1024, 4, 0);
 }
 
 /* ---- ceilings ---- */
