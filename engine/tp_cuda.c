@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 
 #include "alloc.h"
 #include "log.h"
+#include "time_util.h"
 
 typedef struct {
     struct duet_tp_cuda *t;
@@ -345,34 +347,59 @@ duet_status_t duet_tp_cuda_stage_queue(duet_tp_cuda_t *t, int layer, const duet_
     return duet_kv_cache_cuda_stage_queue(t->ranks[0].dc, DUET_STAGE_TO_HOST, layer, seqs, NULL, n, bytes, err);
 }
 
-enum { FENCE_MARK, FENCE_WAIT, FENCE_ASK };
-
-static duet_status_t fence_op(duet_tp_cuda_t *t, int slot, int op, int *passed, duet_err_t *err)
+/* passed: NULL marks the fence, else asks whether rank 0's stream has passed it */
+static duet_status_t fence_op(duet_tp_cuda_t *t, int slot, int *passed, duet_err_t *err)
 {
     duet_cuda_t *c = t->ranks[0].cu;
     duet_status_t st = t->size > 1 ? duet_cuda_bind(c) : DUET_OK;
     if (st == DUET_OK)
-        st = op == FENCE_WAIT  ? duet_cuda_fence_wait(c, slot)
-             : op == FENCE_ASK ? duet_cuda_fence_passed(c, slot, passed)
-                               : duet_cuda_fence(c, slot);
+        st = passed ? duet_cuda_fence_passed(c, slot, passed) : duet_cuda_fence(c, slot);
     if (st != DUET_OK && err)
         *err = *duet_cuda_error(c);
     return st;
 }
 
-duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err)
-{
-    return fence_op(t, slot, FENCE_MARK, NULL, err);
-}
+duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err) { return fence_op(t, slot, NULL, err); }
 
-duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, duet_err_t *err)
+duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, void (*idle)(void *), void *arg, duet_err_t *err)
 {
-    return fence_op(t, slot, FENCE_WAIT, NULL, err);
-}
-
-duet_status_t duet_tp_cuda_fence_passed(duet_tp_cuda_t *t, int slot, int *passed, duet_err_t *err)
-{
-    return fence_op(t, slot, FENCE_ASK, passed, err);
+    uint64_t until = duet_deadline_after_ms(t->timeout_ms);
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        int broken = t->broken;
+        duet_err_t why = t->broken_err;
+        pthread_mutex_unlock(&t->mu);
+        if (broken) { /* what the group's streams still hold is unknown: no fence counts as passed */
+            if (err)
+                *err = why;
+            return DUET_ERR_CUDA;
+        }
+        int passed = 0;
+        duet_status_t st = fence_op(t, slot, &passed, err);
+        if (st != DUET_OK || passed)
+            return st;
+        if (duet_time_ns() >= until)
+            break;
+        if (idle)
+            idle(arg);
+        else
+            sched_yield();
+    }
+    /* a device that has not reached a mark in a whole step's deadline is stuck, as a rank that has
+     * not finished its step: nothing more runs on the group */
+    duet_err_t e = {0};
+    duet_err_set(&e, DUET_ERR_TIMEOUT, "the GPU has not passed fence %d within %u ms", slot, t->timeout_ms);
+    pthread_mutex_lock(&t->mu);
+    if (!t->broken) {
+        t->broken = 1;
+        duet_err_set(&t->broken_err, DUET_ERR_CUDA, "tensor-parallel group is broken: %s", e.msg);
+        abort_all(t);
+        duet_error("%s", t->broken_err.msg);
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (err)
+        *err = e;
+    return DUET_ERR_TIMEOUT;
 }
 
 duet_status_t duet_tp_cuda_stage(duet_tp_cuda_t *t, duet_stage_dir_t dir, int layer, const duet_seq_t *const *seqs,

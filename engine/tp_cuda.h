@@ -46,12 +46,15 @@ duet_status_t duet_tp_cuda_map_host(duet_tp_cuda_t *t, duet_err_t *err);
 duet_status_t duet_tp_cuda_stage(duet_tp_cuda_t *t, duet_stage_dir_t dir, int layer, const duet_seq_t *const *seqs,
                                  const uint32_t *n_pages, uint32_t n, uint64_t *bytes, duet_err_t *err);
 /* TO_HOST from rank 0, queued behind rank 0's forward and not waited for (duet_kv_cache_cuda_stage_queue);
- * then duet_tp_cuda_fence marks rank 0's stream, duet_tp_cuda_fence_wait waits for the mark,
- * duet_tp_cuda_fence_passed asks whether the stream has passed it. */
+ * then duet_tp_cuda_fence marks rank 0's stream, and duet_tp_cuda_fence_wait returns once the
+ * stream has passed the mark, calling idle(arg) between its polls (NULL: a yield).  The wait has
+ * the group's step deadline (DUET_TP_STEP_TIMEOUT_MS): past it the device is taken as stuck, the
+ * group is broken and the wait returns DUET_ERR_TIMEOUT; on a broken group it fails at once.
+ * Either way the copies behind the mark may still land: the pages they write must not be given
+ * back. */
 duet_status_t duet_tp_cuda_stage_queue(duet_tp_cuda_t *t, int layer, const duet_seq_t *const *seqs, uint32_t n,
                                        uint64_t *bytes, duet_err_t *err);
 duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err);
-duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, duet_err_t *err);
-duet_status_t duet_tp_cuda_fence_passed(duet_tp_cuda_t *t, int slot, int *passed, duet_err_t *err);
+duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, void (*idle)(void *), void *arg, duet_err_t *err);
 
 #endif

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "ctl.h"
@@ -644,12 +645,21 @@ static void prefill_step(psrv_t *s)
     duet_status_t st =
         duet_worker_engine_prefill(&s->eng, items, (int)n, layer_done, s, sp, pos, tok, s->sample_threads, &err);
     /* the last layer's hook shipped what was staged; a failed step sends nothing more, but waits for
-     * both fences all the same: no queued copy may still write pages its requests give back */
+     * both fences all the same: no queued copy may still write pages its requests give back.  When
+     * that wait fails (a stuck or broken GPU: its deadline passed, or the group is broken), copies
+     * may still land in them: the worker ends at once, giving no page back and tearing nothing down
+     * (its supervisor restarts it; the router and decode see a worker gone, as when it is killed) */
     if (st != DUET_OK) {
-        duet_err_t e2 = {0};
         s->staged = -1;
-        for (int slot = 0; slot < STAGE_FENCES; slot++)
-            (void)duet_worker_engine_fence_wait(&s->eng, slot, &e2);
+        for (int slot = 0; slot < STAGE_FENCES; slot++) {
+            duet_err_t e2 = {0};
+            if (duet_worker_engine_fence_wait(&s->eng, slot, &e2) != DUET_OK) {
+                duet_error("prefill step failed (%s), and its copies to the host pools may still land (%s): "
+                           "the worker stops without giving their pages back",
+                           duet_err_text(&err), duet_err_text(&e2));
+                _exit(EXIT_FAILURE);
+            }
+        }
     }
     for (uint32_t i = 0; i < n; i++)
         owners[i]->in_step = 0;

@@ -466,12 +466,7 @@ duet_status_t duet_worker_engine_fence_wait_idle(duet_worker_engine_t *e, int sl
     if (!e->gpu)
         return DUET_OK;
     uint64_t t0 = duet_time_ns();
-    duet_status_t st = idle ? DUET_OK : duet_tp_cuda_fence_wait(e->gpu, slot, err);
-    for (int passed = 0; idle && st == DUET_OK;) {
-        if ((st = duet_tp_cuda_fence_passed(e->gpu, slot, &passed, err)) != DUET_OK || passed)
-            break;
-        idle(arg);
-    }
+    duet_status_t st = duet_tp_cuda_fence_wait(e->gpu, slot, idle, arg, err);
     if (!e->direct)
         e->d2h_ns += duet_time_ns() - t0;
     return st;

@@ -105,8 +105,10 @@ duet_status_t duet_worker_engine_to_host(duet_worker_engine_t *e, int layer, con
 /* The same, queued behind the forward's work so far and not waited for, then a fence marked in
  * `slot` (0 .. 3) behind it (in direct mode, the fence alone: the data plane reads the device
  * pools).  duet_worker_engine_fence_wait(e, slot) returns once the stream has passed the slot's
- * mark: the copy is in the host pools.  For the hook of a forward run with layer_done_queued
- * (duet_worker_engine_prefill on the GPU).  CPU: nothing. */
+ * mark: the copy is in the host pools.  The wait has a deadline (duet_tp_cuda_fence_wait); when
+ * it fails the copy may still land, and the pages it writes must not be given back.  For the
+ * hook of a forward run with layer_done_queued (duet_worker_engine_prefill on the GPU).  CPU:
+ * nothing. */
 duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int layer, const duet_seq_t *const *seqs,
                                                uint32_t n, int slot, duet_err_t *err);
 duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err);

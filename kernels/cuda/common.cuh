@@ -351,7 +351,6 @@ __device__ __forceinline__ uint8_t duet_d_f32_to_e4m3(float f)
     return sign | (uint8_t)(ex << 3) | (uint8_t)(q - 8.0f);
 }
 
-/* e2m1 nibble -> float: the fp16 high byte of {0, .5, 1, 1.5, 2, 3, 4, 6} picked by __byte_perm. */
 /* fp8 activations (duet_cuda_act_quant and the norms that write them): a 128-column block's
  * scale amax/448 (1 when the block is all zero), and four of its values' e4m3 codes under it,
  * duet_f32_to_e4m3(v / s): |v / s| <= 448 there, where the hardware's round-to-nearest-even
@@ -370,6 +369,7 @@ __device__ __forceinline__ float duet_d_amax4(float4 v)
     return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
 
+/* e2m1 nibble -> float: the fp16 high byte of {0, .5, 1, 1.5, 2, 3, 4, 6} picked by __byte_perm. */
 __device__ __forceinline__ float duet_d_e2m1_to_f32(uint32_t nib)
 {
     uint32_t hi = __byte_perm(0x3e3c3800u, 0x46444240u, nib & 7) & 0xffu;

@@ -252,15 +252,6 @@ extern "C" duet_status_t duet_cuda_fence(duet_cuda_t *c, int slot)
     return DUET_OK;
 }
 
-extern "C" duet_status_t duet_cuda_fence_wait(duet_cuda_t *c, int slot)
-{
-    DUET_TRY(fence_slot(c, slot));
-    if (c->fence[slot])
-        DUET_CUDA_CHECK(c, cudaEventSynchronize(c->fence[slot]));
-    DUET_CUDA_CHECK(c, cudaGetLastError());
-    return DUET_OK;
-}
-
 extern "C" duet_status_t duet_cuda_fence_passed(duet_cuda_t *c, int slot, int *passed)
 {
     *passed = 0;

@@ -65,12 +65,12 @@ duet_status_t duet_cuda_join(duet_cuda_t *c);
 /* Wait until every operation queued on the context has finished; reports asynchronous errors. */
 duet_status_t duet_cuda_sync(duet_cuda_t *c);
 /* Fences: duet_cuda_fence(c, slot) marks the point the stream has reached (what is queued so
- * far); duet_cuda_fence_wait(c, slot) waits until the stream has passed the slot's last mark,
- * not for what was queued after it (a slot never marked: at once); duet_cuda_fence_passed(c, slot,
- * &passed) asks the same without waiting.  DUET_CUDA_FENCES slots; DUET_ERR_INVALID for another. */
+ * far); duet_cuda_fence_passed(c, slot, &passed) asks whether the stream has passed the slot's
+ * last mark, not what was queued after it (a slot never marked: passed).  Callers poll it with a
+ * deadline of their own (duet_tp_cuda_fence_wait).  DUET_CUDA_FENCES slots; DUET_ERR_INVALID for
+ * another. */
 #define DUET_CUDA_FENCES 4
 duet_status_t duet_cuda_fence(duet_cuda_t *c, int slot);
-duet_status_t duet_cuda_fence_wait(duet_cuda_t *c, int slot);
 duet_status_t duet_cuda_fence_passed(duet_cuda_t *c, int slot, int *passed);
 
 /* Device memory (cudaMalloc; never managed memory).  Copies are ordered on the context's stream. */
