@@ -39,7 +39,9 @@
 # go to the summary, the per-SASS-instruction stall samples to stalls-N-sass.csv, summed by
 # scripts/kernel-stalls.py into the summary too), --stalls-prefill (the --stalls launches counted over
 # the slice's timed batch-invariant prefill of 4096 tokens instead: duet-check-forward
-# --profile-prefill; for the 64-token tiles and the grouped experts).
+# --profile-prefill; for the 64-token tiles and the grouped experts), --stalls-name-base BASE (what
+# REGEX matches: Nsight's function (the default: the name alone) or demangled (with its template
+# arguments, e.g. 'gemv_wide_kernel<.*true>' for the grouped launches only)).
 # Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -51,7 +53,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -69,13 +71,14 @@ while [ $# -gt 0 ]; do
     --kernels) kernels=1 ;;
     --stalls) stalls="$2"; shift ;;
     --stalls-prefill) stalls_prefill=1 ;;
+    --stalls-name-base) stalls_base="$2"; shift ;;
     --ops-bench) ops_bench=1 ;;
     --batches) batches="$2"; shift ;;
     --kernel-batches) kernel_batches="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -217,7 +220,7 @@ if [ -n "$slice_pid" ]; then
     for spec in "${specs[@]}"; do
       IFS=: read -r re skip count <<<"$spec"
       rep="$RES/stalls-$i"
-      timeout 300 "$ncu" --profile-from-start off -k "regex:$re" --launch-skip "${skip:-0}" --launch-count "${count:-1}" \
+      timeout 300 "$ncu" --profile-from-start off --kernel-name-base "$stalls_base" -k "regex:$re" --launch-skip "${skip:-0}" --launch-count "${count:-1}" \
         --cache-control none --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section InstructionStats --section SourceCounters -f -o "$rep" \
