@@ -130,8 +130,9 @@ duet_status_t duet_tp_cuda_open(const duet_model_t *m, duet_kv_cache_t *host, in
         rank_t *rk = &t->ranks[r];
         rk->t = t;
         rk->rank = r;
-        if ((st = duet_cuda_create(device0 + r, &rk->cu, err)) != DUET_OK ||
-            (st = duet_model_cuda_upload_tp(rk->cu, m, r, size, &rk->mc, err)) != DUET_OK ||
+        if ((st = duet_cuda_create(device0 + r, &rk->cu, err)) == DUET_OK)
+            duet_cuda_set_wait_timeout(rk->cu, t->timeout_ms); /* the host's every wait on it: the step's deadline */
+        if (st != DUET_OK || (st = duet_model_cuda_upload_tp(rk->cu, m, r, size, &rk->mc, err)) != DUET_OK ||
             (st = duet_kv_cache_cuda_create(rk->cu, host, &rk->dc, err)) != DUET_OK) {
             duet_tp_cuda_close(&t);
             return st;
@@ -361,6 +362,18 @@ static duet_status_t fence_op(duet_tp_cuda_t *t, int slot, int *passed, duet_err
 
 duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err) { return fence_op(t, slot, NULL, err); }
 
+uint32_t duet_tp_cuda_step_timeout_ms(const duet_tp_cuda_t *t) { return t->timeout_ms; }
+
+int duet_tp_cuda_lost(duet_tp_cuda_t *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int lost = t->broken;
+    pthread_mutex_unlock(&t->mu);
+    for (int r = 0; r < t->size && !lost; r++)
+        lost = t->ranks[r].cu && duet_cuda_stuck(t->ranks[r].cu);
+    return lost;
+}
+
 duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, void (*idle)(void *), void *arg, duet_err_t *err)
 {
     uint64_t until = duet_deadline_after_ms(t->timeout_ms);
@@ -372,6 +385,11 @@ duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, void (*idle)(
         if (broken) { /* what the group's streams still hold is unknown: no fence counts as passed */
             if (err)
                 *err = why;
+            return DUET_ERR_CUDA;
+        }
+        if (duet_cuda_stuck(t->ranks[0].cu)) { /* an earlier wait on the device passed its deadline */
+            if (err)
+                duet_err_set(err, DUET_ERR_CUDA, "%s", duet_cuda_error(t->ranks[0].cu)->msg);
             return DUET_ERR_CUDA;
         }
         int passed = 0;

@@ -55,6 +55,13 @@ duet_status_t duet_tp_cuda_stage(duet_tp_cuda_t *t, duet_stage_dir_t dir, int la
 duet_status_t duet_tp_cuda_stage_queue(duet_tp_cuda_t *t, int layer, const duet_seq_t *const *seqs, uint32_t n,
                                        uint64_t *bytes, duet_err_t *err);
 duet_status_t duet_tp_cuda_fence(duet_tp_cuda_t *t, int slot, duet_err_t *err);
+/* Whether the group can run nothing more: it is broken (a rank failed or hung), or a wait of the
+ * host on one of its devices passed the step deadline (every rank context's waits have it:
+ * duet_cuda_set_wait_timeout), which leaves that device stuck. */
+int duet_tp_cuda_lost(duet_tp_cuda_t *t);
+/* The step deadline (DUET_TP_STEP_TIMEOUT_MS, default 300000 ms), for the other contexts of the
+ * process on the group's devices. */
+uint32_t duet_tp_cuda_step_timeout_ms(const duet_tp_cuda_t *t);
 duet_status_t duet_tp_cuda_fence_wait(duet_tp_cuda_t *t, int slot, void (*idle)(void *), void *arg, duet_err_t *err);
 
 #endif

@@ -41,7 +41,7 @@
 # the slice's timed batch-invariant prefill of 4096 tokens instead: duet-check-forward
 # --profile-prefill; for the 64-token tiles and the grouped experts), --stalls-name-base BASE (what
 # REGEX matches: Nsight's function (the default: the name alone) or demangled (with its template
-# arguments, e.g. 'gemv_wide_kernel<.*true>' for the grouped launches only)).
+# arguments as Nsight prints them, e.g. 'gemv_wide_kernel<.*\(bool\)1>' for the grouped launches only)).
 # Exit status 0 when every check passed.
 set -uo pipefail
 

@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cache_layout.h"
@@ -65,6 +66,7 @@ typedef struct {
 
 typedef struct {
     duet_cuda_t *c;
+    int device;
     uint64_t seed;
     int bench;
     const char *op;
@@ -1515,6 +1517,93 @@ static void case_side_chain(ck_t *ck, duet_dtype_t dt, int dim, int n, int links
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         duet_cuda_free(ck->c, *bufs[i]);
     weight_free(ck, &W);
+}
+
+static double wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The host's waits have the context's deadline (duet_cuda_set_wait_timeout): a second context on
+ * the device whose stream is held busy `hold_ms` (duet_cuda_test_hold) and waited for with
+ * `wait_ms`.  Past the deadline: DUET_ERR_TIMEOUT after about wait_ms, the context stuck, a later
+ * wait failing at once with DUET_ERR_CUDA, while the checks' own context works on beside it.
+ * Within it: the wait returns when the hold ends. */
+static void case_wait(ck_t *ck, uint32_t hold_ms, uint32_t wait_ms)
+{
+    int late = hold_ms > wait_ms;
+    row_t row = row_new("wait", "hold %u ms, deadline %u ms", hold_ms, wait_ms);
+    row.exact = 1;
+    duet_cuda_t *h = NULL;
+    duet_err_t err = {0};
+    if (duet_cuda_create(ck->device, &h, &err) != DUET_OK) {
+        row.err = 1;
+        snprintf(row.note, sizeof row.note, "second context: %.200s", err.msg);
+        print_row(ck, &row);
+        return;
+    }
+    duet_cuda_set_wait_timeout(h, wait_ms);
+    char why[200] = "";
+    int bad = 0;
+#define WAIT_EXPECT(cond, ...)                                                                                         \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            bad++;                                                                                                     \
+            if (!why[0])                                                                                               \
+                snprintf(why, sizeof why, __VA_ARGS__);                                                                \
+        }                                                                                                              \
+    } while (0)
+    void *hbuf = NULL; /* a copy's source on the held context (left with it when it is stuck) */
+    WAIT_EXPECT(duet_cuda_malloc(h, &hbuf, 16) == DUET_OK, "cudaMalloc on the second context");
+    WAIT_EXPECT(duet_cuda_test_hold(h, 600001) == DUET_ERR_INVALID, "a hold past 10 minutes was taken");
+    WAIT_EXPECT(duet_cuda_test_hold(h, hold_ms) == DUET_OK, "hold: %.150s", duet_cuda_error(h)->msg);
+    double t0 = wall_ms();
+    duet_status_t st = duet_cuda_sync(h);
+    double t1 = wall_ms(), first = t1 - t0;
+    /* the checks' own context goes on meanwhile (the held stream is another one) */
+    float *d = dmalloc(ck, 4096), back[1024], one[1024];
+    for (int i = 0; i < 1024; i++)
+        one[i] = (float)i;
+    CK(duet_cuda_upload(ck->c, d, one, sizeof one));
+    ddownload(ck, back, d, sizeof back);
+    WAIT_EXPECT(!memcmp(back, one, sizeof one), "the other context's copy differs");
+    duet_cuda_free(ck->c, d);
+    if (late) {
+        WAIT_EXPECT(st == DUET_ERR_TIMEOUT, "past the deadline: status %s, not TIMEOUT", duet_status_str(st));
+        WAIT_EXPECT(first >= 0.9 * wait_ms && first < wait_ms + 1000.0, "the wait took %.0f ms", first);
+        WAIT_EXPECT(duet_cuda_stuck(h), "not stuck after the deadline");
+        double t2 = wall_ms();
+        duet_status_t st2 = duet_cuda_sync(h);
+        double again = wall_ms() - t2;
+        WAIT_EXPECT(st2 == DUET_ERR_CUDA && again < 50.0, "the wait after it: %s in %.1f ms", duet_status_str(st2),
+                    again);
+        WAIT_EXPECT(hbuf && duet_cuda_download(h, back, hbuf, 4) == DUET_ERR_CUDA &&
+                        strstr(duet_cuda_error(h)->msg, "taken as stuck"),
+                    "a copy on the stuck context: %.150s", duet_cuda_error(h)->msg);
+        snprintf(row.note, sizeof row.note, "timed out after %.0f ms, then %.2f ms", first, again);
+    } else {
+        WAIT_EXPECT(st == DUET_OK, "within the deadline: %.150s", duet_cuda_error(h)->msg);
+        WAIT_EXPECT(first >= 0.9 * hold_ms && first < hold_ms + 1000.0, "the wait took %.0f ms", first);
+        WAIT_EXPECT(!duet_cuda_stuck(h), "stuck within the deadline");
+        snprintf(row.note, sizeof row.note, "returned after %.0f ms", first);
+    }
+#undef WAIT_EXPECT
+    if (bad)
+        snprintf(row.note, sizeof row.note, "%.200s", why);
+    row.err = bad;
+    row.pass = bad == 0;
+    print_row(ck, &row);
+    if (!duet_cuda_stuck(h))
+        duet_cuda_free(h, hbuf);
+    duet_cuda_destroy(&h); /* stuck: its memory stays, the hold ends on its own */
+}
+
+static void group_wait(ck_t *ck)
+{
+    case_wait(ck, 200, 5000);
+    case_wait(ck, 3000, 500);
 }
 
 static void group_pdl(ck_t *ck)
@@ -4045,6 +4134,7 @@ static const group_t GROUPS[] = {
     {"moe_tp", group_moe_tp},
     {"reads", group_reads},
     {"pdl", group_pdl},
+    {"wait", group_wait},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 
@@ -4114,6 +4204,7 @@ int main(int argc, char **argv)
     ck.threads = nproc < 1 ? 1 : nproc > 64 ? 64 : (int)nproc;
 
     duet_err_t err;
+    ck.device = device;
     if (duet_cuda_create(device, &ck.c, &err) != DUET_OK) {
         fprintf(stderr, "duet-check-ops: no CUDA device: %s\n", duet_err_text(&err));
         return 2;

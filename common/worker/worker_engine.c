@@ -1,5 +1,6 @@
 #include "worker_engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -96,6 +97,8 @@ static void xfer_gpu_close(duet_worker_engine_t *e)
 static void gpu_close(duet_worker_engine_t *e)
 {
     duet_tp_cuda_t *t = e->gpu;
+    if (duet_worker_engine_gpu_lost(e))
+        return; /* freeing would wait for a device that may never finish: the process ends anyway */
     xfer_gpu_close(e);
     if (!t)
         return;
@@ -125,6 +128,16 @@ duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker
     e->logit_rows = logit_rows ? logit_rows : 1;
     const char *dh = getenv("DUET_DRAW_HOST");
     e->draw_host = dh && strcmp(dh, "1") == 0;
+    const char *th = getenv("DUET_TEST_GPU_HOLD");
+    if (th && *th) {
+        unsigned at = 0, ms = 0;
+        char end = 0;
+        if (sscanf(th, "%u:%u%c", &at, &ms, &end) != 2 || at == 0 || ms == 0 || ms > 600000)
+            return duet_err_set(err, DUET_ERR_INVALID,
+                                "DUET_TEST_GPU_HOLD=%s: want N:MS (the Nth forward, from 1; 1 to 600000 ms)", th);
+        e->test_hold_at = at;
+        e->test_hold_ms = ms;
+    }
     duet_status_t st = duet_worker_opts_check_device(o, err);
     if (st != DUET_OK)
         return st;
@@ -322,9 +335,19 @@ out:
 static duet_status_t forward_rows(duet_worker_engine_t *e, duet_fwd_item_t *items, int n, int nr,
                                   duet_layer_done_fn layer_done, void *arg, duet_err_t *err)
 {
+    e->forwards++;
 #if DUET_HAVE_CUDA
     if (e->gpu) {
-        duet_status_t st = nr > 0 ? dev_logits(e, duet_tp_cuda_context(e->gpu, 0), err) : DUET_OK;
+        duet_cuda_t *c0 = duet_tp_cuda_context(e->gpu, 0);
+        if (e->test_hold_at == e->forwards) {
+            duet_warn("DUET_TEST_GPU_HOLD: forward %u: the GPU kept busy %u ms", e->forwards, e->test_hold_ms);
+            if (duet_cuda_test_hold(c0, e->test_hold_ms) != DUET_OK) {
+                if (err)
+                    *err = *duet_cuda_error(c0);
+                return DUET_ERR_CUDA;
+            }
+        }
+        duet_status_t st = nr > 0 ? dev_logits(e, c0, err) : DUET_OK;
         if (st != DUET_OK)
             return st;
         duet_fwd_cuda_opts_t fo = {
@@ -454,6 +477,19 @@ duet_status_t duet_worker_engine_to_host_queue(duet_worker_engine_t *e, int laye
 #endif
 }
 
+int duet_worker_engine_gpu_lost(const duet_worker_engine_t *e)
+{
+#if DUET_HAVE_CUDA
+    if (e->gpu && duet_tp_cuda_lost(e->gpu))
+        return 1;
+    const xfer_gpu_t *x = e->xfer_gpu;
+    return x && x->cu && duet_cuda_stuck(x->cu);
+#else
+    (void)e;
+    return 0;
+#endif
+}
+
 duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err)
 {
     return duet_worker_engine_fence_wait_idle(e, slot, NULL, NULL, err);
@@ -533,6 +569,7 @@ duet_status_t duet_worker_engine_xfer_prepare(duet_worker_engine_t *e, duet_xfer
     duet_status_t st = duet_cuda_create(e->device, &x->cu, err);
     if (st != DUET_OK)
         return st;
+    duet_cuda_set_wait_timeout(x->cu, duet_tp_cuda_step_timeout_ms(e->gpu));
     if (duet_cuda_host_alloc(x->cu, &x->bounce, XFER_BOUNCE_BYTES) != DUET_OK) {
         x->bounce = NULL;
         if (err)

@@ -60,6 +60,9 @@ typedef struct {
     uint64_t step_rows, steps, draw_rows, draw_steps, draw_ns;
     uint64_t gpu_draw_rows, gpu_draw_steps, gpu_draw_ns;
     int draw_host; /* GPU: sampled rows drawn on the host all the same (DUET_DRAW_HOST=1) */
+    /* GPU, for tests of the step deadline (DUET_TEST_GPU_HOLD=N:MS): before the engine's Nth
+     * forward (from 1) its first device is kept busy MS ms, as a stuck device would be */
+    uint32_t test_hold_at, test_hold_ms, forwards;
 } duet_worker_engine_t;
 
 /* Set up the forward for --device (o->device), over `cache`, with a logits buffer of
@@ -72,6 +75,13 @@ duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker
 void duet_worker_engine_close(duet_worker_engine_t *e);
 
 static inline int duet_worker_engine_on_gpu(const duet_worker_engine_t *e) { return e->gpu != NULL; }
+/* Whether the engine's GPUs can run nothing more: the GPU group is broken (a rank failed or
+ * hung), or a wait of the host on a device (the step's, a copy's, the data plane's) passed the
+ * step deadline (DUET_TP_STEP_TIMEOUT_MS), which leaves the device stuck: a kernel that never
+ * ends cannot be taken back.  The servers then end the worker (its supervisor restarts it; to
+ * the router and the other workers, a worker gone) instead of failing every later request.
+ * Always 0 on the CPU. */
+int duet_worker_engine_gpu_lost(const duet_worker_engine_t *e);
 
 /* A decode step and its tokens: the forward of `n` items (one token each, logits LAST; their
  * logits pointers are set here to rows of e->logits), then tok[i] = duet_sample(row i, sp[i],

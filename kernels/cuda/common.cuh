@@ -96,8 +96,19 @@ struct duet_cuda {
     size_t flush_bytes;
     duet_cuda_info_t info;
     struct duet_lt_plan plans[DUET_CUDA_MAX_PLANS];
+    cudaEvent_t wait_ev; /* duet_cuda_wait_stream's mark */
+    uint32_t wait_ms;    /* the deadline of every host wait on this context (duet_cuda_set_wait_timeout) */
+    int stuck;           /* a wait passed its deadline: what the stream holds is unknown from then on */
+    duet_err_t stuck_err;
     duet_err_t err;
 };
+
+/* The host's waits for the device, each with the context's deadline (duet_cuda_set_wait_timeout):
+ * until `ev` has passed, or every operation queued on the stream so far has finished.  Past the
+ * deadline the context is stuck (DUET_ERR_TIMEOUT, and every later wait fails at once with
+ * DUET_ERR_CUDA): a kernel that never ends cannot be taken back. */
+duet_status_t duet_cuda_wait_event(duet_cuda_t *c, cudaEvent_t ev);
+duet_status_t duet_cuda_wait_stream(duet_cuda_t *c);
 
 /* Record a failure ("<what> at <file>:<line> on device <d>: <detail>") and return `st`. */
 duet_status_t duet_cuda_fail(duet_cuda_t *c, duet_status_t st, const char *what, const char *file, int line,

@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+
+#include <sched.h>
 
 #include <cuda_profiler_api.h>
 
@@ -50,6 +53,86 @@ static void phases_free(duet_cuda_t *c)
     c->phases = NULL;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+duet_status_t duet_cuda_wait_event(duet_cuda_t *c, cudaEvent_t ev)
+{
+    if (c->stuck) {
+        c->err = c->stuck_err;
+        c->err.status = DUET_ERR_CUDA;
+        return DUET_ERR_CUDA;
+    }
+    /* polled, not cudaEventSynchronize: that one has no deadline.  Queries back to back for the
+     * first millisecond (a decode step's last wait is short and on its critical path), then
+     * yielding the core between them */
+    uint64_t t0 = now_ns(), until = t0 + (uint64_t)c->wait_ms * 1000000u;
+    for (unsigned i = 0;; i++) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess)
+            return DUET_OK;
+        if (e != cudaErrorNotReady)
+            return duet_cuda_fail(c, DUET_ERR_CUDA, "cudaEventQuery", __FILE__, __LINE__, cudaGetErrorString(e));
+        if (cudaPeekAtLastError() == cudaErrorNotReady) /* not an error; some runtimes leave it as one */
+            (void)cudaGetLastError();
+        if ((i & 15) != 15)
+            continue;
+        uint64_t t = now_ns();
+        if (t >= until)
+            break;
+        if (t - t0 > 1000000u)
+            sched_yield();
+    }
+    c->stuck = 1;
+    duet_err_set(&c->stuck_err, DUET_ERR_TIMEOUT,
+                 "the GPU (device %d) has not finished its queued work within %u ms: taken as stuck", c->device,
+                 c->wait_ms);
+    c->err = c->stuck_err;
+    return DUET_ERR_TIMEOUT;
+}
+
+duet_status_t duet_cuda_wait_stream(duet_cuda_t *c)
+{
+    if (!c->stuck)
+        DUET_CUDA_CHECK(c, cudaEventRecord(c->wait_ev, c->stream));
+    return duet_cuda_wait_event(c, c->wait_ev);
+}
+
+extern "C" void duet_cuda_set_wait_timeout(duet_cuda_t *c, uint32_t ms)
+{
+    c->wait_ms = ms ? ms : DUET_CUDA_WAIT_MS;
+    if (c->side)
+        c->side->wait_ms = c->wait_ms;
+}
+
+extern "C" int duet_cuda_stuck(const duet_cuda_t *c) { return c->stuck || (c->side && c->side->stuck); }
+
+__global__ void test_hold_kernel(unsigned long long ns)
+{
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns)
+            break;
+        __nanosleep(100000);
+    }
+}
+
+extern "C" duet_status_t duet_cuda_test_hold(duet_cuda_t *c, uint32_t ms)
+{
+    if (ms > 600000u)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "test hold of %u ms (at most 600000)", ms);
+    test_hold_kernel<<<1, 1, 0, c->stream>>>((unsigned long long)ms * 1000000ull);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 static void ctx_release(duet_cuda_t *c)
 {
     if (c->side) {
@@ -57,9 +140,15 @@ static void ctx_release(duet_cuda_t *c)
         free(c->side);
         c->side = NULL;
     }
+    /* a stuck device: freeing would wait for work that may never end, and the process ends
+     * anyway; its memory and handles are left as they are */
+    if (c->stuck)
+        return;
     cudaSetDevice(c->device);
-    if (c->stream)
-        cudaStreamSynchronize(c->stream);
+    if (c->stream && c->wait_ev)
+        duet_cuda_wait_stream(c);
+    if (c->stuck)
+        return;
     for (int i = 0; i < DUET_CUDA_MAX_PLANS; i++) {
         struct duet_lt_plan *p = &c->plans[i];
         if (!p->used)
@@ -78,6 +167,8 @@ static void ctx_release(duet_cuda_t *c)
         cudaEventDestroy(c->args_done);
     if (c->order)
         cudaEventDestroy(c->order);
+    if (c->wait_ev)
+        cudaEventDestroy(c->wait_ev);
     for (int i = 0; i < DUET_CUDA_FENCES; i++)
         if (c->fence[i])
             cudaEventDestroy(c->fence[i]);
@@ -136,6 +227,9 @@ static duet_status_t ctx_open(duet_cuda_t *c, int high)
     DUET_CUDA_CHECK(c, cudaEventCreate(&c->t0));
     DUET_CUDA_CHECK(c, cudaEventCreate(&c->t1));
     DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->order, cudaEventDisableTiming));
+    DUET_CUDA_CHECK(c, cudaEventCreateWithFlags(&c->wait_ev, cudaEventDisableTiming));
+    if (!c->wait_ms)
+        c->wait_ms = DUET_CUDA_WAIT_MS;
     return DUET_OK;
 }
 
@@ -175,6 +269,7 @@ extern "C" duet_cuda_t *duet_cuda_side(duet_cuda_t *c)
             return NULL;
         }
         s->device = c->device;
+        s->wait_ms = c->wait_ms;
         if (ctx_open(s, 1) != DUET_OK) {
             duet_err_set(&c->err, DUET_ERR_CUDA, "side stream: %s", s->err.msg);
             ctx_release(s);
@@ -231,7 +326,7 @@ extern "C" void duet_cuda_info(const duet_cuda_t *c, duet_cuda_info_t *info) { *
 
 extern "C" duet_status_t duet_cuda_sync(duet_cuda_t *c)
 {
-    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_TRY(duet_cuda_wait_stream(c));
     DUET_CUDA_CHECK(c, cudaGetLastError());
     return DUET_OK;
 }
@@ -273,7 +368,7 @@ duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p)
 {
     if (bytes > c->scratch_bytes) {
         /* queued work may still read the old buffer */
-        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_TRY(duet_cuda_wait_stream(c));
         DUET_CUDA_CHECK(c, cudaFree(c->scratch));
         c->scratch = NULL;
         c->scratch_bytes = 0;
@@ -288,7 +383,7 @@ duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p)
 duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev)
 {
     if (bytes > c->args_bytes) {
-        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_TRY(duet_cuda_wait_stream(c));
         DUET_CUDA_CHECK(c, cudaFreeHost(c->args_host));
         DUET_CUDA_CHECK(c, cudaFree(c->args_dev));
         c->args_host = NULL;
@@ -301,7 +396,7 @@ duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, voi
     }
     /* the previous copy out of the pinned buffer must be done before it is rewritten;
      * kernels reading args_dev are ordered after the new copy on the same stream */
-    DUET_CUDA_CHECK(c, cudaEventSynchronize(c->args_done));
+    DUET_TRY(duet_cuda_wait_event(c, c->args_done));
     memcpy(c->args_host, host, bytes);
     DUET_CUDA_CHECK(c, cudaMemcpyAsync(c->args_dev, c->args_host, bytes, cudaMemcpyHostToDevice, c->stream));
     DUET_CUDA_CHECK(c, cudaEventRecord(c->args_done, c->stream));
@@ -325,14 +420,14 @@ extern "C" void duet_cuda_free(duet_cuda_t *c, void *p)
 extern "C" duet_status_t duet_cuda_upload(duet_cuda_t *c, void *dst, const void *src, size_t bytes)
 {
     DUET_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
-    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_TRY(duet_cuda_wait_stream(c));
     return DUET_OK;
 }
 
 extern "C" duet_status_t duet_cuda_download(duet_cuda_t *c, void *dst, const void *src, size_t bytes)
 {
     DUET_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
-    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_TRY(duet_cuda_wait_stream(c));
     return DUET_OK;
 }
 
@@ -395,7 +490,7 @@ extern "C" duet_status_t duet_cuda_timer_start(duet_cuda_t *c)
 extern "C" duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms)
 {
     DUET_CUDA_CHECK(c, cudaEventRecord(c->t1, c->stream));
-    DUET_CUDA_CHECK(c, cudaEventSynchronize(c->t1));
+    DUET_TRY(duet_cuda_wait_event(c, c->t1));
     DUET_CUDA_CHECK(c, cudaEventElapsedTime(ms, c->t0, c->t1));
     return DUET_OK;
 }
@@ -403,7 +498,7 @@ extern "C" duet_status_t duet_cuda_timer_stop(duet_cuda_t *c, float *ms)
 extern "C" duet_status_t duet_cuda_phases_enable(duet_cuda_t *c, int on)
 {
     if (!on) {
-        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_TRY(duet_cuda_wait_stream(c));
         phases_free(c);
         return DUET_OK;
     }
@@ -421,7 +516,7 @@ extern "C" int duet_cuda_phases_enabled(const duet_cuda_t *c) { return c->phases
 
 extern "C" duet_status_t duet_cuda_profile_span(duet_cuda_t *c, int on)
 {
-    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_TRY(duet_cuda_wait_stream(c));
     DUET_CUDA_CHECK(c, on ? cudaProfilerStart() : cudaProfilerStop());
     return DUET_OK;
 }
@@ -453,7 +548,7 @@ extern "C" duet_status_t duet_cuda_phase_collect(duet_cuda_t *c)
         return DUET_OK;
     int n = p->n;
     p->n = 0;
-    DUET_CUDA_CHECK(c, cudaEventSynchronize(p->ev[n - 1]));
+    DUET_TRY(duet_cuda_wait_event(c, p->ev[n - 1]));
     for (int i = 0; i + 1 < n; i++) {
         if (p->id[i] == DUET_CUDA_PHASE_END)
             continue;

@@ -154,7 +154,7 @@ static duet_status_t peer_copy_time(duet_cuda_t *c, int peer, void *dst, const v
                                     float *ms)
 {
     DUET_CUDA_CHECK(c, cudaMemcpyPeerAsync(dst, peer, src, c->device, bytes, c->stream));
-    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_TRY(duet_cuda_wait_stream(c));
     float t[64];
     if (reps > 64)
         reps = 64;
@@ -212,7 +212,9 @@ extern "C" duet_status_t duet_cuda_measure_peer_copy(duet_cuda_t *c, int peer, s
     else
         st = peer_copy_time(c, peer, dst, src, bytes, reps, &ms);
     /* release: the buffers go whatever failed above; the first failure is the one reported */
-    cudaError_t re = cudaStreamSynchronize(c->stream);
+    if (duet_cuda_wait_stream(c) != DUET_OK)
+        return st != DUET_OK ? st : c->err.status; /* a stuck device: the buffers stay */
+    cudaError_t re = cudaSuccess;
     cudaError_t fe = cudaFree(src);
     if (re == cudaSuccess)
         re = fe;

@@ -64,6 +64,20 @@ duet_status_t duet_cuda_fork(duet_cuda_t *c);
 duet_status_t duet_cuda_join(duet_cuda_t *c);
 /* Wait until every operation queued on the context has finished; reports asynchronous errors. */
 duet_status_t duet_cuda_sync(duet_cuda_t *c);
+/* Every wait of the host on the context's device work (duet_cuda_sync, the synchronous copies, a
+ * buffer grown while queued work may read the old one, the timers) polls with this deadline
+ * (default DUET_CUDA_WAIT_MS; 0 restores it), so that a device that never finishes its work (a
+ * hung kernel, a lost GPU) is an error and not a thread blocked forever.  Past it the call fails
+ * with DUET_ERR_TIMEOUT and the context is stuck: every later wait fails at once (DUET_ERR_CUDA,
+ * with the first reason), since what its stream still holds is unknown, and duet_cuda_destroy
+ * leaves its memory as it is (freeing would wait for the device).  A process whose context is
+ * stuck ends; its supervisor starts a fresh one. */
+#define DUET_CUDA_WAIT_MS 300000u
+void duet_cuda_set_wait_timeout(duet_cuda_t *c, uint32_t ms);
+int duet_cuda_stuck(const duet_cuda_t *c);
+/* For tests: queue a kernel that keeps the stream busy for `ms` milliseconds of device time (one
+ * block; a stuck device, as the deadline above sees it).  DUET_ERR_INVALID past 10 minutes. */
+duet_status_t duet_cuda_test_hold(duet_cuda_t *c, uint32_t ms);
 /* Fences: duet_cuda_fence(c, slot) marks the point the stream has reached (what is queued so
  * far); duet_cuda_fence_passed(c, slot, &passed) asks whether the stream has passed the slot's
  * last mark, not what was queued after it (a slot never marked: passed).  Callers poll it with a

@@ -1298,7 +1298,7 @@ static duet_status_t tc_grow(duet_cuda_t *c, void **buf, size_t *have, size_t wa
 {
     if (want <= *have)
         return DUET_OK;
-    DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    DUET_TRY(duet_cuda_wait_stream(c));
     DUET_CUDA_CHECK(c, cudaFree(*buf));
     *buf = NULL;
     *have = 0;
@@ -1313,7 +1313,7 @@ static duet_status_t tc_split_buffers(duet_cuda_t *c, size_t part_bytes, int cou
     DUET_TRY(tc_grow(c, &c->tc_part, &c->tc_part_bytes, part_bytes));
     if (counters > c->tc_count_n) {
         int want = counters < 1024 ? 1024 : counters;
-        DUET_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+        DUET_TRY(duet_cuda_wait_stream(c));
         DUET_CUDA_CHECK(c, cudaFree(c->tc_count));
         c->tc_count = NULL;
         c->tc_count_n = 0;

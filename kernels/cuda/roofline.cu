@@ -157,7 +157,8 @@ out:
         cublasLtMatrixLayoutDestroy(ld);
     if (desc)
         cublasLtMatmulDescDestroy(desc);
-    cudaStreamSynchronize(c->stream);
+    if (duet_cuda_wait_stream(c) != DUET_OK)
+        return st != DUET_OK ? st : c->err.status; /* a stuck device: the buffers stay */
     duet_cuda_free(c, A);
     duet_cuda_free(c, B);
     duet_cuda_free(c, D);

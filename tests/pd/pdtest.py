@@ -8,7 +8,8 @@ duet-driver playing the router, duet-generate as the single-process oracle.
   pdtest.py --build BUILD --model MODEL SCENARIO [options]
 
 Scenarios: exact, abort-storm, mass-abort, kill-prefill, kill-decode,
-wait-deadline, two-by-two, bad-input, hicache, decode-rate, device-flag.  Each prints what it
+wait-deadline, two-by-two, bad-input, hicache, decode-rate, device-flag, gpu-stuck
+(the GPU only).  Each prints what it
 checked and ends with "N passed, N failed"; the exit status is non-zero on any
 failure.  Standard library only.
 """
@@ -32,7 +33,7 @@ class Cluster:
     """Prefill and decode workers in a temporary directory; always cleaned up."""
 
     def __init__(self, build, model, kv="fp8", ik="fp8", n_prefill=1, n_decode=1, pages=256, slots=64,
-                 extra_decode=(), extra_prefill=()):
+                 extra_decode=(), extra_prefill=(), decode_env=None):
         self.build, self.model = build, model
         self.dir = tempfile.mkdtemp(prefix="duet-pd-")
         print(f"     cluster logs in {self.dir}", flush=True)
@@ -50,16 +51,16 @@ class Cluster:
                        + [c for c in common if c != "--verify-checksums"] + list(extra_prefill))
         for i, url in enumerate(self.decode):
             self.start(f"d{i}", [f"{build}/decode/duet-decode", "--listen", url, "--id", f"d{i}"] + common
-                       + list(extra_decode))
+                       + list(extra_decode), env=(decode_env or {}).get(i))
         self.pages = pages
         self.slots = slots
         for url in self.prefill + self.decode:
             self.wait_ready(url)
 
-    def start(self, name, argv):
+    def start(self, name, argv, env=None):
         log = open(f"{self.dir}/{name}.log", "w")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                            env=dict(self.env, **env) if env else self.env, start_new_session=True)
 
     def wait_ready(self, url, timeout=None):
         end = time.time() + (timeout or (120 if DEVICE != "cpu" else 30))  # a GPU worker uploads its weights first
@@ -428,6 +429,40 @@ def sc_wait_deadline(a, rep):
         c.stop()
 
 
+def sc_gpu_stuck(a, rep):
+    """GPU only: decode worker d0's third forward finds its GPU held busy 4 s (DUET_TEST_GPU_HOLD) under a
+    1.5 s step deadline.  Its wait must time out, its requests end, and the worker exit by itself (its
+    supervisor would restart it) instead of failing every later request; prefill and the other decode
+    worker go on serving."""
+    if DEVICE == "cpu":
+        rep.check(True, "gpu-stuck: the CPU backend has no device to hold (skipped)")
+        return
+    hold = {"DUET_TEST_GPU_HOLD": "3:4000", "DUET_TP_STEP_TIMEOUT_MS": "1500"}
+    c = Cluster(a.build, a.model, a.kv, a.ik, n_decode=2, decode_env={0: hold})
+    try:
+        reqs = make_requests(3, a.seed, lengths=[40], max_tokens=16, prefix="g")
+        t0 = time.time()
+        res, err = c.run(reqs, concurrency=3, decode=[c.decode[0]], timeout_ms=20000)
+        took = time.time() - t0
+        st = sorted(r["status"] for r in res.values())
+        rep.check(len(res) == len(reqs) and "ok" not in st and took < 30,
+                  f"the stuck worker's requests ended ({st}) in {took:.1f} s")
+        p = c.procs["d0"]
+        try:
+            rc = p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            rc = None
+        log = c.log("d0")
+        rep.check(rc not in (None, 0) and "has not finished its queued work within 1500 ms" in log
+                  and "the GPU can run nothing more" in log,
+                  f"the worker with the stuck GPU ended by itself (exit status {rc}), saying why")
+        more = make_requests(4, a.seed + 7, lengths=[30, 300], max_tokens=8, prefix="h")
+        res, err = c.run(more, concurrency=4, decode=[c.decode[1]])
+        compare_all(rep, a, more, res, "prefill and the other decode worker keep serving")
+    finally:
+        c.stop()
+
+
 def sc_two_by_two(a, rep):
     reqs = make_requests(16, a.seed, lengths=[3, 64, 300, 900], max_tokens=10, prefix="t")
     c = Cluster(a.build, a.model, a.kv, a.ik, n_prefill=2, n_decode=2)
@@ -569,7 +604,7 @@ def main():
     fn = {"exact": sc_exact, "abort-storm": sc_abort_storm, "mass-abort": sc_mass_abort,
           "kill-prefill": sc_kill_prefill, "kill-decode": sc_kill_decode, "wait-deadline": sc_wait_deadline,
           "two-by-two": sc_two_by_two, "bad-input": sc_bad_input, "hicache": sc_hicache,
-          "decode-rate": sc_decode_rate, "device-flag": sc_device_flag}[a.scenario]
+          "decode-rate": sc_decode_rate, "device-flag": sc_device_flag, "gpu-stuck": sc_gpu_stuck}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 
