@@ -73,12 +73,13 @@ duet_status_t duet_cuda_wait_event(duet_cuda_t *c, cudaEvent_t ev)
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)c->wait_ms * 1000000u;
     for (unsigned i = 0;; i++) {
         cudaError_t e = cudaEventQuery(ev);
-        if (e == cudaSuccess)
+        if (e == cudaSuccess) {
+            if (i && cudaPeekAtLastError() == cudaErrorNotReady) /* not an error; some runtimes leave it as one */
+                (void)cudaGetLastError();
             return DUET_OK;
+        }
         if (e != cudaErrorNotReady)
             return duet_cuda_fail(c, DUET_ERR_CUDA, "cudaEventQuery", __FILE__, __LINE__, cudaGetErrorString(e));
-        if (cudaPeekAtLastError() == cudaErrorNotReady) /* not an error; some runtimes leave it as one */
-            (void)cudaGetLastError();
         if ((i & 15) != 15)
             continue;
         uint64_t t = now_ns();
@@ -87,6 +88,8 @@ duet_status_t duet_cuda_wait_event(duet_cuda_t *c, cudaEvent_t ev)
         if (t - t0 > 1000000u)
             sched_yield();
     }
+    if (cudaPeekAtLastError() == cudaErrorNotReady)
+        (void)cudaGetLastError();
     c->stuck = 1;
     duet_err_set(&c->stuck_err, DUET_ERR_TIMEOUT,
                  "the GPU (device %d) has not finished its queued work within %u ms: taken as stuck", c->device,
