@@ -2274,6 +2274,8 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
  * The split x: [unit][run][position][16 bytes], a run a (k-step, part, k half) (32 a unit), so
  * that a tile of any 64 consecutive positions is 1 KB a run; npad positions (64 past the last,
  * so that a tile's reads stay inside).  Scales [unit][position]. */
+/* From 32 tokens (half-empty tiles, the whole split x image read a unit and block) a decode step
+ * at batch 32 measured 9% slower on the H200 (docs/PERF.md, "Every wait with a deadline"). */
 #ifndef TC_WIDE_MIN_N
 #define TC_WIDE_MIN_N 128
 #endif
