@@ -376,6 +376,13 @@ def sc_kill_prefill(a, rep):
         c.stop()
 
 
+def serve_on_second_decode(c, a, rep, label):
+    """After the first decode worker is gone: four requests through the second, exact."""
+    more = make_requests(4, a.seed + 7, lengths=[30, 300], max_tokens=8, prefix="h")
+    res, err = c.run(more, concurrency=4, decode=[c.decode[1]])
+    compare_all(rep, a, more, res, label)
+
+
 def sc_kill_decode(a, rep):
     c = Cluster(a.build, a.model, a.kv, a.ik, n_decode=2)
     try:
@@ -406,9 +413,7 @@ def sc_kill_decode(a, rep):
         t.join(timeout=120)
         rep.check(pst is not None and not pst["requests"] and took < 15,
                   f"prefill dropped the dead decode worker's transfers within {took:.1f} s (bound 15 s)")
-        more = make_requests(4, a.seed + 7, lengths=[30, 300], max_tokens=8, prefix="h")
-        res, err = c.run(more, concurrency=4, decode=[c.decode[1]])
-        compare_all(rep, a, more, res, "prefill keeps serving the other decode worker")
+        serve_on_second_decode(c, a, rep, "prefill keeps serving the other decode worker")
     finally:
         c.stop()
 
@@ -456,9 +461,7 @@ def sc_gpu_stuck(a, rep):
         rep.check(rc not in (None, 0) and "has not finished its queued work within 1500 ms" in log
                   and "the GPU can run nothing more" in log,
                   f"the worker with the stuck GPU ended by itself (exit status {rc}), saying why")
-        more = make_requests(4, a.seed + 7, lengths=[30, 300], max_tokens=8, prefix="h")
-        res, err = c.run(more, concurrency=4, decode=[c.decode[1]])
-        compare_all(rep, a, more, res, "prefill and the other decode worker keep serving")
+        serve_on_second_decode(c, a, rep, "prefill and the other decode worker keep serving")
     finally:
         c.stop()
 
