@@ -132,7 +132,8 @@ duet_status_t duet_worker_engine_open(duet_worker_engine_t *e, const duet_worker
     if (th && *th) {
         unsigned at = 0, ms = 0;
         char end = 0;
-        if (sscanf(th, "%u:%u%c", &at, &ms, &end) != 2 || at == 0 || ms == 0 || ms > 600000)
+        if (strspn(th, "0123456789:") != strlen(th) || sscanf(th, "%u:%u%c", &at, &ms, &end) != 2 || at == 0 ||
+            ms == 0 || ms > 600000)
             return duet_err_set(err, DUET_ERR_INVALID,
                                 "DUET_TEST_GPU_HOLD=%s: want N:MS (the Nth forward, from 1; 1 to 600000 ms)", th);
         e->test_hold_at = at;

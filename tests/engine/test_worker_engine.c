@@ -3,7 +3,8 @@
  *    only, each the token duet_sample picks from a single-sequence forward's logits;
  *  - a decode step's tokens are duet_sample's too, and the draw counters count its rows;
  *  - a prefill item asking for every position's logits, more final chunks than logits rows, or
- *    a decode step of more rows than that, are refused with a typed error before any forward. */
+ *    a decode step of more rows than that, are refused with a typed error before any forward;
+ *  - the step deadline's test hook (DUET_TEST_GPU_HOLD) is parsed strictly. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,6 +161,42 @@ static void test_prefill_and_decode(void **state)
     duet_kv_cache_destroy(&ref);
 }
 
+/* DUET_TEST_GPU_HOLD (the step deadline's test hook): a malformed value refuses the engine with
+ * a typed error naming the variable; a good one is taken (on the CPU it holds nothing), and the
+ * CPU engine is never lost. */
+static void test_gpu_hold_hook(void **state)
+{
+    (void)state;
+    static const char *bad[] = {"x", "3", "0:100", "3:0", "3:600001", "3:100ms", "-1:5"};
+    duet_worker_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.device = -1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        duet_kv_cache_t *cache = make_cache();
+        duet_worker_engine_t e;
+        duet_err_t err = {0};
+        setenv("DUET_TEST_GPU_HOLD", bad[i], 1);
+        duet_status_t st = duet_worker_engine_open(&e, &o, g_model, cache, 2, &err);
+        if (st == DUET_OK)
+            duet_worker_engine_close(&e);
+        duet_kv_cache_destroy(&cache);
+        if (st != DUET_ERR_INVALID || !strstr(err.msg, "DUET_TEST_GPU_HOLD"))
+            fail_msg("DUET_TEST_GPU_HOLD=%s: status %d, '%s'", bad[i], (int)st, err.msg);
+    }
+    duet_kv_cache_t *cache = make_cache();
+    duet_worker_engine_t e;
+    duet_err_t err = {0};
+    setenv("DUET_TEST_GPU_HOLD", "3:4000", 1);
+    if (duet_worker_engine_open(&e, &o, g_model, cache, 2, &err) != DUET_OK)
+        fail_msg("DUET_TEST_GPU_HOLD=3:4000: %s", duet_err_text(&err));
+    assert_int_equal(e.test_hold_at, 3);
+    assert_int_equal(e.test_hold_ms, 4000);
+    assert_int_equal(duet_worker_engine_gpu_lost(&e), 0);
+    duet_worker_engine_close(&e);
+    duet_kv_cache_destroy(&cache);
+    unsetenv("DUET_TEST_GPU_HOLD");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -174,6 +211,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_and_decode),
+        cmocka_unit_test(test_gpu_hold_hook),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     duet_model_destroy(&g_model);
