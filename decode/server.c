@@ -536,13 +536,7 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
             free_dd(s, batch[i]);
             duet_dreq_finish(s->tab, batch[i]->rid);
         }
-        if (duet_worker_engine_gpu_lost(&s->eng)) {
-            /* a stuck device or a broken GPU group runs nothing more: rather than fail every later
-             * request, the worker ends (its supervisor restarts it; to the router, a worker gone),
-             * without tearing down what waits on the device */
-            duet_error("the GPU can run nothing more (%s): the worker stops", duet_err_text(&err));
-            _exit(EXIT_FAILURE);
-        }
+        duet_worker_engine_exit_if_lost(&s->eng, &err);
         return DUET_OK;
     }
     s->tokens_stepped += p.n;

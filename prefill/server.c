@@ -669,10 +669,7 @@ static void prefill_step(psrv_t *s)
             push_error(s, owners[i], st, err.msg);
             stop_request(s, owners[i]);
         }
-        if (duet_worker_engine_gpu_lost(&s->eng)) { /* as decode: nothing more would run */
-            duet_error("the GPU can run nothing more (%s): the worker stops", duet_err_text(&err));
-            _exit(EXIT_FAILURE);
-        }
+        duet_worker_engine_exit_if_lost(&s->eng, &err);
         return;
     }
     for (uint32_t i = 0; i < n; i++) {

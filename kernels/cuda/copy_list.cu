@@ -211,13 +211,14 @@ extern "C" duet_status_t duet_cuda_measure_peer_copy(duet_cuda_t *c, int peer, s
                             cudaGetErrorString(e));
     else
         st = peer_copy_time(c, peer, dst, src, bytes, reps, &ms);
-    /* release: the buffers go whatever failed above; the first failure is the one reported */
-    if (duet_cuda_wait_stream(c) != DUET_OK)
-        return st != DUET_OK ? st : c->err.status; /* a stuck device: the buffers stay */
-    cudaError_t re = cudaSuccess;
-    cudaError_t fe = cudaFree(src);
-    if (re == cudaSuccess)
-        re = fe;
+    /* release: the buffers go whatever failed above (not on a stuck device: freeing would wait
+     * for it); the first failure is the one reported */
+    duet_status_t ws = duet_cuda_wait_stream(c);
+    if (st == DUET_OK)
+        st = ws;
+    if (duet_cuda_stuck(c))
+        return st;
+    cudaError_t re = cudaFree(src), fe;
     if (dst) {
         fe = cudaSetDevice(peer);
         if (fe == cudaSuccess)

@@ -157,8 +157,11 @@ out:
         cublasLtMatrixLayoutDestroy(ld);
     if (desc)
         cublasLtMatmulDescDestroy(desc);
-    if (duet_cuda_wait_stream(c) != DUET_OK)
-        return st != DUET_OK ? st : c->err.status; /* a stuck device: the buffers stay */
+    duet_status_t drained = duet_cuda_wait_stream(c);
+    if (st == DUET_OK)
+        st = drained;
+    if (duet_cuda_stuck(c))
+        return st; /* freeing would wait for the device: the buffers stay */
     duet_cuda_free(c, A);
     duet_cuda_free(c, B);
     duet_cuda_free(c, D);
