@@ -536,7 +536,7 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
             free_dd(s, batch[i]);
             duet_dreq_finish(s->tab, batch[i]->rid);
         }
-        duet_worker_engine_exit_if_lost(&s->eng, &err);
+        duet_worker_exit_if_gpu_lost(&s->net, &s->eng, &err);
         return DUET_OK;
     }
     s->tokens_stepped += p.n;

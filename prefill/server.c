@@ -669,7 +669,7 @@ static void prefill_step(psrv_t *s)
             push_error(s, owners[i], st, err.msg);
             stop_request(s, owners[i]);
         }
-        duet_worker_engine_exit_if_lost(&s->eng, &err);
+        duet_worker_exit_if_gpu_lost(&s->net, &s->eng, &err);
         return;
     }
     for (uint32_t i = 0; i < n; i++) {

@@ -710,6 +710,7 @@ struct duet_ctl_pusher {
     nng_msg **q;         /* ring of encoded events */
     uint32_t cap, head, n;
     int stopping;
+    int taken;           /* events taken from the queue and not yet answered (a delivery, under mu) */
     nng_aio *inflight;   /* the delivery's aio while one is running (under mu) */
     nng_ctx ctx;         /* the delivery thread's context, kept until the socket closes */
     int have_ctx;
@@ -787,6 +788,15 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
     return rv;
 }
 
+/* The events taken for a delivery are answered (or lost): a flush may end. */
+static void pusher_taken_done(duet_ctl_pusher_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->taken = 0;
+    pthread_cond_broadcast(&p->idle);
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void *pusher_main(void *arg)
 {
     duet_ctl_pusher_t *p = arg;
@@ -813,6 +823,7 @@ static void *pusher_main(void *arg)
             p->head = (p->head + 1) % p->cap;
             p->n--;
         }
+        p->taken = 1;
         pthread_cond_broadcast(&p->room);
         pthread_mutex_unlock(&p->mu);
 
@@ -845,6 +856,7 @@ static void *pusher_main(void *arg)
                 int rv = 0;
                 for (size_t i = 0; i < nb; i++)
                     rv = rv == NNG_ECLOSED || rv == NNG_ECANCELED ? (nng_msg_free(batch[i]), rv) : pusher_deliver(p, batch[i]);
+                pusher_taken_done(p);
                 if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
                     break;
                 continue;
@@ -852,6 +864,7 @@ static void *pusher_main(void *arg)
         }
 
         int rv = pusher_deliver(p, m);
+        pusher_taken_done(p);
         if (rv == NNG_ECLOSED || rv == NNG_ECANCELED)
             break; /* destroy */
         if (rv)
@@ -944,6 +957,22 @@ duet_status_t duet_ctl_pusher_send(duet_ctl_pusher_t *p, const duet_envelope_t *
     pthread_mutex_unlock(&p->mu);
     if (m)
         nng_msg_free(m);
+    return st;
+}
+
+duet_status_t duet_ctl_pusher_flush(duet_ctl_pusher_t *p, uint64_t deadline_ns, duet_err_t *err)
+{
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+    duet_status_t st = DUET_OK;
+    pthread_mutex_lock(&p->mu);
+    while ((p->n || p->taken) && !p->stopping && duet_time_ns() < deadline_ns)
+        pthread_cond_timedwait(&p->idle, &p->mu, &ts);
+    if (p->n || p->taken)
+        st = duet_err_set(err, p->stopping ? DUET_ERR_PEER : DUET_ERR_TIMEOUT,
+                          "%s: events not delivered (%u queued%s; %s)", p->c.url, p->n,
+                          p->taken ? ", more in flight" : "",
+                          p->stopping ? "the pusher is closed" : "the puller did not take them in time");
+    pthread_mutex_unlock(&p->mu);
     return st;
 }
 

@@ -148,6 +148,11 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
  * status.  Events from one pusher arrive in the order sent. */
 duet_status_t duet_ctl_pusher_send(duet_ctl_pusher_t *p, const duet_envelope_t *ev, uint64_t deadline_ns,
                                    duet_err_t *err);
+/* Wait until `deadline_ns` for every event queued so far to be answered by
+ * the puller (or lost in flight, as above): DUET_OK, DUET_ERR_TIMEOUT with
+ * the count still undelivered, or DUET_ERR_PEER once closed.  For a process
+ * about to end, whose last events must not die in its queue. */
+duet_status_t duet_ctl_pusher_flush(duet_ctl_pusher_t *p, uint64_t deadline_ns, duet_err_t *err);
 void duet_ctl_pusher_destroy(duet_ctl_pusher_t **p);
 
 /* Listen on o->url for events from any number of pushers.  Each event

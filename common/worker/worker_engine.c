@@ -491,16 +491,6 @@ int duet_worker_engine_gpu_lost(const duet_worker_engine_t *e)
 #endif
 }
 
-void duet_worker_engine_exit_if_lost(const duet_worker_engine_t *e, const duet_err_t *why)
-{
-    if (!duet_worker_engine_gpu_lost(e))
-        return;
-    /* a stuck device or a broken GPU group runs nothing more: rather than fail every later request,
-     * the worker ends (its supervisor restarts it; to the router and the other workers, a worker gone) */
-    duet_error("the GPU can run nothing more (%s): the worker stops", duet_err_text(why));
-    _exit(EXIT_FAILURE);
-}
-
 duet_status_t duet_worker_engine_fence_wait(duet_worker_engine_t *e, int slot, duet_err_t *err)
 {
     return duet_worker_engine_fence_wait_idle(e, slot, NULL, NULL, err);

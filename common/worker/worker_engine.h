@@ -82,10 +82,6 @@ static inline int duet_worker_engine_on_gpu(const duet_worker_engine_t *e) { ret
  * the router and the other workers, a worker gone) instead of failing every later request.
  * Always 0 on the CPU. */
 int duet_worker_engine_gpu_lost(const duet_worker_engine_t *e);
-/* The servers' policy after a failed step, once its requests have their errors: when the GPUs are
- * lost, log why (`why`, the step's error) and end the process at once (_exit: nothing torn down,
- * no page given back, nothing that waits on the device).  Returns when they are not. */
-void duet_worker_engine_exit_if_lost(const duet_worker_engine_t *e, const duet_err_t *why);
 
 /* A decode step and its tokens: the forward of `n` items (one token each, logits LAST; their
  * logits pointers are set here to rows of e->logits), then tok[i] = duet_sample(row i, sp[i],

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
@@ -200,6 +201,31 @@ void duet_worker_net_push_to(duet_worker_net_t *n, int sink, duet_envelope_t *ev
             k->last_used_ns = duet_time_ns();
     }
     duet_envelope_free(&ev);
+}
+
+int duet_worker_net_flush(duet_worker_net_t *n, uint64_t deadline_ns)
+{
+    int left = 0;
+    for (int i = 0; i < DUET_WORKER_MAX_SINKS; i++) {
+        duet_err_t err = {0};
+        if (n->sinks[i].push && duet_ctl_pusher_flush(n->sinks[i].push, deadline_ns, &err) != DUET_OK) {
+            duet_warn("event socket %s: %s", n->sinks[i].url, duet_err_text(&err));
+            left++;
+        }
+    }
+    return left;
+}
+
+void duet_worker_exit_if_gpu_lost(duet_worker_net_t *n, const duet_worker_engine_t *e, const duet_err_t *why)
+{
+    if (!duet_worker_engine_gpu_lost(e))
+        return;
+    /* a stuck device or a broken GPU group runs nothing more: rather than fail every later request,
+     * the worker ends, once the routers have the errors of the requests it held (an event still
+     * queued would die with the process, and its request wait for the router's deadline) */
+    duet_error("the GPU can run nothing more (%s): the worker stops", duet_err_text(why));
+    duet_worker_net_flush(n, duet_deadline_after_ms(DUET_WORKER_EXIT_FLUSH_MS));
+    _exit(EXIT_FAILURE);
 }
 
 void duet_worker_net_push(duet_worker_net_t *n, duet_envelope_t *ev)

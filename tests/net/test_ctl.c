@@ -607,6 +607,65 @@ static void test_push_pull(void **state)
     duet_ctl_puller_destroy(&q);
 }
 
+typedef struct {
+    duet_ctl_puller_t *q;
+    uint32_t want, got;
+    int failures;
+} puller_thread_t;
+
+static void *puller_main(void *arg)
+{
+    puller_thread_t *pt = arg;
+    for (uint32_t i = 0; i < pt->want; i++) {
+        duet_envelope_t *e = NULL;
+        duet_err_t err = {0};
+        if (duet_ctl_puller_recv(pt->q, duet_deadline_after_ms(3000), &e, &err) != DUET_OK) {
+            pt->failures++;
+            break;
+        }
+        if (e->body_case != DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK || e->token_chunk->first_index != i)
+            pt->failures++;
+        duet_envelope_free(&e);
+        pt->got++;
+    }
+    return NULL;
+}
+
+/* A flush waits for the queued events to be taken: at once when none are, TIMEOUT at its deadline
+ * while the puller is away, DUET_OK once the puller has answered every one (a worker that ends after
+ * a lost GPU sends its requests' errors this way). */
+static void test_push_flush(void **state)
+{
+    (void)state;
+    char url[128];
+    url_for(url, sizeof url, "flush");
+    duet_ctl_pusher_t *p = new_pusher(url, 64);
+    duet_err_t err = {0};
+    uint64_t t0 = duet_time_ns();
+    assert_int_equal(duet_ctl_pusher_flush(p, duet_deadline_after_ms(1000), &err), DUET_OK);
+    assert_true(elapsed_ms(t0) < 20);
+
+    for (uint32_t i = 0; i < 20; i++)
+        push_chunk(p, i, 0, DUET_OK);
+    t0 = duet_time_ns();
+    assert_int_equal(duet_ctl_pusher_flush(p, duet_deadline_after_ms(100), &err), DUET_ERR_TIMEOUT);
+    assert_true(elapsed_ms(t0) >= 90 && elapsed_ms(t0) <= 100 + SLACK_MS);
+    assert_non_null(strstr(err.msg, "not delivered"));
+
+    duet_ctl_puller_t *q = new_puller(url);
+    puller_thread_t pt = {q, 20, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, puller_main, &pt), 0);
+    t0 = duet_time_ns();
+    assert_int_equal(duet_ctl_pusher_flush(p, duet_deadline_after_ms(5000), &err), DUET_OK);
+    assert_true(elapsed_ms(t0) < 5000);
+    pthread_join(th, NULL);
+    assert_int_equal(pt.failures, 0);
+    assert_int_equal(pt.got, 20);
+    duet_ctl_pusher_destroy(&p);
+    duet_ctl_puller_destroy(&q);
+}
+
 /* A pusher whose puller is away fills its queue: BUSY, at once or at the
  * deadline.  (One more event waits outside the queue for a connection.) */
 static void test_push_busy(void **state)
@@ -847,17 +906,12 @@ int main(int argc, char **argv)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nng_table),
-        cmocka_unit_test(test_bad_options),
-        cmocka_unit_test(test_live_every_kind),
-        cmocka_unit_test(test_malformed_requests),
-        cmocka_unit_test(test_poll_mode),
-        cmocka_unit_test(test_dead_server_timeout),
-        cmocka_unit_test(test_killed_server),
-        cmocka_unit_test(test_killed_mid_call),
-        cmocka_unit_test(test_push_pull),
-        cmocka_unit_test(test_push_busy),
-        cmocka_unit_test(test_puller_garbage),
+        cmocka_unit_test(test_nng_table),       cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_live_every_kind), cmocka_unit_test(test_malformed_requests),
+        cmocka_unit_test(test_poll_mode),       cmocka_unit_test(test_dead_server_timeout),
+        cmocka_unit_test(test_killed_server),   cmocka_unit_test(test_killed_mid_call),
+        cmocka_unit_test(test_push_pull),       cmocka_unit_test(test_push_busy),
+        cmocka_unit_test(test_push_flush),      cmocka_unit_test(test_puller_garbage),
         cmocka_unit_test(test_puller_churn),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

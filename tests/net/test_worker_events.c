@@ -4,6 +4,7 @@
  * one is closed when idle or when the table is full, and a new URL is
  * refused while every entry serves live requests.  Pullers stand in for the
  * routers, over inproc://. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -171,11 +172,51 @@ static void test_full_table_and_idle(void **state)
     assert_int_equal(duet_worker_net_sink_count(&n), 0);
 }
 
+typedef struct {
+    duet_ctl_puller_t *p;
+    int kinds[3];
+} take_t;
+
+static void *take_three(void *arg)
+{
+    take_t *t = arg;
+    for (int i = 0; i < 3; i++)
+        t->kinds[i] = (int)next_kind(t->p, 3000, NULL, 0);
+    return NULL;
+}
+
+/* A worker that is about to end flushes its sinks: the count of sinks whose events did not go out
+ * by the deadline (the router away), then 0 once a router has taken every one. */
+static void test_flush(void **state)
+{
+    (void)state;
+    duet_worker_net_t n;
+    memset(&n, 0, sizeof n);
+    duet_err_t err = {0};
+    assert_int_equal(duet_worker_net_open_events(&n, "inproc://we-flush", 60000, &err), DUET_OK);
+    assert_int_equal(duet_worker_net_flush(&n, duet_deadline_after_ms(1000)), 0); /* nothing queued */
+    for (int i = 0; i < 3; i++)
+        duet_worker_net_push(&n, chunk("r-flush"));
+    uint64_t t0 = duet_time_ns();
+    assert_int_equal(duet_worker_net_flush(&n, duet_deadline_after_ms(100)), 1);
+    assert_true(duet_time_ns() - t0 < 1000000000ull);
+    take_t t = {puller("inproc://we-flush"), {0}};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, take_three, &t), 0);
+    assert_int_equal(duet_worker_net_flush(&n, duet_deadline_after_ms(5000)), 0);
+    pthread_join(th, NULL);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(t.kinds[i], DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK);
+    duet_worker_net_close(&n);
+    duet_ctl_puller_destroy(&t.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routing_and_heartbeats),
         cmocka_unit_test(test_full_table_and_idle),
+        cmocka_unit_test(test_flush),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
