@@ -22,7 +22,8 @@
 #   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1,
 #     32 and 128 with a 4k context, and prefill and decode at batch 1 and 32
 #     with a 32k context, each against its roofline;
-#   - with --ops-bench, duet-check-ops --bench for the matmul, MoE and weight-read groups.
+#   - with --ops-bench, duet-check-ops --bench for the matmul, MoE and weight-read groups
+#     (--ops-bench-ops LIST: those groups instead, e.g. 'index_score').
 # Prints one table at the end; full logs go to $OUT (elsewhere
 # build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
 #
@@ -53,7 +54,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function
+prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -73,12 +74,13 @@ while [ $# -gt 0 ]; do
     --stalls-prefill) stalls_prefill=1 ;;
     --stalls-name-base) stalls_base="$2"; shift ;;
     --ops-bench) ops_bench=1 ;;
+    --ops-bench-ops) ops_bench=1; ops_bench_list="$2"; shift ;;
     --batches) batches="$2"; shift ;;
     --kernel-batches) kernel_batches="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -127,8 +129,8 @@ if [ "$ops" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
   [ "$rc" = 0 ] || fail=1
 fi
 if [ "$ops_bench" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
-  say "== operation timings (matmul, moe, reads)"
-  for op in matmul moe reads; do
+  say "== operation timings ($ops_bench_list)"
+  for op in $ops_bench_list; do
     timeout 200 "$BIN/duet-check-ops" --bench --op "$op" >"$RES/bench-ops-$op.txt" 2>>"$LOG"
     echo "[ops bench $op] exit $?" | tee -a "$SUM"
     cat "$RES/bench-ops-$op.txt" >>"$SUM"

@@ -2393,9 +2393,35 @@ static duet_status_t isc_two_call(ck_t *ck, void *p)
                                       NULL, a->max_keys, a->scale, a->dscore);
 }
 
-static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int heads, int max_keys)
+static duet_status_t isc_alone_call(ck_t *ck, void *p)
 {
-    duet_cache_layout_t l = flash_layout(DUET_POOL_C4_INDEX_K, dt);
+    /* the last row alone: its q, w, key list and count, scores where the batch put them */
+    isc_arg_t *a = p;
+    int b = a->rows - 1;
+    return duet_cuda_index_score_cache(ck->c, a->dq + (size_t)b * a->heads * a->dim, a->dw + (size_t)b * a->heads, 1,
+                                       a->heads, a->dim, a->l, a->dpool, a->dunit, a->didx, a->doff + b, a->dn + b,
+                                       NULL, a->max_keys, a->scale, a->dscore);
+}
+
+/* The index-K layout of the V4-Flash widths with `dim` values an entry (the tiny fixture's 64). */
+static duet_cache_layout_t index_layout(duet_cache_dtype_t dt, int dim)
+{
+    duet_model_config_t cfg;
+    flash_config(&cfg);
+    cfg.index_head_dim = dim;
+    duet_cache_opts_t opts = {256, dt, dt};
+    duet_cache_layout_t l;
+    duet_err_t err;
+    if (duet_cache_layout_compute(&cfg, &opts, DUET_POOL_C4_INDEX_K, &l, &err) != DUET_OK) {
+        fprintf(stderr, "duet-check-ops: layout: %s\n", duet_err_text(&err));
+        exit(2);
+    }
+    return l;
+}
+
+static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int heads, int max_keys, int idim)
+{
+    duet_cache_layout_t l = index_layout(dt, idim);
     rng_t r;
     char tag[64];
     snprintf(tag, sizeof tag, "isc/%d/%d/%d/%d", (int)dt, rows, heads, max_keys);
@@ -2428,18 +2454,35 @@ static void case_index_cache(ck_t *ck, duet_cache_dtype_t dt, int rows, int head
     dpoison(ck, a.dscore, 4 * total);
     CK(isc_fused_call(ck, &a));
     ddownload(ck, fused, a.dscore, 4 * total);
-    row_t row = row_new("index_score", "from the %s pool, rows=%d %dx%d keys<=%d", duet_cache_dtype_name(dt), rows,
-                        heads, dim, max_keys);
-    row_bytes(&row, fused, two, 4 * total);
-    bench_row(ck, &row, isc_fused_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total),
-              2.0 * heads * (double)dim * total, BOUND_FP32);
-    print_row(ck, &row);
-    /* the two launches it replaces, against the CPU */
+    /* the pool's scores (tensor cores where the shape allows: heads <= 64, dims a multiple of 16
+     * up to 128; else the fp32 form) against the CPU on its codec's keys, sampled rows */
     float *keys = xmalloc(4 * total * (size_t)dim), *gs = xmalloc(4 * total), *rs = xmalloc(4 * total);
     for (size_t i = 0; i < total; i++)
         duet_cache_entry_load(&l, pool + (size_t)unit[i] * l.page_bytes, idx[i], keys + i * (size_t)dim);
     int nr;
-    size_t ncmp = index_ref_rows(q, w, rows, heads, dim, keys, off, nk, a.scale, 4, two, gs, rs, &nr);
+    size_t ncmp = index_ref_rows(q, w, rows, heads, dim, keys, off, nk, a.scale, 4, fused, gs, rs, &nr);
+    row_t row = row_new("index_score", "from the %s pool, rows=%d %dx%d keys<=%d", duet_cache_dtype_name(dt), rows,
+                        heads, dim, max_keys);
+    row_float(&row, gs, rs, ncmp, 1e-5);
+    if (nr < rows && !row.note[0])
+        snprintf(row.note, sizeof row.note, "checked %d sampled rows", nr);
+    bench_row(ck, &row, isc_fused_call, &a, (double)total * l.entry_bytes + 4.0 * (nq + total),
+              2.0 * heads * (double)dim * total, BOUND_FP32);
+    print_row(ck, &row);
+    /* a row's scores are the same bits alone as in the batch */
+    {
+        float *alone = xmalloc(4 * total);
+        dpoison(ck, a.dscore, 4 * total);
+        CK(isc_alone_call(ck, &a));
+        ddownload(ck, alone, a.dscore, 4 * total);
+        int b = rows - 1;
+        row = row_new("index_score", "from the %s pool, row %d alone = in the batch", duet_cache_dtype_name(dt), b);
+        row_bytes(&row, alone + off[b], fused + off[b], 4 * (size_t)nk[b]);
+        print_row(ck, &row);
+        free(alone);
+    }
+    /* the two launches of the fp32 form (load, then score), against the CPU */
+    ncmp = index_ref_rows(q, w, rows, heads, dim, keys, off, nk, a.scale, 4, two, gs, rs, &nr);
     row = row_new("index_score", "load + score, %s pool, rows=%d keys<=%d", duet_cache_dtype_name(dt), rows,
                   max_keys);
     row_float(&row, gs, rs, ncmp, 1e-5);
@@ -2462,11 +2505,16 @@ static void group_index(ck_t *ck)
     case_index(ck, 5, 4, 64, 40, 8, 5);         /* tiny fixture widths, partial tiles */
     case_index(ck, 3, 70, 48, 100, 16, 3);      /* heads beyond one tile */
     /* from the pool: batch 32 at 4k and 32k context, both encodings; a partial tile */
-    case_index_cache(ck, DUET_CACHE_BF16, 32, 64, 1024);
-    case_index_cache(ck, DUET_CACHE_FP8, 32, 64, 1024);
-    case_index_cache(ck, DUET_CACHE_BF16, 32, 64, 8192);
-    case_index_cache(ck, DUET_CACHE_FP8, 32, 64, 8192);
-    case_index_cache(ck, DUET_CACHE_FP8, 3, 70, 100);
+    case_index_cache(ck, DUET_CACHE_BF16, 32, 64, 1024, 128);
+    case_index_cache(ck, DUET_CACHE_FP8, 32, 64, 1024, 128);
+    case_index_cache(ck, DUET_CACHE_BF16, 32, 64, 8192, 128);
+    case_index_cache(ck, DUET_CACHE_FP8, 32, 64, 8192, 128);
+    case_index_cache(ck, DUET_CACHE_FP8, 3, 70, 100, 128); /* more heads than the tensor form takes */
+    /* the tiny fixture's indexer (4 heads of 64): most of a block's heads absent, partial tiles */
+    case_index_cache(ck, DUET_CACHE_BF16, 5, 4, 100, 64);
+    case_index_cache(ck, DUET_CACHE_FP8, 5, 4, 100, 64);
+    /* a prefill chunk's rows: many rows of few keys, and a row of 16 tiles in one block */
+    case_index_cache(ck, DUET_CACHE_FP8, 300, 64, 1024, 128);
 }
 
 /* top-k alone on hard inputs: ties, NaN, -0/+0, k >= n. */

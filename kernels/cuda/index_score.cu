@@ -198,6 +198,191 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
     }
 }
 
+/* ---- the tensor-core form (the index-K pools) ----
+ *
+ * index_score_tc_kernel: block (key tiles [x T, x T + T), row b), four warps; warp w owns the
+ * heads [16 w, 16 w + 16) and keeps their q in its registers as the A operands of mma.sync
+ * m16n8k16 bf16 for every k-step: each value split once into three bf16 parts (hi, mid, lo: its
+ * 24 bits; bf16 keeps fp32's exponents, so no scaling).  Per tile of 64 keys:
+ *   1. the keys' entry pointers (and fp8 scales) found once, a thread a key;
+ *   2. the keys staged in shared memory as bf16, 16 bytes a thread at a time: bf16 entries as
+ *      they are, e4m3 values widened to bf16 (exact: 3 mantissa bits), the fp8 scale kept apart;
+ *   3. each warp multiplies its 16 heads by the 64 keys (three MMAs a k-step and 8-key tile, one
+ *      a part, fp32 accumulation), then relu(q.k (x the key's scale)) x scale x w[h] summed over
+ *      the warp's heads (its two rows, then across the eight lanes of a column by shuffles), and
+ *      the four warps' sums in warp order.
+ * Against the fp32 form the products are the same to 2^-24 of q and the sums run in another
+ * fixed order: the scores agree with the CPU to its rounding (checked at 1e-5), and a row's
+ * scores never depend on the other rows or on T (each key's whole sum is one tile's). */
+#define IST_KT 64
+#define IST_WARPS 4
+#define IST_STR 136 /* a staged key's stride in bf16 values: 68 words, the B loads of a warp hit 32 banks */
+#define IST_MAX_DIM 128
+/* blocks an SM the registers are held to (q's 96 words of fragments a lane) */
+#ifndef IST_MIN_BLOCKS
+#define IST_MIN_BLOCKS 3
+#endif
+/* 0: the pools' scores on the fp32 form (a build setting, for timing variants) */
+#ifndef IS_TC
+#define IS_TC 1
+#endif
+
+__device__ __forceinline__ void ist_mma(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two fp32 values as three bf16 pairs (x = hi + mid + lo to 24 bits), the first value low. */
+__device__ __forceinline__ void ist_split3(float2 v, uint32_t &hi, uint32_t &mid, uint32_t &lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+    float2 r1 = make_float2(v.x - __bfloat162float(h.x), v.y - __bfloat162float(h.y));
+    __nv_bfloat162 m = __floats2bfloat162_rn(r1.x, r1.y);
+    float2 r2 = make_float2(r1.x - __bfloat162float(m.x), r1.y - __bfloat162float(m.y));
+    __nv_bfloat162 l = __floats2bfloat162_rn(r2.x, r2.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    mid = *reinterpret_cast<uint32_t *>(&m);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* Eight e4m3 values (two words, low byte first) as eight bf16 values (four words), exact. */
+__device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uint32_t &w1)
+{
+    __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+    __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+    float2 fa = __half22float2(*reinterpret_cast<__half2 *>(&a));
+    float2 fb = __half22float2(*reinterpret_cast<__half2 *>(&b));
+    w0 = __byte_perm(__float_as_uint(fa.x), __float_as_uint(fa.y), 0x7632);
+    w1 = __byte_perm(__float_as_uint(fb.x), __float_as_uint(fb.y), 0x7632);
+}
+
+/* KS: 1 a bf16 index-K pool, 2 an fp8 one */
+template <int KS>
+__global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
+    index_score_tc_kernel(const float *q, const float *w, int n_heads, int dim, is_keys ks, const int32_t *key_off,
+                          const int32_t *n_keys, const int32_t *score_off, float scale, int tiles_per_block,
+                          float *score)
+{
+    static_assert(KS == 1 || KS == 2, "index-K pools only");
+    __shared__ __align__(16) uint16_t kb[IST_KT * IST_STR];
+    __shared__ const uint8_t *krow[IST_KT];
+    __shared__ float kscale[IST_KT];
+    __shared__ float red[IST_WARPS][IST_KT];
+    duet_pdl_wait();
+    int b = blockIdx.y, nk = n_keys[b];
+    int tile0 = blockIdx.x * tiles_per_block, tile1 = min(tile0 + tiles_per_block, (nk + IST_KT - 1) / IST_KT);
+    if (tile0 >= tile1)
+        return;
+    int t = threadIdx.x, lane = t & 31, warp = t >> 5, g = lane >> 2, tq = lane & 3;
+    int nks = dim / 16, h_lo = 16 * warp + g, h_hi = h_lo + 8;
+    bool has = 16 * warp < n_heads;
+    /* q of the lane's heads h_lo, h_hi as its A fragments: a0 (h_lo, dims 2tq, 2tq+1), a1 (h_hi, the
+     * same), a2 (h_lo, 2tq+8, +9), a3 (h_hi, the same) of each k-step; 0 past the heads and dims */
+    uint32_t qa[IST_MAX_DIM / 16][3][4];
+    const float *qb = q + (size_t)b * n_heads * dim;
+#pragma unroll
+    for (int k = 0; k < IST_MAX_DIM / 16; k++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int h = (r & 1) ? h_hi : h_lo, c = 16 * k + 2 * tq + ((r & 2) ? 8 : 0);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (k < nks && h < n_heads)
+                v = *reinterpret_cast<const float2 *>(qb + (size_t)h * dim + c);
+            ist_split3(v, qa[k][0][r], qa[k][1][r], qa[k][2][r]);
+        }
+    float w_lo = h_lo < n_heads ? w[(size_t)b * n_heads + h_lo] : 0.0f;
+    float w_hi = h_hi < n_heads ? w[(size_t)b * n_heads + h_hi] : 0.0f;
+    const int cpk = KS == 1 ? dim / 8 : dim / 16; /* 16-byte pieces of a key's entry */
+    for (int tile = tile0; tile < tile1; tile++) {
+        int key0 = tile * IST_KT;
+        if (t < IST_KT) {
+            const uint8_t *row = NULL;
+            float sc = 0.0f;
+            if (key0 + t < nk) {
+                size_t e = (size_t)key_off[b] + key0 + t;
+                const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
+                uint32_t ix = __ldg(ks.idx + e);
+                row = page + (size_t)ix * ks.g.entry_data_bytes;
+                if (KS == 2)
+                    sc = index_entry_scale_word(ks.g, page, ix);
+            }
+            krow[t] = row;
+            kscale[t] = sc;
+        }
+        __syncthreads();
+        for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
+            int kk = c / cpk, p = c - kk * cpk;
+            const uint8_t *row = krow[kk];
+            uint4 v = row ? __ldg(reinterpret_cast<const uint4 *>(row) + p) : make_uint4(0, 0, 0, 0);
+            if constexpr (KS == 1) {
+                *reinterpret_cast<uint4 *>(kb + kk * IST_STR + 8 * p) = v;
+            } else {
+                uint4 lo, hi;
+                ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
+                ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
+                ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
+                ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
+                *reinterpret_cast<uint4 *>(kb + kk * IST_STR + 16 * p) = lo;
+                *reinterpret_cast<uint4 *>(kb + kk * IST_STR + 16 * p + 8) = hi;
+            }
+        }
+        __syncthreads();
+        if (has) {
+            float acc[IST_KT / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[nt][e] = 0.0f;
+            const uint32_t *kw = reinterpret_cast<const uint32_t *>(kb) + g * (IST_STR / 2) + tq;
+#pragma unroll
+            for (int k = 0; k < IST_MAX_DIM / 16; k++) {
+                if (k >= nks)
+                    break;
+#pragma unroll
+                for (int nt = 0; nt < IST_KT / 8; nt++) {
+                    /* key 8 nt + g, dims 16 k + 2 tq (+1) and 16 k + 2 tq + 8 (+9) */
+                    uint32_t b0 = kw[nt * 8 * (IST_STR / 2) + 8 * k], b1 = kw[nt * 8 * (IST_STR / 2) + 8 * k + 4];
+#pragma unroll
+                    for (int p = 0; p < 3; p++)
+                        ist_mma(acc[nt], qa[k][p], b0, b1);
+                }
+            }
+            /* the lane's keys 8 nt + 2 tq + j: heads h_lo then h_hi, then the warp's other rows */
+#pragma unroll
+            for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int key = 8 * nt + 2 * tq + j;
+                    float d0 = acc[nt][j], d1 = acc[nt][2 + j];
+                    if (KS == 2) {
+                        d0 = __fmul_rn(d0, kscale[key]);
+                        d1 = __fmul_rn(d1, kscale[key]);
+                    }
+                    d0 = d0 < 0.0f ? 0.0f : d0;
+                    d1 = d1 < 0.0f ? 0.0f : d1;
+                    float v = __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
+#pragma unroll
+                    for (int sh = 4; sh < 32; sh <<= 1)
+                        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, sh));
+                    if (g == 0)
+                        red[warp][key] = v;
+                }
+        } else {
+            red[warp][2 * lane] = 0.0f;
+            red[warp][2 * lane + 1] = 0.0f;
+        }
+        __syncthreads();
+        if (t < IST_KT && key0 + t < nk) {
+            float s = __fadd_rn(__fadd_rn(red[0][t], red[1][t]), __fadd_rn(red[2][t], red[3][t]));
+            score[(size_t)(score_off ? score_off[b] : key_off[b]) + key0 + t] = s;
+        }
+    }
+}
+
 template <int KS>
 static duet_status_t is_launch(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
                                const is_keys &ks, const int32_t *key_off, const int32_t *n_keys,
@@ -250,6 +435,23 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
     ks.base = base;
     ks.unit = unit;
     ks.idx = idx;
+    if (IS_TC && n_heads <= IST_WARPS * 16 && dim % 16 == 0 && dim <= IST_MAX_DIM && ks.g.page_bytes % 16 == 0 &&
+        ks.g.entry_data_bytes % 16 == 0 && (uintptr_t)base % 16 == 0 && n_rows > 0 && max_keys > 0) {
+        if (n_rows > 65535)
+            return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
+        /* tiles a block: about four blocks an SM in all, at most 16 tiles (1,024 keys) a block */
+        long tiles = duet_cdiv(max_keys, IST_KT), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+        long per = (tiles * n_rows + 4 * sms - 1) / (4 * sms);
+        int T = (int)(per < 1 ? 1 : per > 16 ? 16 : per);
+        dim3 grid((unsigned)duet_cdiv((int)tiles, T), (unsigned)n_rows);
+        if (ks.g.mode == 0)
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32), 0, q, w,
+                                                n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
+        else
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<2>, grid, dim3(IST_WARPS * 32), 0, q, w,
+                                                n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
+        return DUET_OK;
+    }
     if (ks.g.mode == 0)
         return is_launch<1>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
     return is_launch<2>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);

@@ -4,7 +4,8 @@
  *   keys   = keys + key_off[b]*dim (n_keys[b] keys, device arrays),
  *   score  = score + key_off[b]     (so top-k can read the same packing).
  * A tiled fp32 product (64 heads × 64 keys per block); summation order
- * differs from the CPU (checked at 1e-5). */
+ * differs from the CPU (checked at 1e-5).  The pool form below runs on
+ * tensor cores where the shape allows (index_score.cu). */
 #ifndef DUET_CUDA_INDEX_SCORE_CUH
 #define DUET_CUDA_INDEX_SCORE_CUH
 
