@@ -203,11 +203,12 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
  * index_score_tc_kernel: block (key tiles [x T, x T + T), row b), four warps; warp w owns the
  * heads [16 w, 16 w + 16) and keeps their q in its registers as the A operands of mma.sync
  * m16n8k16 bf16 for every k-step: each value split once into three bf16 parts (hi, mid, lo: its
- * 24 bits; bf16 keeps fp32's exponents, so no scaling).  Per tile of 64 keys:
- *   1. the keys' entry pointers (and fp8 scales) found once, a thread a key;
- *   2. the keys staged in shared memory as bf16, 16 bytes a thread at a time: bf16 entries as
- *      they are, e4m3 values widened to bf16 (exact: 3 mantissa bits), the fp8 scale kept apart;
- *   3. each warp multiplies its 16 heads by the 64 keys (three MMAs a k-step and 8-key tile, one
+ * 24 bits; bf16 keeps fp32's exponents, so no scaling).  The entry pointers (and fp8 scales) of
+ * all the block's keys are found at its start; then per tile of 64 keys, the next tile's bytes in
+ * flight (cp.async) meanwhile:
+ *   1. the keys staged in shared memory as bf16: bf16 entries as they are, e4m3 values widened to
+ *      bf16 by the thread that copied them (exact: 3 mantissa bits), the fp8 scale kept apart;
+ *   2. each warp multiplies its 16 heads by the 64 keys (three MMAs a k-step and 8-key tile, one
  *      a part, fp32 accumulation), then relu(q.k (x the key's scale)) x scale x w[h] summed over
  *      the warp's heads (its two rows, then across the eight lanes of a column by shuffles), and
  *      the four warps' sums in warp order.
@@ -218,6 +219,7 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
 #define IST_WARPS 4
 #define IST_STR 136 /* a staged key's stride in bf16 values: 68 words, the B loads of a warp hit 32 banks */
 #define IST_MAX_DIM 128
+#define IST_MAX_T 8 /* tiles a block at most: their keys' entries found at its start */
 /* blocks an SM the registers are held to (q's 96 words of fragments a lane) */
 #ifndef IST_MIN_BLOCKS
 #define IST_MIN_BLOCKS 3
@@ -259,6 +261,24 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
     w1 = __byte_perm(__float_as_uint(fb.x), __float_as_uint(fb.y), 0x7632);
 }
 
+/* A tile's 64 keys into shared memory, in flight (cp.async): bf16 entries straight into their
+ * staged rows, fp8 entries' e4m3 bytes into a raw buffer (widened after they land); keys past the
+ * row's count as zeros. */
+template <int KS>
+__device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
+{
+    for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
+        int kk = c / cpk, p = c - kk * cpk;
+        const uint8_t *row = krow[kk];
+        void *dst = KS == 1 ? static_cast<void *>(kb + kk * IST_STR + 8 * p) : static_cast<void *>(raw + 16 * c);
+        if (row)
+            cp_async16(dst, row + 16 * p);
+        else
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    cp_commit();
+}
+
 /* KS: 1 a bf16 index-K pool, 2 an fp8 one */
 template <int KS>
 __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
@@ -267,9 +287,12 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                           float *score)
 {
     static_assert(KS == 1 || KS == 2, "index-K pools only");
-    __shared__ __align__(16) uint16_t kb[IST_KT * IST_STR];
-    __shared__ const uint8_t *krow[IST_KT];
-    __shared__ float kscale[IST_KT];
+    /* bf16: two staged buffers (one multiplied, one landing); fp8: one, and two raw buffers */
+    constexpr int NB = KS == 1 ? 2 : 1;
+    __shared__ __align__(16) uint16_t kb[NB][IST_KT * IST_STR];
+    __shared__ __align__(16) uint8_t raw[KS == 2 ? 2 : 1][KS == 2 ? IST_KT * IST_MAX_DIM : 16];
+    __shared__ const uint8_t *krow[IST_MAX_T * IST_KT];
+    __shared__ float kscale[KS == 2 ? IST_MAX_T * IST_KT : 1];
     __shared__ float red[IST_WARPS][IST_KT];
     duet_pdl_wait();
     int b = blockIdx.y, nk = n_keys[b];
@@ -277,8 +300,25 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
     if (tile0 >= tile1)
         return;
     int t = threadIdx.x, lane = t & 31, warp = t >> 5, g = lane >> 2, tq = lane & 3;
-    int nks = dim / 16, h_lo = 16 * warp + g, h_hi = h_lo + 8;
+    int nks = dim / 16, h_lo = 16 * warp + g, h_hi = h_lo + 8, ntiles = tile1 - tile0;
     bool has = 16 * warp < n_heads;
+    /* every key's entry (and fp8 scale) of the block's tiles, found at once: their loads overlap */
+    for (int i = t; i < ntiles * IST_KT; i += IST_WARPS * 32) {
+        int key = tile0 * IST_KT + i;
+        const uint8_t *row = NULL;
+        float sc = 0.0f;
+        if (key < nk) {
+            size_t e = (size_t)key_off[b] + key;
+            const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
+            uint32_t ix = __ldg(ks.idx + e);
+            row = page + (size_t)ix * ks.g.entry_data_bytes;
+            if (KS == 2)
+                sc = index_entry_scale_word(ks.g, page, ix);
+        }
+        krow[i] = row;
+        if (KS == 2)
+            kscale[i] = sc;
+    }
     /* q of the lane's heads h_lo, h_hi as its A fragments: a0 (h_lo, dims 2tq, 2tq+1), a1 (h_hi, the
      * same), a2 (h_lo, 2tq+8, +9), a3 (h_hi, the same) of each k-step; 0 past the heads and dims */
     uint32_t qa[IST_MAX_DIM / 16][3][4];
@@ -296,40 +336,32 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
     float w_lo = h_lo < n_heads ? w[(size_t)b * n_heads + h_lo] : 0.0f;
     float w_hi = h_hi < n_heads ? w[(size_t)b * n_heads + h_hi] : 0.0f;
     const int cpk = KS == 1 ? dim / 8 : dim / 16; /* 16-byte pieces of a key's entry */
-    for (int tile = tile0; tile < tile1; tile++) {
-        int key0 = tile * IST_KT;
-        if (t < IST_KT) {
-            const uint8_t *row = NULL;
-            float sc = 0.0f;
-            if (key0 + t < nk) {
-                size_t e = (size_t)key_off[b] + key0 + t;
-                const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
-                uint32_t ix = __ldg(ks.idx + e);
-                row = page + (size_t)ix * ks.g.entry_data_bytes;
-                if (KS == 2)
-                    sc = index_entry_scale_word(ks.g, page, ix);
-            }
-            krow[t] = row;
-            kscale[t] = sc;
-        }
+    __syncthreads();
+    ist_issue<KS>(krow, cpk, kb[0], raw[0]);
+    for (int i = 0; i < ntiles; i++) {
+        int key0 = (tile0 + i) * IST_KT;
+        /* the next tile in flight while this one is multiplied; its buffer's readers (the tile
+         * before this one) passed the barrier that ended their tile */
+        if (i + 1 < ntiles)
+            ist_issue<KS>(krow + (i + 1) * IST_KT, cpk, kb[(i + 1) % NB], raw[(i + 1) & 1]);
+        else
+            cp_commit();
+        cp_wait<1>();
         __syncthreads();
-        for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
-            int kk = c / cpk, p = c - kk * cpk;
-            const uint8_t *row = krow[kk];
-            uint4 v = row ? __ldg(reinterpret_cast<const uint4 *>(row) + p) : make_uint4(0, 0, 0, 0);
-            if constexpr (KS == 1) {
-                *reinterpret_cast<uint4 *>(kb + kk * IST_STR + 8 * p) = v;
-            } else {
-                uint4 lo, hi;
+        const uint16_t *kt = kb[i % NB];
+        if constexpr (KS == 2) { /* this thread's own pieces of the tile, widened */
+            for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
+                int kk = c / cpk, p = c - kk * cpk;
+                uint4 v = *reinterpret_cast<const uint4 *>(raw[i & 1] + 16 * c), lo, hi;
                 ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
                 ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
                 ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
                 ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
-                *reinterpret_cast<uint4 *>(kb + kk * IST_STR + 16 * p) = lo;
-                *reinterpret_cast<uint4 *>(kb + kk * IST_STR + 16 * p + 8) = hi;
+                *reinterpret_cast<uint4 *>(kb[0] + kk * IST_STR + 16 * p) = lo;
+                *reinterpret_cast<uint4 *>(kb[0] + kk * IST_STR + 16 * p + 8) = hi;
             }
+            __syncthreads();
         }
-        __syncthreads();
         if (has) {
             float acc[IST_KT / 8][4];
 #pragma unroll
@@ -337,7 +369,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     acc[nt][e] = 0.0f;
-            const uint32_t *kw = reinterpret_cast<const uint32_t *>(kb) + g * (IST_STR / 2) + tq;
+            const uint32_t *kw = reinterpret_cast<const uint32_t *>(kt) + g * (IST_STR / 2) + tq;
 #pragma unroll
             for (int k = 0; k < IST_MAX_DIM / 16; k++) {
                 if (k >= nks)
@@ -352,6 +384,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                 }
             }
             /* the lane's keys 8 nt + 2 tq + j: heads h_lo then h_hi, then the warp's other rows */
+            const float *ksc = KS == 2 ? kscale + i * IST_KT : NULL;
 #pragma unroll
             for (int nt = 0; nt < IST_KT / 8; nt++)
 #pragma unroll
@@ -359,8 +392,8 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                     int key = 8 * nt + 2 * tq + j;
                     float d0 = acc[nt][j], d1 = acc[nt][2 + j];
                     if (KS == 2) {
-                        d0 = __fmul_rn(d0, kscale[key]);
-                        d1 = __fmul_rn(d1, kscale[key]);
+                        d0 = __fmul_rn(d0, ksc[key]);
+                        d1 = __fmul_rn(d1, ksc[key]);
                     }
                     d0 = d0 < 0.0f ? 0.0f : d0;
                     d1 = d1 < 0.0f ? 0.0f : d1;
@@ -381,6 +414,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
             score[(size_t)(score_off ? score_off[b] : key_off[b]) + key0 + t] = s;
         }
     }
+    cp_wait<0>();
 }
 
 template <int KS>
@@ -439,10 +473,10 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
         ks.g.entry_data_bytes % 16 == 0 && (uintptr_t)base % 16 == 0 && n_rows > 0 && max_keys > 0) {
         if (n_rows > 65535)
             return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
-        /* tiles a block: about four blocks an SM in all, at most 16 tiles (1,024 keys) a block */
+        /* tiles a block: about four blocks an SM in all, at most IST_MAX_T */
         long tiles = duet_cdiv(max_keys, IST_KT), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
         long per = (tiles * n_rows + 4 * sms - 1) / (4 * sms);
-        int T = (int)(per < 1 ? 1 : per > 16 ? 16 : per);
+        int T = (int)(per < 1 ? 1 : per > IST_MAX_T ? IST_MAX_T : per);
         dim3 grid((unsigned)duet_cdiv((int)tiles, T), (unsigned)n_rows);
         if (ks.g.mode == 0)
             DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32), 0, q, w,
