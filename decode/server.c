@@ -345,6 +345,16 @@ static int notify_dead_one(duet_dreq_t *r, void *arg)
     return 0;
 }
 
+/* A request the worker still holds when its GPU is lost (the worker is about to end): its error. */
+static int fail_held_one(duet_dreq_t *r, void *arg)
+{
+    dsrv_t *s = arg;
+    if (r->state == DUET_REQ_RESERVED || r->state == DUET_REQ_WAITING_FOR_INPUT || r->state == DUET_REQ_DECODING)
+        emit_finished(s, r, DUET__V1__FINISH_REASON__FINISH_REASON_ERROR,
+                      DUET__V1__ABORT_REASON__ABORT_REASON_UNSPECIFIED, DUET_ERR_CUDA);
+    return 0;
+}
+
 /* The data plane declared a prefill worker's endpoint failed and closed: no put
  * from it can land any more (it also refuses to reconnect to us), so every
  * request bound to it ends and its pages are released (DESIGN §3 (b)). */
@@ -536,7 +546,12 @@ static duet_status_t decode_step(dsrv_t *s, int *did_work)
             free_dd(s, batch[i]);
             duet_dreq_finish(s->tab, batch[i]->rid);
         }
-        duet_worker_exit_if_gpu_lost(&s->net, &s->eng, &err);
+        if (duet_worker_engine_gpu_lost(&s->eng)) {
+            /* nothing more will run here: every other request the worker holds ends now as well,
+             * its error queued for its router, rather than at the router's deadline */
+            duet_dreq_foreach(s->tab, fail_held_one, s);
+            duet_worker_exit_gpu_lost(&s->net, &err);
+        }
         return DUET_OK;
     }
     s->tokens_stepped += p.n;

@@ -92,6 +92,14 @@ static void push_error(psrv_t *s, preq_t *r, duet_status_t st, const char *msg)
         push_event(s, r, ev);
 }
 
+/* Every request the worker holds gets its error (the worker is about to end: its GPU is lost). */
+static void fail_held(psrv_t *s, duet_status_t st, const char *msg)
+{
+    for (preq_t *r = s->head; r; r = r->next)
+        if (r->state != PR_ABORTING)
+            push_error(s, r, st, msg);
+}
+
 static preq_t *find_req(psrv_t *s, const char *rid, uint64_t epoch)
 {
     for (preq_t *r = s->head; r; r = r->next)
@@ -657,7 +665,8 @@ static void prefill_step(psrv_t *s)
                 duet_error("prefill step failed (%s), and its copies to the host pools may still land (%s): "
                            "the worker stops without giving their pages back",
                            duet_err_text(&err), duet_err_text(&e2));
-                _exit(EXIT_FAILURE);
+                fail_held(s, st, err.msg);
+                duet_worker_exit_gpu_lost(&s->net, &e2);
             }
         }
     }
@@ -665,11 +674,16 @@ static void prefill_step(psrv_t *s)
         owners[i]->in_step = 0;
     if (st != DUET_OK) {
         duet_error("prefill step failed: %s", duet_err_text(&err));
+        if (duet_worker_engine_gpu_lost(&s->eng)) {
+            /* nothing more will run here: every request the worker holds ends now, not at its
+             * router's deadline; no page is given back (a copy may still land in it) */
+            fail_held(s, st, err.msg);
+            duet_worker_exit_gpu_lost(&s->net, &err);
+        }
         for (uint32_t i = 0; i < n; i++) {
             push_error(s, owners[i], st, err.msg);
             stop_request(s, owners[i]);
         }
-        duet_worker_exit_if_gpu_lost(&s->net, &s->eng, &err);
         return;
     }
     for (uint32_t i = 0; i < n; i++) {

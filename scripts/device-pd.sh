@@ -30,8 +30,9 @@
 #
 #   - pdtest `hicache`: the prefix cache on the GPU (device and host tiers, two write
 #     policies), every output equal to `duet-generate --device cuda`.
-#   - pdtest `gpu-stuck`: a decode worker whose GPU is held past the step deadline
-#     (DUET_TEST_GPU_HOLD) ends its requests and itself; the other workers go on.
+#   - pdtest `gpu-stuck` and `gpu-stuck-prefill`: a decode (prefill) worker whose GPU is held
+#     past the step deadline (DUET_TEST_GPU_HOLD) ends its requests and itself; the other workers
+#     go on, and decode holds no page of the stuck prefill's requests.
 # Options: --prepare, --no-slice, --quick (exact with 4 prompts, no abort-storm),
 # --rate-only (staging and decode-rate only), --hicache-only (the hicache scenario only).
 # Exit status 0 when every check passed.
@@ -153,6 +154,7 @@ else
     [ "$quick" = 1 ] || pd abort-storm 150 "$FIX/tiny-bf16" abort-storm --kv fp8 --ik fp8
     [ "$quick" = 1 ] || pd hicache 150 "$FIX/tiny-bf16" hicache --kv fp8 --ik fp8
     [ "$quick" = 1 ] || pd gpu-stuck 120 "$FIX/tiny-bf16" gpu-stuck --kv fp8 --ik fp8
+    [ "$quick" = 1 ] || pd gpu-stuck-prefill 120 "$FIX/tiny-bf16" gpu-stuck-prefill --kv fp8 --ik fp8
   fi
   pd rate-tiny 90 "$FIX/tiny-bf16" decode-rate --kv fp8 --ik fp8 --rate-requests 32 --rate-prompt 128 --rate-tokens 128
 fi

@@ -17,6 +17,12 @@ static duet_status_t gpu_open(duet_worker_engine_t *e, duet_err_t *err)
 {
     duet_tp_cuda_t *t = NULL;
     uint64_t t0 = duet_time_ns();
+    /* every kernel loaded when CUDA starts, not at its first launch: loading one can wait for the
+     * device to go idle, which a stuck device never does, and that wait has no deadline (seen on
+     * the H200: a prefill worker's first forward queued behind a held device blocked in its launches
+     * until the device came back, past the step deadline).  A first use late in a worker's life
+     * would also stall that step.  Unless the operator chose otherwise. */
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     duet_status_t st = duet_tp_cuda_open(e->model, e->cache, e->device, e->tp, &t, err);
     if (st != DUET_OK)
         return st;

@@ -216,13 +216,8 @@ int duet_worker_net_flush(duet_worker_net_t *n, uint64_t deadline_ns)
     return left;
 }
 
-void duet_worker_exit_if_gpu_lost(duet_worker_net_t *n, const duet_worker_engine_t *e, const duet_err_t *why)
+void duet_worker_exit_gpu_lost(duet_worker_net_t *n, const duet_err_t *why)
 {
-    if (!duet_worker_engine_gpu_lost(e))
-        return;
-    /* a stuck device or a broken GPU group runs nothing more: rather than fail every later request,
-     * the worker ends, once the routers have the errors of the requests it held (an event still
-     * queued would die with the process, and its request wait for the router's deadline) */
     duet_error("the GPU can run nothing more (%s): the worker stops", duet_err_text(why));
     duet_worker_net_flush(n, duet_deadline_after_ms(DUET_WORKER_EXIT_FLUSH_MS));
     _exit(EXIT_FAILURE);

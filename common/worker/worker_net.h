@@ -81,15 +81,14 @@ void duet_worker_net_push_to(duet_worker_net_t *n, int sink, duet_envelope_t *ev
  * reach their routers: the number of sinks that still hold some (each
  * logged), 0 when all went out. */
 int duet_worker_net_flush(duet_worker_net_t *n, uint64_t deadline_ns);
-/* The servers' policy after a failed step, once its requests have their
- * errors: when the GPUs are lost (duet_worker_engine_gpu_lost), log why
- * (`why`, the step's error), give the queued events (those errors among
- * them) up to DUET_WORKER_EXIT_FLUSH_MS to reach the routers, and end the
- * process (_exit: nothing torn down, no page given back, nothing that waits
- * on the device; its supervisor restarts it, and to the routers and the
- * other workers it is a worker gone).  Returns when the GPUs are not lost. */
+/* The servers' end when their GPUs are lost (duet_worker_engine_gpu_lost), once every request
+ * they hold has its error queued: log why (`why`, the step's error), give the queued events up to
+ * DUET_WORKER_EXIT_FLUSH_MS to reach the routers (an event still queued would die with the
+ * process, and its request wait for the router's deadline), and end the process (_exit: nothing
+ * torn down, no page given back, nothing that waits on the device; its supervisor restarts it, and
+ * to the routers and the other workers it is a worker gone).  Does not return. */
 #define DUET_WORKER_EXIT_FLUSH_MS 2000
-void duet_worker_exit_if_gpu_lost(duet_worker_net_t *n, const duet_worker_engine_t *e, const duet_err_t *why);
+void duet_worker_exit_gpu_lost(duet_worker_net_t *n, const duet_err_t *why) __attribute__((noreturn));
 /* The same for --events. */
 void duet_worker_net_push(duet_worker_net_t *n, duet_envelope_t *ev);
 /* Queue a copy of an event (Heartbeat) for every pusher in the table and

@@ -9,9 +9,8 @@ duet-driver playing the router, duet-generate as the single-process oracle.
 
 Scenarios: exact, abort-storm, mass-abort, kill-prefill, kill-decode,
 wait-deadline, two-by-two, bad-input, hicache, decode-rate, device-flag, gpu-stuck
-(the GPU only).  Each prints what it
-checked and ends with "N passed, N failed"; the exit status is non-zero on any
-failure.  Standard library only.
+and gpu-stuck-prefill (the GPU only).  Each prints what it checked and ends with
+"N passed, N failed"; the exit status is non-zero on any failure.  Standard library only.
 """
 import argparse
 import concurrent.futures
@@ -33,7 +32,7 @@ class Cluster:
     """Prefill and decode workers in a temporary directory; always cleaned up."""
 
     def __init__(self, build, model, kv="fp8", ik="fp8", n_prefill=1, n_decode=1, pages=256, slots=64,
-                 extra_decode=(), extra_prefill=(), decode_env=None):
+                 extra_decode=(), extra_prefill=(), decode_env=None, prefill_env=None):
         self.build, self.model = build, model
         self.dir = tempfile.mkdtemp(prefix="duet-pd-")
         print(f"     cluster logs in {self.dir}", flush=True)
@@ -48,7 +47,8 @@ class Cluster:
         self.decode = [f"ipc://{self.dir}/d{i}.sock" for i in range(n_decode)]
         for i, url in enumerate(self.prefill):
             self.start(f"p{i}", [f"{build}/prefill/duet-prefill", "--listen", url, "--id", f"p{i}"]
-                       + [c for c in common if c != "--verify-checksums"] + list(extra_prefill))
+                       + [c for c in common if c != "--verify-checksums"] + list(extra_prefill),
+                       env=(prefill_env or {}).get(i))
         for i, url in enumerate(self.decode):
             self.start(f"d{i}", [f"{build}/decode/duet-decode", "--listen", url, "--id", f"d{i}"] + common
                        + list(extra_decode), env=(decode_env or {}).get(i))
@@ -468,6 +468,41 @@ def sc_gpu_stuck(a, rep):
         c.stop()
 
 
+def sc_gpu_stuck_prefill(a, rep):
+    """GPU only: prefill worker p0's first forward finds its GPU held busy 4 s under a 1.5 s step deadline,
+    with its requests' pages reserved on decode.  The requests end with errors, p0 exits by itself, decode
+    gives every page of those requests back (none is reused while a put from p0 might land: the abort
+    protocol's dead-prefill exit), and the other prefill worker serves on, exactly."""
+    if DEVICE == "cpu":
+        rep.check(True, "gpu-stuck-prefill: the CPU backend has no device to hold (skipped)")
+        return
+    hold = {"DUET_TEST_GPU_HOLD": "1:4000", "DUET_TP_STEP_TIMEOUT_MS": "1500"}
+    c = Cluster(a.build, a.model, a.kv, a.ik, n_prefill=2, prefill_env={0: hold})
+    try:
+        reqs = make_requests(3, a.seed, lengths=[700], max_tokens=16, prefix="q")
+        t0 = time.time()
+        res, err = c.run(reqs, concurrency=3, prefill=[c.prefill[0]], timeout_ms=20000)
+        took = time.time() - t0
+        st = sorted(r["status"] for r in res.values())
+        rep.check(len(res) == len(reqs) and set(st) <= {"error", "aborted"} and took < 10,
+                  f"the stuck prefill worker's requests ended ({st}) in {took:.1f} s (bound 10 s)")
+        p = c.procs["p0"]
+        try:
+            rc = p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            rc = None
+        log = c.log("p0")
+        rep.check(rc not in (None, 0) and "the GPU can run nothing more" in log,
+                  f"the prefill worker with the stuck GPU ended by itself (exit status {rc}), saying why")
+        ok, stt = c.wait_clean(c.decode[0], timeout=30)
+        rep.check(ok, "decode gave back every page of the stuck prefill's requests (free, nothing quarantined)")
+        more = make_requests(4, a.seed + 7, lengths=[30, 300], max_tokens=8, prefix="h")
+        res, err = c.run(more, concurrency=4, prefill=[c.prefill[1]])
+        compare_all(rep, a, more, res, "decode and the other prefill worker keep serving")
+    finally:
+        c.stop()
+
+
 def sc_two_by_two(a, rep):
     reqs = make_requests(16, a.seed, lengths=[3, 64, 300, 900], max_tokens=10, prefix="t")
     c = Cluster(a.build, a.model, a.kv, a.ik, n_prefill=2, n_decode=2)
@@ -609,7 +644,8 @@ def main():
     fn = {"exact": sc_exact, "abort-storm": sc_abort_storm, "mass-abort": sc_mass_abort,
           "kill-prefill": sc_kill_prefill, "kill-decode": sc_kill_decode, "wait-deadline": sc_wait_deadline,
           "two-by-two": sc_two_by_two, "bad-input": sc_bad_input, "hicache": sc_hicache,
-          "decode-rate": sc_decode_rate, "device-flag": sc_device_flag, "gpu-stuck": sc_gpu_stuck}[a.scenario]
+          "decode-rate": sc_decode_rate, "device-flag": sc_device_flag, "gpu-stuck": sc_gpu_stuck,
+          "gpu-stuck-prefill": sc_gpu_stuck_prefill}[a.scenario]
     fn(a, rep)
     sys.exit(rep.done())
 
