@@ -20,9 +20,11 @@
  * "cached_tokens" (decode's RequestFinished: prompt tokens prefill served from
  * its prefix cache)}. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "alloc.h"
 #include "ctl.h"
@@ -69,6 +71,76 @@ typedef struct {
     uint32_t abort_all_after_ms; /* mass abort: abort every running request at this time */
     const char *abort_prefix;    /* ... whose rid starts with this */
 } drv_t;
+
+/* The events, pulled on a thread of their own as the router does: a call that waits on a worker
+ * (its step running, or the worker ending) must not keep the other workers' events from being
+ * taken (a worker that ends gives its queued events a bounded time to be taken, then drops them). */
+typedef struct ev_node {
+    duet_envelope_t *ev;
+    struct ev_node *next;
+} ev_node_t;
+typedef struct {
+    duet_ctl_puller_t *puller;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ev_node_t *head, *tail;
+    int stop;
+} evq_t;
+
+static void *evq_main(void *arg)
+{
+    evq_t *q = arg;
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        int stop = q->stop;
+        pthread_mutex_unlock(&q->mu);
+        if (stop)
+            return NULL;
+        duet_envelope_t *ev = NULL;
+        duet_err_t err = {0};
+        if (duet_ctl_puller_recv(q->puller, duet_deadline_after_ms(50), &ev, &err) != DUET_OK)
+            continue;
+        ev_node_t *n = malloc(sizeof *n);
+        if (!n) {
+            fprintf(stderr, "duet-driver: out of memory: an event dropped\n");
+            duet_envelope_free(&ev);
+            continue;
+        }
+        n->ev = ev;
+        n->next = NULL;
+        pthread_mutex_lock(&q->mu);
+        if (q->tail)
+            q->tail->next = n;
+        else
+            q->head = n;
+        q->tail = n;
+        pthread_cond_signal(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+    }
+}
+
+/* The next event, waiting up to `ms`; NULL when none came. */
+static duet_envelope_t *evq_pop(evq_t *q, uint32_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&q->mu);
+    while (!q->head && pthread_cond_timedwait(&q->cv, &q->mu, &ts) == 0)
+        ;
+    ev_node_t *n = q->head;
+    if (n) {
+        q->head = n->next;
+        if (!q->head)
+            q->tail = NULL;
+    }
+    pthread_mutex_unlock(&q->mu);
+    duet_envelope_t *ev = n ? n->ev : NULL;
+    free(n);
+    return ev;
+}
 
 static uint64_t rng_state = 88172645463325252ull;
 static uint64_t rng(void)
@@ -366,6 +438,15 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "duet-driver: %s\n", duet_err_text(&err));
         return 1;
     }
+    evq_t Q = {.puller = D.events};
+    pthread_t evt;
+    pthread_mutex_init(&Q.mu, NULL);
+    pthread_cond_init(&Q.cv, NULL);
+    if (pthread_create(&evt, NULL, evq_main, &Q) != 0) {
+        fprintf(stderr, "duet-driver: cannot start the events thread\n");
+        duet_ctl_puller_destroy(&D.events);
+        return 1;
+    }
     size_t next = 0, done = 0;
     uint64_t end = duet_deadline_after_ms(timeout_ms);
     uint64_t mass_at = D.abort_all_after_ms ? duet_deadline_after_ms(D.abort_all_after_ms) : 0;
@@ -378,8 +459,8 @@ static int cmd_run(int argc, char **argv)
             next++;
             running++;
         }
-        duet_envelope_t *ev = NULL;
-        if (duet_ctl_puller_recv(D.events, duet_deadline_after_ms(20), &ev, &err) == DUET_OK) {
+        duet_envelope_t *ev = evq_pop(&Q, 20);
+        if (ev) {
             on_event(&D, ev);
             duet_envelope_free(&ev);
         }
@@ -407,6 +488,14 @@ static int cmd_run(int argc, char **argv)
             done += r->phase == RQ_DONE;
         }
     }
+    pthread_mutex_lock(&Q.mu);
+    Q.stop = 1;
+    pthread_mutex_unlock(&Q.mu);
+    pthread_join(evt, NULL);
+    for (duet_envelope_t *ev; (ev = evq_pop(&Q, 0));)
+        duet_envelope_free(&ev);
+    pthread_mutex_destroy(&Q.mu);
+    pthread_cond_destroy(&Q.cv);
     FILE *f = fopen(outp, "w");
     int failures = 0;
     for (size_t i = 0; i < D.n_rq; i++) {
