@@ -34,7 +34,9 @@
 #     past the step deadline (DUET_TEST_GPU_HOLD) ends its requests and itself; the other workers
 #     go on, and decode holds no page of the stuck prefill's requests.
 # Options: --prepare, --no-slice, --quick (exact with 4 prompts, no abort-storm),
-# --rate-only (staging and decode-rate only), --hicache-only (the hicache scenario only).
+# --rate-only (staging and decode-rate only), --hicache-only (the hicache scenario only),
+# --only LABEL,.. (those runs only, by the labels of the summary: exact-fp8, gpu-stuck-prefill,
+# staging-tiny-fp8, rate-tiny, ...).
 # Exit status 0 when every check passed.
 set -uo pipefail
 
@@ -46,7 +48,7 @@ FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 BINS="prefill/duet-prefill decode/duet-decode tools/duet-driver tools/duet-generate tools/duet-mkmodel tools/duet-check-forward"
 # The binaries may also travel as scripts/device-agents.sh's tarball (copied there instead of the six files).
 [ -f "$BUILD/device-agents.tgz" ] && [ ! -x "$BUILD/prefill/duet-prefill" ] && tar -xzf "$BUILD/device-agents.tgz" -C "$BUILD"
-slice=1 quick=0 checks=1 hicache_only=0
+slice=1 quick=0 checks=1 hicache_only=0 only=""
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,7 +61,8 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --rate-only) checks=0 ;;
     --hicache-only) hicache_only=1 slice=0 ;;
-    *) echo "usage: scripts/device-pd.sh [--prepare] [--no-slice] [--quick] [--rate-only] [--hicache-only]" >&2; exit 2 ;;
+    --only) only="$2" slice=0; shift ;;
+    *) echo "usage: scripts/device-pd.sh [--prepare] [--no-slice] [--quick] [--rate-only] [--hicache-only] [--only LABEL,..]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -98,6 +101,7 @@ export PYTHONUNBUFFERED=1 UCX_TLS="${UCX_TLS:-tcp,self}"
 # staging copies: name, model, kv, index-k
 staging() {
   local name="$1" model="$2" kv="$3" ik="$4" out="$RES/staging-$1.txt"
+  case ",${only:-staging-$name}," in *",staging-$name,"*) ;; *) return ;; esac
   say "== staging $name"
   timeout 120 "$BIN/duet-check-forward" --model "$model" --staging 2000 --kv-dtype "$kv" --index-k-dtype "$ik" \
     >"$out" 2>>"$LOG"
@@ -113,6 +117,7 @@ staging() {
 pd() {
   local label="$1" limit="$2" model="$3"; shift 3
   local out="$RES/pd-$label.txt"
+  case ",${only:-$label}," in *",$label,"*) ;; *) return ;; esac
   if [ $((SECONDS - T0 + limit)) -gt 470 ]; then
     row "pd $label" "skipped: $((SECONDS - T0)) s spent, it may take $limit s"
     return

@@ -517,7 +517,27 @@ struct duet_ctl_client {
     pthread_mutex_t mu;   /* guards the context pool */
     nng_ctx *pool;
     int n_pool, cap_pool;
+    atomic_int n_pipes; /* connections to the server now (0 or 1 with one dialer) */
+    atomic_int was_up;  /* a connection was up once: the server was there */
 };
+
+/* The client's connections, counted from NNG's pipe events: a call while the server's
+ * connection is gone (it closed, its process ended) fails at once with PEER, as a call whose
+ * connection breaks under it does, rather than waiting for its deadline on a send that has no
+ * pipe to go to (a router's Abort to a worker that ended held its call thread the full deadline).
+ * The dialer keeps redialling; a server back on the address takes calls again. */
+#define CTL_SEND_SLICE_MS 50
+static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe;
+    duet_ctl_client_t *c = arg;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_fetch_add(&c->n_pipes, 1);
+        atomic_store(&c->was_up, 1);
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        atomic_fetch_sub(&c->n_pipes, 1);
+    }
+}
 
 static int client_ctx_get(duet_ctl_client_t *c, nng_ctx *ctx)
 {
@@ -570,7 +590,9 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
      * reply was slow.  With resending off, NNG fails a request whose
      * connection breaks with NNG_ECONNRESET instead of requeueing it. */
     if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
-        (rv = set_recv_limit(c->sock, &c->c.lim)) || (rv = set_reconnect(c->sock, o))) {
+        (rv = set_recv_limit(c->sock, &c->c.lim)) || (rv = set_reconnect(c->sock, o)) ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, client_pipe_event, c)) ||
+        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, client_pipe_event, c))) {
         st = nng_fail(err, rv, c->c.url, "cannot set up the req socket");
         goto err_close;
     }
@@ -601,6 +623,10 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         nng_msg_free(m);
         return duet_err_set(err, DUET_ERR_TIMEOUT, "%s: deadline passed before the call", c->c.url);
     }
+    if (atomic_load(&c->was_up) && atomic_load(&c->n_pipes) <= 0) {
+        nng_msg_free(m);
+        return duet_err_set(err, DUET_ERR_PEER, "%s: the connection to the server closed and is not back", c->c.url);
+    }
     if ((rv = nng_aio_alloc(&aio, NULL, NULL))) {
         nng_msg_free(m);
         return nng_fail(err, rv, c->c.url, "cannot allocate an aio");
@@ -611,7 +637,21 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         goto err_aio;
     }
     nng_aio_set_msg(aio, m);
-    if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_send, &ctx))) {
+    /* the send in slices: a send waiting for a connection that closed meanwhile gives up (a timed
+     * out send hands its message back and leaves the context ready for the next one) */
+    for (;;) {
+        nng_duration left = ms_until(deadline_ns);
+        rv = aio_run(aio, left < CTL_SEND_SLICE_MS ? left : CTL_SEND_SLICE_MS, start_ctx_send, &ctx);
+        if (rv != NNG_ETIMEDOUT || left <= CTL_SEND_SLICE_MS)
+            break;
+        if (atomic_load(&c->was_up) && atomic_load(&c->n_pipes) <= 0) {
+            nng_msg_free(nng_aio_get_msg(aio));
+            st =
+                duet_err_set(err, DUET_ERR_PEER, "%s: request not sent: the connection to the server closed", c->c.url);
+            goto err_ctx;
+        }
+    }
+    if (rv) {
         nng_msg_free(nng_aio_get_msg(aio));
         st = nng_fail(err, rv, c->c.url, "request not sent");
         goto err_ctx;

@@ -421,7 +421,9 @@ static void kill_child(pid_t pid)
     assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 }
 
-/* kill -9 of the server between calls: the next call fails typed within its deadline. */
+/* kill -9 of the server between calls: the next calls fail with PEER at once, not at their
+ * deadline (the connection is gone: nothing to send on), and the client takes calls again when
+ * a server is back on the address. */
 static void test_killed_server(void **state)
 {
     (void)state;
@@ -436,11 +438,12 @@ static void test_killed_server(void **state)
     duet_err_t err = {0};
     for (int i = 0; i < 3; i++) {
         uint64_t t0 = duet_time_ns();
-        duet_status_t st = duet_ctl_client_call(c, req, duet_deadline_after_ms(300), &rep, &err);
+        duet_status_t st = duet_ctl_client_call(c, req, duet_deadline_after_ms(5000), &rep, &err);
         uint64_t took = elapsed_ms(t0);
-        if (st != DUET_ERR_TIMEOUT && st != DUET_ERR_PEER)
+        if (st != DUET_ERR_PEER)
             fail_msg("call %d after kill: %s", i, duet_err_text(&err));
-        assert_true(took <= 300 + SLACK_MS);
+        if (took > SLACK_MS)
+            fail_msg("call %d after kill took %llu ms (deadline 5000 ms)", i, (unsigned long long)took);
         assert_null(rep);
     }
 
