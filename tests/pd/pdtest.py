@@ -434,6 +434,15 @@ def sc_wait_deadline(a, rep):
         c.stop()
 
 
+def ended_alone(c, name, timeout=15):
+    """Waits (bounded) for worker `name` to end by itself: its exit status (None if it has not) and its log."""
+    try:
+        rc = c.procs[name].wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = None
+    return rc, c.log(name)
+
+
 def sc_gpu_stuck(a, rep):
     """GPU only: decode worker d0's third forward finds its GPU held busy 4 s (DUET_TEST_GPU_HOLD) under a
     1.5 s step deadline.  Its wait must time out, its requests end, and the worker exit by itself (its
@@ -454,12 +463,7 @@ def sc_gpu_stuck(a, rep):
         # event lost with the process would leave its request to the router's deadline (20 s)
         rep.check(len(res) == len(reqs) and all(x == "error" for x in st) and took < 10,
                   f"the stuck worker's requests ended with errors ({st}) in {took:.1f} s (bound 10 s)")
-        p = c.procs["d0"]
-        try:
-            rc = p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            rc = None
-        log = c.log("d0")
+        rc, log = ended_alone(c, "d0")
         rep.check(rc not in (None, 0) and "has not finished its queued work within 1500 ms" in log
                   and "the GPU can run nothing more" in log,
                   f"the worker with the stuck GPU ended by itself (exit status {rc}), saying why")
@@ -486,12 +490,7 @@ def sc_gpu_stuck_prefill(a, rep):
         st = sorted(r["status"] for r in res.values())
         rep.check(len(res) == len(reqs) and set(st) <= {"error", "aborted"} and took < 10,
                   f"the stuck prefill worker's requests ended ({st}) in {took:.1f} s (bound 10 s)")
-        p = c.procs["p0"]
-        try:
-            rc = p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            rc = None
-        log = c.log("p0")
+        rc, log = ended_alone(c, "p0")
         rep.check(rc not in (None, 0) and "the GPU can run nothing more" in log,
                   f"the prefill worker with the stuck GPU ended by itself (exit status {rc}), saying why")
         ok, stt = c.wait_clean(c.decode[0], timeout=30)
