@@ -20,8 +20,8 @@
 #     batch-invariance check (alone vs batched, chunked vs single-shot);
 #   - tiny-bf16 with fp8 KV and fp8 index-K; tiny-fp8-fp4 with bf16 and fp8 caches;
 #   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1,
-#     32 and 128 with a 4k context, and prefill and decode at batch 1 and 32
-#     with a 32k context, each against its roofline;
+#     32 and 128 with a 4k context, and prefill and decode at those batches
+#     (--batches) with a 32k context, each against its roofline;
 #   - with --ops-bench, duet-check-ops --bench for the matmul, MoE and weight-read groups
 #     (--ops-bench-ops LIST: those groups instead, e.g. 'index_score').
 # Prints one table at the end; full logs go to $OUT (elsewhere
@@ -187,7 +187,7 @@ if [ -n "$slice_pid" ]; then
   slice_bench bench-slice.txt "slice bench" '^ceilings\|^bench' 240 -- --ctx 4096 --batches "$batches"
   if [ "$long_ctx" -gt 0 ]; then
     slice_bench bench-slice-long.txt "slice bench, context $long_ctx" '^ceilings\|^bench' 300 -- \
-      --ctx "$long_ctx" --batches 1,32
+      --ctx "$long_ctx" --batches "$batches"
   fi
   if [ "$phases" = 1 ]; then
     slice_bench bench-slice-phases.txt "slice bench by phase, with an event at each phase" '^bench\|^phases' 240 -- \
