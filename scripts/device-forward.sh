@@ -121,7 +121,7 @@ fi
 fail=0
 if [ "$ops" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
   say "== operation checks"
-  timeout 150 "$BIN/duet-check-ops" >"$RES/check-ops.txt" 2>>"$LOG"
+  timeout 300 "$BIN/duet-check-ops" >"$RES/check-ops.txt" 2>>"$LOG"  # about 130 s; 150 cut a slower host short
   rc=$?
   p=$(grep -c ' ok ' "$RES/check-ops.txt" || true); f=$(grep -c ' FAIL' "$RES/check-ops.txt" || true)
   echo "operation checks: $p passed, $f failed (exit $rc)" | tee -a "$LOG" "$SUM"

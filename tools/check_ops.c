@@ -724,6 +724,30 @@ out:
     weight_free(ck, &W);
 }
 
+static size_t bytes_differ(const void *a, const void *b, size_t n)
+{
+    const uint8_t *x = a, *y = b;
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += x[i] != y[i];
+    return d;
+}
+
+typedef struct {
+    const duet_weight_t *w;
+    int rb, re, n;
+    const float *dx;
+    float *dy;
+    int decode; /* 1: the decode kernel (duet_cuda_matmul_gemv_tc), 0: the engine's entry */
+} inv_arg_t;
+
+static duet_status_t inv_call(ck_t *ck, void *p)
+{
+    inv_arg_t *a = p;
+    return a->decode ? duet_cuda_matmul_gemv_tc(ck->c, a->w, a->rb, a->re, a->dx, a->n, a->dy)
+                     : duet_cuda_matmul_invariant(ck->c, a->w, a->rb, a->re, a->dx, a->n, a->dy);
+}
+
 /* A weight in a tiled layout (duet_cuda_weight_tile: fp4, bf16) against the same weight untiled:
  * duet_cuda_matmul (the engine's entry, batch-invariant) must give the same bytes for n
  * tokens over rows [rb, re); the entry points that do not read the layout refuse it. */
@@ -768,6 +792,18 @@ static void case_matmul_tiled(ck_t *ck, duet_dtype_t wdt, int rows, int cols, in
         row.pass = 0;
         snprintf(row.note, sizeof row.note, "an entry point without the tiled layout took the weight");
     }
+    /* bf16 from 128 tokens (the head at prefill and batch 128 sizes): the engine's entry takes the
+     * 64-token tiles on sm_90; timed against the tiled decode kernel */
+    if (wdt == DUET_DT_BF16 && n >= 128 && row.pass) {
+        inv_arg_t e = {&T.dw, rb, re, n, dx, dt, 0}, d = {&T.dw, rb, re, n, dx, dt, 1};
+        double bytes = (double)W.data_bytes * m / rows + 4.0 * n * cols + 4.0 * n * m, flops = 2.0 * n * m * cols;
+        bench_row(ck, &row, inv_call, &e, bytes, flops, BOUND_BF16);
+        if (ck->bench && row.us > 0) {
+            double td = time_op(ck, inv_call, &d);
+            snprintf(row.note + strlen(row.note), sizeof row.note - strlen(row.note), "%sdecode kernel %.1f us (%.2fx)",
+                     row.note[0] ? "; " : "", td, td / row.us);
+        }
+    }
     print_row(ck, &row);
     duet_cuda_free(ck->c, T.d_data);
     duet_cuda_free(ck->c, T.d_scale);
@@ -778,30 +814,6 @@ static void case_matmul_tiled(ck_t *ck, duet_dtype_t wdt, int rows, int cols, in
     free(x);
     free(y);
     free(yt);
-}
-
-static size_t bytes_differ(const void *a, const void *b, size_t n)
-{
-    const uint8_t *x = a, *y = b;
-    size_t d = 0;
-    for (size_t i = 0; i < n; i++)
-        d += x[i] != y[i];
-    return d;
-}
-
-typedef struct {
-    const duet_weight_t *w;
-    int rb, re, n;
-    const float *dx;
-    float *dy;
-    int decode; /* 1: the decode kernel (duet_cuda_matmul_gemv_tc), 0: the engine's entry */
-} inv_arg_t;
-
-static duet_status_t inv_call(ck_t *ck, void *p)
-{
-    inv_arg_t *a = p;
-    return a->decode ? duet_cuda_matmul_gemv_tc(ck->c, a->w, a->rb, a->re, a->dx, a->n, a->dy)
-                     : duet_cuda_matmul_invariant(ck->c, a->w, a->rb, a->re, a->dx, a->n, a->dy);
 }
 
 /* The batch-invariant entry at prefill sizes (fp8 weights there take 64-token tiles on sm_90)
@@ -930,6 +942,11 @@ static void group_matmul(ck_t *ck)
         case_matmul_tiled(ck, DUET_DT_BF16, 4096, 4096, 0, 4096, tiled_n[i]);
     case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4224, 32, 1000, 13); /* 33 units, split along the columns */
     case_matmul_tiled(ck, DUET_DT_BF16, 129280 / 8, 4096, 0, 129280 / 8, 128); /* a slice of the head, four tiles */
+    /* from 128 tokens on sm_90 the 64-token tiles: a partial token tile, rows past the range's end
+     * inside a tile, 33 units; a row range off the 64-row grid (the decode kernel again) */
+    case_matmul_tiled(ck, DUET_DT_BF16, 129280 / 8, 4096, 0, 129280 / 8, 300);
+    case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4224, 64, 1000, 130);
+    case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4096, 32, 1024, 200);
     /* fp8 at prefill sizes through the batch-invariant entry: the decode kernel's bits */
     case_matmul_wide(ck, 4096, 4096, 0, 4096, 300);
     case_matmul_wide(ck, 4096, 4096, 0, 4096, 4096);

@@ -2271,9 +2271,16 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
  * tile prefix sums).  Warp w takes rows 16 w .. 16 w + 15; fp4's 32-row weight tiles are two
  * warps' rows each.  sm_90 only (0: never; build settings, for timing variants).
  *
- * The split x: [unit][run][position][16 bytes], a run a (k-step, part, k half) (32 a unit), so
- * that a tile of any 64 consecutive positions is 1 KB a run; npad positions (64 past the last,
- * so that a tile's reads stay inside).  Scales [unit][position]. */
+ * bf16 weights in the tiled layout (the output head) from TC_WIDE_BF16_MIN_N tokens: a block of
+ * TC_WIDE_BF16_WGS warpgroups, x in the decode kernel's three bf16 parts (bf16_split over
+ * tc_xcol's quads, the columns the tiled records' k-slots hold), each unit's 8 k-steps, hi, mid
+ * then lo, into a fresh partial, added to the chunk's sum; the token tile is the block's fastest
+ * index, so that a row block's tiles run together and read its weights from DRAM once.
+ *
+ * The split x: [unit][run][position][16 bytes], a run a (k-step, part, k half) (32 a unit; 48
+ * with bf16's three parts), so that a tile of any 64 consecutive positions is 1 KB a run; npad
+ * positions (64 past the last, so that a tile's reads stay inside).  Scales [unit][position]
+ * (fp8, fp4; bf16 has none). */
 /* From 32 tokens (half-empty tiles, the whole split x image read a unit and block) a decode step
  * at batch 32 measured 9% slower on the H200 (docs/PERF.md, "Every wait with a deadline"). */
 #ifndef TC_WIDE_MIN_N
@@ -2283,6 +2290,12 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
  * 1024-token prefill 29.2 against 33.7 ms), at 48 these (2048 tokens: 52.7 against 55.0 ms) */
 #ifndef TC_WIDE_GROUP_MIN_AVG
 #define TC_WIDE_GROUP_MIN_AVG 48
+#endif
+#ifndef TC_WIDE_BF16_MIN_N
+#define TC_WIDE_BF16_MIN_N 128
+#endif
+#ifndef TC_WIDE_BF16_WGS
+#define TC_WIDE_BF16_WGS 2
 #endif
 /* Warpgroups a block (each 64 rows of its own, all on the one B image: the image's bytes from L2
  * over a block's rows) and units in shared memory (those after the one computed in flight), for
@@ -2303,30 +2316,36 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
 #endif
 #define WIDE_TOK DUET_CUDA_MOE_WG_TILE /* tokens a tile */
 #define WIDE_WG_ROWS 64                /* rows a warpgroup: four warps of 16 */
-#define WIDE_RUNS 32                   /* runs a unit: [k-step 8][part 2][k half 2] */
 #define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a tile's run: 64 tokens' 8 k-slots */
-#define WIDE_B_UNIT (WIDE_RUNS * WIDE_B_HALF)
-#define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the kernel's form (three) */
+#define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the kernel's form (four) */
+/* x's parts (fp16 hi, lo; bf16 hi, mid, lo), runs a unit ([k-step 8][part][k half 2]), a unit's bytes */
+template <int WT> __host__ __device__ constexpr int wide_parts() { return WT == WT_BF16 ? 3 : 2; }
+template <int WT> __host__ __device__ constexpr int wide_runs() { return 8 * wide_parts<WT>() * 2; }
+template <int WT> __host__ __device__ constexpr int wide_b_unit() { return wide_runs<WT>() * WIDE_B_HALF; }
 static_assert(TC_WIDE_WGS >= 1 && TC_WIDE_WGS <= 4 && TC_WIDE_GROUP_WGS >= 1 && TC_WIDE_GROUP_WGS <= 4 &&
-                  TC_WIDE_STAGES >= 2 && TC_WIDE_GROUP_STAGES >= 2,
+                  TC_WIDE_BF16_WGS >= 1 && TC_WIDE_BF16_WGS <= 4 && TC_WIDE_STAGES >= 2 &&
+                  TC_WIDE_GROUP_STAGES >= 2,
               "one to four warpgroups, two stages or more");
 /* a launch's form: warpgroups and stages */
-template <bool GROUPED> struct wide_form {
-    static constexpr int WGS = GROUPED ? TC_WIDE_GROUP_WGS : TC_WIDE_WGS;
+template <bool GROUPED, int WT = WT_F8> struct wide_form {
+    static constexpr int WGS = GROUPED ? TC_WIDE_GROUP_WGS : WT == WT_BF16 ? TC_WIDE_BF16_WGS : TC_WIDE_WGS;
     static constexpr int STAGES = GROUPED ? TC_WIDE_GROUP_STAGES : TC_WIDE_STAGES;
     static constexpr int ROWS = WGS * WIDE_WG_ROWS, THREADS = WGS * 128;
 };
 static_assert(WIDE_TOK == 64, "wgmma m64n64k16: a tile's 64 tokens are its N");
 /* a stage: the block's weights of a unit (fp8: its rows of 128 bytes, chunk ^ 4 on odd rows; fp4:
- * its tiles' codes, then their scale words), the tile's B image of the unit, its 64 x scales */
+ * its tiles' codes, then their scale words; bf16: its 8 KB tiles), the tile's B image of the
+ * unit, its 64 x scales (not bf16) */
 template <int WT, bool GROUPED> __host__ __device__ constexpr int wide_w_stage()
 {
-    constexpr int R = wide_form<GROUPED>::ROWS;
-    return WT == WT_F4 ? (R / TC_ROWS) * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES) : R * 128;
+    constexpr int R = wide_form<GROUPED, WT>::ROWS;
+    return WT == WT_F4     ? (R / TC_ROWS) * (TC_F4_TILE_BYTES + TC_F4_TILE_SCALE_BYTES)
+           : WT == WT_BF16 ? (R / TC_ROWS) * TC_BF16_TILE_BYTES
+                           : R * 128;
 }
 template <int WT, bool GROUPED> __host__ __device__ constexpr int wide_stage()
 {
-    return wide_w_stage<WT, GROUPED>() + WIDE_B_UNIT + WIDE_TOK * 4;
+    return wide_w_stage<WT, GROUPED>() + wide_b_unit<WT>() + (WT == WT_BF16 ? 0 : WIDE_TOK * 4);
 }
 
 /* A warp a unit of a few positions (a position's 4 FG items in consecutive lanes, h16_split's
@@ -2359,7 +2378,7 @@ __global__ void wide_split_kernel(const float *x, const int32_t *xrow, int npos,
     if (!ok)
         return;
     const size_t run = (size_t)npad * 16;
-    uint8_t *base = img + ((size_t)u * WIDE_RUNS * npad + p) * 16 + 4 * tq;
+    uint8_t *base = img + ((size_t)u * wide_runs<WT>() * npad + p) * 16 + 4 * tq;
 #pragma unroll
     for (int k = 0; k < KPG; k++) { /* rec: hi b0, hi b1, lo b0, lo b1 */
         int ks = f * KPG + k;
@@ -2372,28 +2391,65 @@ __global__ void wide_split_kernel(const float *x, const int32_t *xrow, int npos,
         xsc[(size_t)u * npad + p] = scale;
 }
 
-/* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B */
-__device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc)
+/* bf16 weights: a warp a (position, unit), lane (k-step lane >> 2, quad tq = lane & 3) splits
+ * the four columns tc_xcol(tq, k-step) into three bf16 parts (bf16_split: the decode kernel's),
+ * part s's pair (c, c+1) into run (k-step, s, 0) and (c+2, c+3) into run (k-step, s, 1) at byte
+ * 4 tq: the k-slots the tiled records' A operands hold for those columns. */
+__global__ void wide_split_bf16_kernel(const float *x, const int32_t *xrow, int npos, int npad, int cols, uint8_t *img)
+{
+    int units = cols / 128, lane = threadIdx.x & 31;
+    size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int u = (int)(gw % units);
+    size_t p = gw / units;
+    if (p >= (size_t)npos)
+        return; /* whole warps */
+    int ks = lane >> 2, tq = lane & 3;
+    const float *xp = x + (size_t)(xrow ? __ldg(xrow + p) : (int)p) * cols + u * 128 + tc_xcol(tq, ks);
+    uint2 q[3];
+    bf16_split(__ldg(reinterpret_cast<const float4 *>(xp)), q);
+    const size_t run = (size_t)npad * 16;
+    uint8_t *base = img + ((size_t)u * wide_runs<WT_BF16>() * npad + p) * 16 + 4 * tq;
+#pragma unroll
+    for (int s = 0; s < 3; s++) {
+        *reinterpret_cast<uint32_t *>(base + ((ks * 3 + s) * 2 + 0) * run) = q[s].x;
+        *reinterpret_cast<uint32_t *>(base + ((ks * 3 + s) * 2 + 1) * run) = q[s].y;
+    }
+}
+
+/* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B; BF: bf16
+ * operands, else fp16 */
+template <bool BF> __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc)
 {
 #if TC_HAVE_WGMMA
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,"
-                 "%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, "
-                 "1, 1, 1, 0;"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#define WG_D64                                                                                                         \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),           \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),       \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),       \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),       \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+    if constexpr (BF)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                     "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                     "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;"
+                     : WG_D64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                     "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                     "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;"
+                     : WG_D64
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#undef WG_D64
 #endif
 }
 
 /* wgmma m64n64k16 of run pairs (k-step ks, part s) of the stage's B image into d, the A
- * operands wa[j] for k-steps ks0 + j, parts in turn: the decode kernel's order */
-template <int KS>
+ * operands wa[j] for k-steps ks0 + j, parts in turn (WT's: two fp16, or three bf16): the decode
+ * kernel's order */
+template <int KS, int WT = WT_F8>
 __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4], uint32_t bbase, int ks0)
 {
+    constexpr int P = wide_parts<WT>();
 #pragma unroll
     for (int t = 0; t < 8; t++)
 #pragma unroll
@@ -2403,11 +2459,11 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
 #pragma unroll
     for (int j = 0; j < KS; j++)
 #pragma unroll
-        for (int s = 0; s < 2; s++) {
-            uint32_t addr = bbase + ((ks0 + j) * 2 + s) * 2 * WIDE_B_HALF;
+        for (int s = 0; s < P; s++) {
+            uint32_t addr = bbase + ((ks0 + j) * P + s) * 2 * WIDE_B_HALF;
             uint64_t desc =
                 (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WIDE_B_HALF >> 4) << 16 | (uint64_t)(8 * 16 >> 4) << 32;
-            wg_mma64(d, wa[j], desc);
+            wg_mma64<WT == WT_BF16>(d, wa[j], desc);
         }
     wg_commit();
     wg_wait0();
@@ -2424,17 +2480,21 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
 }
 
 /* Block (row block blockIdx.x of 64 rows, token tile blockIdx.y; grouped: blockIdx.x also picks
- * w1 or w3, blockIdx.y one expert's tile): wide_form's stages, the units after the one computed in
- * flight; warp w's rows 16 w .. 16 w + 15 (warpgroup w / 4 takes its warps' rows). */
+ * w1 or w3, blockIdx.y one expert's tile; bf16: token tile blockIdx.x, row block blockIdx.y):
+ * wide_form's stages, the units after the one computed in flight; warp w's rows 16 w .. 16 w + 15
+ * (warpgroup w / 4 takes its warps' rows). */
 template <int WT, bool GROUPED>
-__global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wide_form<GROUPED>::WGS == 1 ? 3 : 1)
+__global__ void __launch_bounds__(wide_form<GROUPED, WT>::THREADS,
+                                  WT == WT_F4 && wide_form<GROUPED, WT>::WGS == 1 ? 3 : 1)
     gemv_wide_kernel(gemv_args a, group_args g, const uint8_t *img, const float *xsc_all, int npad)
 {
 #if TC_HAVE_WGMMA
-    using F = wide_form<GROUPED>;
+    using F = wide_form<GROUPED, WT>;
     constexpr int WSTAGE = wide_w_stage<WT, GROUPED>(), STAGE = wide_stage<WT, GROUPED>();
-    constexpr int S = F::STAGES, NTH = F::THREADS, TILES = F::ROWS / TC_ROWS; /* fp4: weight tiles a block */
-    static_assert(WT == WT_F8 || (WT == WT_F4 && GROUPED), "fp8 weights, or the experts' tiled fp4");
+    constexpr int B_UNIT = wide_b_unit<WT>(), RUNS = wide_runs<WT>();
+    constexpr int S = F::STAGES, NTH = F::THREADS, TILES = F::ROWS / TC_ROWS; /* fp4, bf16: weight tiles a block */
+    static_assert(WT == WT_F8 || (WT == WT_F4 && GROUPED) || (WT == WT_BF16 && !GROUPED),
+                  "fp8 weights, the experts' tiled fp4, or tiled bf16");
     extern __shared__ __align__(128) uint8_t wsm_[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
     int units = a.cols / 128, p0, m, rb;
@@ -2450,13 +2510,19 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
         a.scale = ss ? ss[e] : NULL;
         a.y = mi ? g.y[1] : g.y[0];
         rb = ((int)blockIdx.x - mi * g.row_tiles) * F::ROWS;
+    } else if constexpr (WT == WT_BF16) {
+        p0 = blockIdx.x * WIDE_TOK;
+        m = min(a.n - p0, WIDE_TOK);
+        rb = a.row_begin + blockIdx.y * F::ROWS;
     } else {
         p0 = blockIdx.y * WIDE_TOK;
         m = min(a.n - p0, WIDE_TOK);
         rb = a.row_begin + blockIdx.x * F::ROWS;
     }
-    int rg = 16 * warp + gr;                       /* the lane's rows rg and rg + 8 of the block */
-    const int tile_last = a.row_end / TC_ROWS - 1; /* fp4: the matrix's last row tile */
+    int rg = 16 * warp + gr; /* the lane's rows rg and rg + 8 of the block */
+    /* fp4: the matrix's last row tile; bf16: the tile of the range's last row (the weight's rows
+     * are whole tiles) */
+    const int tile_last = WT == WT_BF16 ? (a.row_end - 1) / TC_ROWS : a.row_end / TC_ROWS - 1;
     const size_t b_round = (size_t)(NTH / 64) * npad * 16; /* a round's runs of the split x */
     auto load = [&](int s, int u) {
         uint8_t *st = wsm_ + s * STAGE;
@@ -2473,6 +2539,14 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
                            reinterpret_cast<const uint8_t *>(a.scale) +
                                ((size_t)rt * units + u) * TC_F4_TILE_SCALE_BYTES + 16 * (threadIdx.x & 7));
             }
+        } else if constexpr (WT == WT_BF16) { /* the block's tiles of the unit, 8 KB each, as they lie */
+            constexpr int PT = TC_BF16_TILE_BYTES / 16; /* pieces a tile */
+#pragma unroll
+            for (int i = 0; i < TILES * PT / NTH; i++) {
+                int q = threadIdx.x + NTH * i, t = q / PT, rt = min(rb / TC_ROWS + t, tile_last);
+                cp_async16(st + TC_BF16_TILE_BYTES * t + 16 * (q % PT),
+                           a.w + ((size_t)rt * units + u) * TC_BF16_TILE_BYTES + 16 * (q % PT));
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < WSTAGE / 16 / NTH; i++) {
@@ -2483,13 +2557,13 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
             }
         }
         /* piece q = threadIdx.x + NTH i: run q / 64, token q % 64 (NTH / 64 runs a round) */
-        const uint8_t *src = img + (((size_t)u * WIDE_RUNS + (threadIdx.x >> 6)) * npad + p0 + (threadIdx.x & 63)) * 16;
+        const uint8_t *src = img + (((size_t)u * RUNS + (threadIdx.x >> 6)) * npad + p0 + (threadIdx.x & 63)) * 16;
 #pragma unroll
-        for (int i = 0; i < (WIDE_B_UNIT / 16 + NTH - 1) / NTH; i++)
-            if ((WIDE_B_UNIT / 16) % NTH == 0 || threadIdx.x + NTH * i < WIDE_B_UNIT / 16)
+        for (int i = 0; i < (B_UNIT / 16 + NTH - 1) / NTH; i++)
+            if ((B_UNIT / 16) % NTH == 0 || threadIdx.x + NTH * i < B_UNIT / 16)
                 cp_async16(st + WSTAGE + 16 * (threadIdx.x + NTH * i), src + i * b_round);
-        if (threadIdx.x < WIDE_TOK)
-            cp_async4(st + WSTAGE + WIDE_B_UNIT + 4 * threadIdx.x, xsc_all + (size_t)u * npad + p0 + threadIdx.x);
+        if (WT != WT_BF16 && threadIdx.x < WIDE_TOK)
+            cp_async4(st + WSTAGE + B_UNIT + 4 * threadIdx.x, xsc_all + (size_t)u * npad + p0 + threadIdx.x);
     };
     float part[8][4], pc[8][4], tot[8][4];
 #pragma unroll
@@ -2513,8 +2587,27 @@ __global__ void __launch_bounds__(wide_form<GROUPED>::THREADS, WT == WT_F4 && wi
         __syncthreads();
         const uint8_t *st = wsm_ + (u % S) * STAGE;
         uint32_t bbase = (uint32_t)__cvta_generic_to_shared(st + WSTAGE);
-        const float *xsc = reinterpret_cast<const float *>(st + WSTAGE + WIDE_B_UNIT);
-        if constexpr (WT == WT_F4) {
+        const float *xsc = reinterpret_cast<const float *>(st + WSTAGE + B_UNIT);
+        if constexpr (WT == WT_BF16) {
+            /* the warp's 16 rows: row half warp & 1 of tile warp >> 1, a record a k-step (its A
+             * operand as the decode kernel reads it); the unit's partial added to the chunk's sum */
+            const uint4 *rec = reinterpret_cast<const uint4 *>(st + TC_BF16_TILE_BYTES * (warp >> 1)) + 32 * (warp & 1) +
+                               lane;
+            uint32_t wa[8][4];
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++) {
+                uint4 h = rec[64 * ks];
+                wa[ks][0] = h.x, wa[ks][1] = h.y, wa[ks][2] = h.z, wa[ks][3] = h.w;
+            }
+            wide_mmas<8, WT_BF16>(part, wa, bbase, 0);
+#pragma unroll
+            for (int t = 0; t < 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    pc[t][e] = fmaf(part[t][e], 1.0f, pc[t][e]);
+                    part[t][e] = 0.0f;
+                }
+        } else if constexpr (WT == WT_F4) {
             /* the warp's 16 rows: rows 16 mt + (g, g + 8) of tile warp / 2, the lane's words of
              * a fold group's columns 8 tq .. 8 tq + 7 in the tile's 16-byte record of that group
              * and lane (rows g, g + 8, g + 16, g + 24) */
@@ -2620,6 +2713,19 @@ static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin,
            (uintptr_t)w->data % 16 == 0;
 }
 
+/* bf16 weights in the tiled layout (the output head), where the blocks fill the GPU once at least:
+ * fewer (1024 rows at 130 tokens: 24 blocks) measured slower than the decode kernel, which splits
+ * such launches along the columns (docs/PERF.md).  Either gives a token the same bits. */
+static bool wide_bf16_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
+                         int n)
+{
+    size_t blocks = (size_t)duet_cdiv((size_t)(row_end > row_begin ? row_end - row_begin : 0),
+                              wide_form<false, WT_BF16>::ROWS) * duet_cdiv((size_t)n, WIDE_TOK);
+    return TC_WIDE_BF16_MIN_N > 0 && n >= TC_WIDE_BF16_MIN_N && wide_arch(c) && w->dtype == DUET_DT_BF16 &&
+           w->tiled && w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)w->data % 16 == 0 && blocks >= (size_t)c->info.sm_count;
+}
+
 /* The grouped launches' experts (shaped like proto, tensor-core eligible: grouped_kind 1) at n
  * positions over E experts */
 static bool wide_group_ok(const duet_cuda_t *c, const duet_weight_t *w, int n, int E)
@@ -2638,13 +2744,18 @@ static duet_status_t wide_split(duet_cuda_t *c, const float *x, const int32_t *x
                                 const uint8_t **img_out, const float **xsc_out, int *npad_out)
 {
     int units = cols / 128, npad = (int)duet_round_up((size_t)npos, 8) + WIDE_TOK;
-    size_t img_bytes = (size_t)units * WIDE_RUNS * npad * 16, sc_bytes = (size_t)units * npad * 4;
+    size_t img_bytes = (size_t)units * wide_runs<WT>() * npad * 16, sc_bytes = WT == WT_BF16 ? 0 : (size_t)units * npad * 4;
     DUET_TRY(tc_grow(c, &c->tc_xrec, &c->tc_xrec_bytes, img_bytes + sc_bytes));
     uint8_t *img = (uint8_t *)c->tc_xrec;
-    float *xsc = (float *)(img + img_bytes);
-    constexpr int PPW = 32 / (4 * h16_traits<WT>::FG);
-    size_t threads = (size_t)duet_cdiv(npos, PPW) * units * 32;
-    wide_split_kernel<WT><<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, xrow, npos, npad, cols, img, xsc);
+    float *xsc = WT == WT_BF16 ? NULL : (float *)(img + img_bytes);
+    if constexpr (WT == WT_BF16) { /* a warp a position and unit */
+        size_t threads = (size_t)npos * units * 32;
+        wide_split_bf16_kernel<<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, xrow, npos, npad, cols, img);
+    } else {
+        constexpr int PPW = 32 / (4 * h16_traits<WT>::FG);
+        size_t threads = (size_t)duet_cdiv(npos, PPW) * units * 32;
+        wide_split_kernel<WT><<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, xrow, npos, npad, cols, img, xsc);
+    }
     DUET_CUDA_CHECK_LAUNCH(c);
     *img_out = img;
     *xsc_out = xsc;
@@ -2656,9 +2767,10 @@ template <int WT, bool GROUPED>
 static duet_status_t wide_kernel_launch(duet_cuda_t *c, dim3 grid, const gemv_args &a, const group_args &g,
                                         const uint8_t *img, const float *xsc, int npad)
 {
-    constexpr int smem = wide_form<GROUPED>::STAGES * wide_stage<WT, GROUPED>();
-    DUET_TRY(tc_smem(c, gemv_wide_kernel<WT, GROUPED>, smem, WIDE_SMEM_BIT + (GROUPED ? 1 + (WT == WT_F4) : 0)));
-    gemv_wide_kernel<WT, GROUPED><<<grid, wide_form<GROUPED>::THREADS, smem, c->stream>>>(a, g, img, xsc, npad);
+    constexpr int smem = wide_form<GROUPED, WT>::STAGES * wide_stage<WT, GROUPED>();
+    DUET_TRY(tc_smem(c, gemv_wide_kernel<WT, GROUPED>, smem,
+                     WIDE_SMEM_BIT + (GROUPED ? 1 + (WT == WT_F4) : WT == WT_BF16 ? 3 : 0)));
+    gemv_wide_kernel<WT, GROUPED><<<grid, wide_form<GROUPED, WT>::THREADS, smem, c->stream>>>(a, g, img, xsc, npad);
     DUET_CUDA_CHECK_LAUNCH(c);
     return DUET_OK;
 }
@@ -2684,6 +2796,24 @@ static duet_status_t wide_launch(duet_cuda_t *c, const duet_weight_t *w, int row
     int npad = 0;
     DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
     return wide_run(c, w, row_begin, row_end, x, n, y, img, xsc, npad);
+}
+
+static duet_status_t wide_bf16_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                      const float *x, int n, float *y)
+{
+    if (row_end <= row_begin)
+        return DUET_OK;
+    const uint8_t *img = NULL;
+    const float *xsc = NULL;
+    int npad = 0;
+    DUET_TRY(wide_split<WT_BF16>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
+    gemv_args a;
+    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
+    group_args g;
+    memset(&g, 0, sizeof g);
+    dim3 grid((unsigned)duet_cdiv(n, WIDE_TOK),
+              (unsigned)duet_cdiv((size_t)(row_end - row_begin), wide_form<false, WT_BF16>::ROWS));
+    return wide_kernel_launch<WT_BF16, false>(c, grid, a, g, img, xsc, npad);
 }
 
 /* The grouped launch in wide tiles (tiles64: moe_sort's 64-token tile prefix sums); n positions
@@ -2721,6 +2851,10 @@ extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_w
         if (wide_ok(c, w, row_begin, x, n)) {
             DUET_TRY(check_args(c, w, row_begin, row_end, n));
             return wide_launch(c, w, row_begin, row_end, x, n, y);
+        }
+        if (wide_bf16_ok(c, w, row_begin, row_end, x, n)) {
+            DUET_TRY(check_args(c, w, row_begin, row_end, n));
+            return wide_bf16_launch(c, w, row_begin, row_end, x, n, y);
         }
         return duet_cuda_matmul_gemv_tc(c, w, row_begin, row_end, x, n, y);
     }
