@@ -942,9 +942,11 @@ static void group_matmul(ck_t *ck)
         case_matmul_tiled(ck, DUET_DT_BF16, 4096, 4096, 0, 4096, tiled_n[i]);
     case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4224, 32, 1000, 13); /* 33 units, split along the columns */
     case_matmul_tiled(ck, DUET_DT_BF16, 129280 / 8, 4096, 0, 129280 / 8, 128); /* a slice of the head, four tiles */
-    /* from 128 tokens on sm_90 the 64-token tiles: a partial token tile, rows past the range's end
-     * inside a tile, 33 units; a row range off the 64-row grid (the decode kernel again) */
+    /* from 128 tokens on sm_90 the 64-token tiles where their blocks fill the SMs: a partial token
+     * tile, rows past the range's end inside a tile, 33 units; then the decode kernel again for too
+     * few blocks (24) and for a row range off the 64-row grid */
     case_matmul_tiled(ck, DUET_DT_BF16, 129280 / 8, 4096, 0, 129280 / 8, 300);
+    case_matmul_tiled(ck, DUET_DT_BF16, 16384, 4224, 64, 16360, 130);
     case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4224, 64, 1000, 130);
     case_matmul_tiled(ck, DUET_DT_BF16, 1024, 4096, 32, 1024, 200);
     /* fp8 at prefill sizes through the batch-invariant entry: the decode kernel's bits */

@@ -2706,11 +2706,17 @@ __global__ void __launch_bounds__(wide_form<GROUPED, WT>::THREADS,
 
 static bool wide_arch(const duet_cuda_t *c) { return c->info.cc_major == 9 && c->info.cc_minor == 0; }
 
+/* what every plain wide launch needs: sm_90, whole units, rows from a warpgroup's boundary, aligned */
+static bool wide_plain_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x)
+{
+    return wide_arch(c) && w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)w->data % 16 == 0;
+}
+
 static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
 {
-    return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && wide_arch(c) && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
-           w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 &&
-           (uintptr_t)w->data % 16 == 0;
+    return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
+           wide_plain_ok(c, w, row_begin, x);
 }
 
 /* bf16 weights in the tiled layout (the output head), where the blocks fill the GPU once at least:
@@ -2721,9 +2727,8 @@ static bool wide_bf16_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_b
 {
     size_t blocks = (size_t)duet_cdiv((size_t)(row_end > row_begin ? row_end - row_begin : 0),
                               wide_form<false, WT_BF16>::ROWS) * duet_cdiv((size_t)n, WIDE_TOK);
-    return TC_WIDE_BF16_MIN_N > 0 && n >= TC_WIDE_BF16_MIN_N && wide_arch(c) && w->dtype == DUET_DT_BF16 &&
-           w->tiled && w->cols % 128 == 0 && row_begin % WIDE_WG_ROWS == 0 && (uintptr_t)x % 16 == 0 &&
-           (uintptr_t)w->data % 16 == 0 && blocks >= (size_t)c->info.sm_count;
+    return TC_WIDE_BF16_MIN_N > 0 && n >= TC_WIDE_BF16_MIN_N && w->dtype == DUET_DT_BF16 && w->tiled &&
+           wide_plain_ok(c, w, row_begin, x) && blocks >= (size_t)c->info.sm_count;
 }
 
 /* The grouped launches' experts (shaped like proto, tensor-core eligible: grouped_kind 1) at n
@@ -2775,6 +2780,9 @@ static duet_status_t wide_kernel_launch(duet_cuda_t *c, dim3 grid, const gemv_ar
     return DUET_OK;
 }
 
+/* A plain wide launch on x split by wide_split<WT> (fp8, or tiled bf16 with the token tile as the
+ * grid's fastest index: gemv_wide_kernel) */
+template <int WT>
 static duet_status_t wide_run(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n,
                               float *y, const uint8_t *img, const float *xsc, int npad)
 {
@@ -2784,36 +2792,23 @@ static duet_status_t wide_run(duet_cuda_t *c, const duet_weight_t *w, int row_be
     gemv_args_of(w, row_begin, row_end, x, n, y, &a);
     group_args g;
     memset(&g, 0, sizeof g);
-    dim3 grid(duet_cdiv((size_t)(row_end - row_begin), wide_form<false>::ROWS), (unsigned)duet_cdiv(n, WIDE_TOK));
-    return wide_kernel_launch<WT_F8, false>(c, grid, a, g, img, xsc, npad);
+    unsigned row_blocks = duet_cdiv((size_t)(row_end - row_begin), wide_form<false, WT>::ROWS);
+    unsigned tok_tiles = duet_cdiv((size_t)n, WIDE_TOK);
+    dim3 grid = WT == WT_BF16 ? dim3(tok_tiles, row_blocks) : dim3(row_blocks, tok_tiles);
+    return wide_kernel_launch<WT, false>(c, grid, a, g, img, xsc, npad);
 }
 
+template <int WT>
 static duet_status_t wide_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x,
                                  int n, float *y)
-{
-    const uint8_t *img = NULL;
-    const float *xsc = NULL;
-    int npad = 0;
-    DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
-    return wide_run(c, w, row_begin, row_end, x, n, y, img, xsc, npad);
-}
-
-static duet_status_t wide_bf16_launch(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
-                                      const float *x, int n, float *y)
 {
     if (row_end <= row_begin)
         return DUET_OK;
     const uint8_t *img = NULL;
     const float *xsc = NULL;
     int npad = 0;
-    DUET_TRY(wide_split<WT_BF16>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
-    gemv_args a;
-    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
-    group_args g;
-    memset(&g, 0, sizeof g);
-    dim3 grid((unsigned)duet_cdiv(n, WIDE_TOK),
-              (unsigned)duet_cdiv((size_t)(row_end - row_begin), wide_form<false, WT_BF16>::ROWS));
-    return wide_kernel_launch<WT_BF16, false>(c, grid, a, g, img, xsc, npad);
+    DUET_TRY(wide_split<WT>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
+    return wide_run<WT>(c, w, row_begin, row_end, x, n, y, img, xsc, npad);
 }
 
 /* The grouped launch in wide tiles (tiles64: moe_sort's 64-token tile prefix sums); n positions
@@ -2850,11 +2845,11 @@ extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_w
     if (duet_cuda_matmul_invariant_tc(w, row_begin, x)) {
         if (wide_ok(c, w, row_begin, x, n)) {
             DUET_TRY(check_args(c, w, row_begin, row_end, n));
-            return wide_launch(c, w, row_begin, row_end, x, n, y);
+            return wide_launch<WT_F8>(c, w, row_begin, row_end, x, n, y);
         }
         if (wide_bf16_ok(c, w, row_begin, row_end, x, n)) {
             DUET_TRY(check_args(c, w, row_begin, row_end, n));
-            return wide_bf16_launch(c, w, row_begin, row_end, x, n, y);
+            return wide_launch<WT_BF16>(c, w, row_begin, row_end, x, n, y);
         }
         return duet_cuda_matmul_gemv_tc(c, w, row_begin, row_end, x, n, y);
     }
@@ -2900,7 +2895,7 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
         }
         if (!img)
             DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, parts[i].w->cols, &img, &xsc, &npad));
-        DUET_TRY(wide_run(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc, npad));
+        DUET_TRY(wide_run<WT_F8>(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc, npad));
     }
     if (n_rest == 0)
         return DUET_OK;
