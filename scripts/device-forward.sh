@@ -161,7 +161,7 @@ run_check() {
     --kv-dtype "$kv" --index-k-dtype "$ik" --tol "$tol" >"$RES/forward-$name.txt" 2>>"$LOG"
   local rc=$?
   cat "$RES/forward-$name.txt" >>"$LOG"
-  { echo "[$name] exit $rc"; grep '^forward:\|^invariance' "$RES/forward-$name.txt"; } | tee -a "$SUM"
+  { echo "[$name] exit $rc"; grep '^forward:\|^greedy:\|^invariance' "$RES/forward-$name.txt"; } | tee -a "$SUM"
   [ "$rc" = 0 ] || fail=1
 }
 run_check bf16 "$FIX/tiny-bf16" bf16 bf16 1e-4

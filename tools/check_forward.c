@@ -142,6 +142,85 @@ static size_t n_diff(const float *a, const float *b, size_t n, double *maxabs)
     return d;
 }
 
+/* The teacher-forced steps whose GPU greedy token is not the CPU's, in two kinds: those whose
+ * logits are within the tolerance (nmse <= tol) and those past it.  At a step of the first
+ * kind the CPU's margin (its top logit minus its logit of the GPU's pick) is what a small error
+ * overturned; set beside the CPU's top-2 gap over all steps, it tells a near-tie from a wrong
+ * result.  A step of the second kind has logits far from the CPU's, the mark of a discrete
+ * choice upstream (an expert, an index entry) taken the other way: its worst nmse is shown. */
+typedef struct {
+    long n;
+    double margin_max, margin_sum; /* the CPU's logit gaps at these steps */
+    int rank_max;                  /* the GPU pick's place in the CPU's order (1: its second) */
+    double nmse_max;
+} greedy_kind_t;
+
+typedef struct {
+    long steps;
+    greedy_kind_t in, out; /* differing steps within / past the tolerance */
+    double *gap_all;       /* the CPU's top-2 gap at every step */
+} greedy_diff_t;
+
+static double cpu_top2_gap(const float *c, int V)
+{
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (int v = 0; v < V; v++) {
+        if (isnan(c[v]))
+            continue;
+        if (c[v] > b1) {
+            b2 = b1;
+            b1 = c[v];
+        } else if (c[v] > b2) {
+            b2 = c[v];
+        }
+    }
+    return (double)b1 - (double)b2;
+}
+
+static void greedy_diff_note(greedy_diff_t *gd, const float *c, int V, int32_t ref, int32_t pick, double nmse,
+                             double tol)
+{
+    greedy_kind_t *k = nmse <= tol ? &gd->in : &gd->out;
+    double m = (double)c[ref] - (double)c[pick];
+    int rank = 0;
+    for (int v = 0; v < V; v++)
+        rank += c[v] > c[pick];
+    k->n++;
+    k->margin_sum += m;
+    if (m > k->margin_max)
+        k->margin_max = m;
+    if (rank > k->rank_max)
+        k->rank_max = rank;
+    if (nmse > k->nmse_max || isnan(nmse))
+        k->nmse_max = nmse;
+}
+
+static void greedy_diff_print(greedy_diff_t *gd, double tol)
+{
+    if (!gd->steps)
+        return;
+    qsort(gd->gap_all, (size_t)gd->steps, sizeof(double), fwd_cmp_double);
+    double med = gd->gap_all[gd->steps / 2];
+    long below = 0; /* steps whose CPU top-2 gap is at most the largest margin within the tolerance */
+    for (long k = 0; k < gd->steps && gd->gap_all[k] <= gd->in.margin_max; k++)
+        below++;
+    printf("greedy: %ld of %ld teacher-forced steps have the CPU's greedy token (the CPU's top-2 gap: median %.3e); ",
+           gd->steps - gd->in.n - gd->out.n, gd->steps, med);
+    if (gd->in.n)
+        printf("%ld differ at steps within the tolerance (nmse <= %.1e), the CPU's margin over the GPU's pick at most "
+               "%.3e (mean %.3e, the pick at most %d places below the CPU's first; %.2f%% of all steps have a top-2 "
+               "gap that small); ",
+               gd->in.n, tol, gd->in.margin_max, gd->in.margin_sum / (double)gd->in.n, gd->in.rank_max,
+               100.0 * (double)below / (double)gd->steps);
+    else
+        printf("none differs at a step within the tolerance (nmse <= %.1e); ", tol);
+    if (gd->out.n)
+        printf("%ld differ at steps past it (nmse up to %.3e; the CPU's margin at most %.3e)\n", gd->out.n,
+               gd->out.nmse_max, gd->out.margin_max);
+    else
+        printf("none at a step past it\n");
+}
+
 static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
 {
     int N = a->n_prompts, T = a->n_tokens, V = m->cfg.vocab_size;
@@ -182,6 +261,11 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     double *worst = calloc((size_t)N, sizeof(double)), *sum = calloc((size_t)N, sizeof(double));
     double *errs = calloc((size_t)N * T, sizeof(double));
     int *first = malloc(sizeof(int) * (size_t)N), *worst_step = calloc((size_t)N, sizeof(int));
+    greedy_diff_t gd = {.gap_all = calloc((size_t)N * T, sizeof(double))};
+    if (!gd.gap_all) {
+        fprintf(stderr, "check-forward: out of memory\n");
+        return 2;
+    }
     for (int i = 0; i < N; i++) {
         first[i] = -1;
         if (duet_seq_init(g->hc, &seqs[i], &err) != DUET_OK ||
@@ -208,8 +292,13 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
             }
             sum[i] += e;
             errs[(size_t)i * T + s] = e;
-            if (first[i] < 0 && fwd_argmax(gp, V) != gen[i][s])
-                first[i] = s;
+            int32_t pick = fwd_argmax(gp, V);
+            if (pick != gen[i][s]) {
+                if (first[i] < 0)
+                    first[i] = s;
+                greedy_diff_note(&gd, c, V, gen[i][s], pick, e, a->tol);
+            }
+            gd.gap_all[gd.steps++] = cpu_top2_gap(c, V);
             if (i < inv_n && s < inv_s)
                 memcpy(keep + ((size_t)i * inv_s + s) * V, gp, sizeof(float) * V);
         }
@@ -246,6 +335,9 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
            "(tolerance %.1e), mean %.3e, worst step %.3e; CPU %.1f s, GPU %.1f s\n",
            N, T, duet_cache_dtype_name(a->opts.kv_dtype), duet_cache_dtype_name(a->opts.index_k_dtype), same, N,
            all_med, a->tol, all_sum / N, all_worst, t_cpu, t_gpu);
+
+    greedy_diff_print(&gd, a->tol);
+    free(gd.gap_all);
 
     /* batch invariance: alone single-shot vs batched, chunked vs single-shot */
     int inv_bad = 0;
