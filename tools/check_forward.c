@@ -12,7 +12,10 @@
  * tokens).  The pass criterion is the per-prompt median over the steps: a
  * top-k or routing decision that flips on a near-tie (the two backends sum in
  * different orders) makes isolated steps far worse, so the worst step is
- * reported, not bounded.  Batch invariance on the GPU: some prompts run again alone, with a
+ * reported, not bounded.  Every step whose greedy token differs is sorted and measured (the
+ * `greedy:` line, greedy_diff_t); one within the tolerance whose CPU margin is beyond
+ * GREEDY_MAX_SIGMAS times the step's rms error fails the check.  Batch invariance on the GPU:
+ * some prompts run again alone, with a
  * single-shot and with a chunked prefill, for a few steps; their logits are
  * compared bit for bit with each other and with the batched run.
  *
@@ -146,11 +149,17 @@ static size_t n_diff(const float *a, const float *b, size_t n, double *maxabs)
  * logits are within the tolerance (nmse <= tol) and those past it.  At a step of the first
  * kind the CPU's margin (its top logit minus its logit of the GPU's pick) is what a small error
  * overturned; set beside the CPU's top-2 gap over all steps, it tells a near-tie from a wrong
- * result.  A step of the second kind has logits far from the CPU's, the mark of a discrete
- * choice upstream (an expert, an index entry) taken the other way: its worst nmse is shown. */
+ * result.  Its margin is also measured in the step's own error (the root mean square of
+ * gpu - cpu over the vocabulary): a rounding difference overturns a margin of a few of those at
+ * most, so a step within the tolerance whose margin exceeds GREEDY_MAX_SIGMAS of them fails the
+ * check (some logits wrong while the others agree).  A step of the second kind has logits far
+ * from the CPU's, the mark of a discrete choice upstream (an expert, an index entry) taken the
+ * other way: its worst nmse is shown. */
+#define GREEDY_MAX_SIGMAS 16.0
 typedef struct {
     long n;
     double margin_max, margin_sum; /* the CPU's logit gaps at these steps */
+    double sigmas_max;             /* the largest margin in the step's rms errors */
     int rank_max;                  /* the GPU pick's place in the CPU's order (1: its second) */
     double nmse_max;
 } greedy_kind_t;
@@ -177,14 +186,20 @@ static double cpu_top2_gap(const float *c, int V)
     return (double)b1 - (double)b2;
 }
 
-static void greedy_diff_note(greedy_diff_t *gd, const float *c, int V, int32_t ref, int32_t pick, double nmse,
-                             double tol)
+static void greedy_diff_note(greedy_diff_t *gd, const float *c, const float *gp, int V, int32_t ref, int32_t pick,
+                             double nmse, double tol)
 {
     greedy_kind_t *k = nmse <= tol ? &gd->in : &gd->out;
-    double m = (double)c[ref] - (double)c[pick];
+    double m = (double)c[ref] - (double)c[pick], se = 0;
     int rank = 0;
-    for (int v = 0; v < V; v++)
+    for (int v = 0; v < V; v++) {
         rank += c[v] > c[pick];
+        double d = (double)gp[v] - (double)c[v];
+        se += d * d;
+    }
+    double sigma = sqrt(se / V), sig = sigma > 0 ? m / sigma : (m > 0 ? INFINITY : 0);
+    if (sig > k->sigmas_max || isnan(sig))
+        k->sigmas_max = sig;
     k->n++;
     k->margin_sum += m;
     if (m > k->margin_max)
@@ -195,10 +210,11 @@ static void greedy_diff_note(greedy_diff_t *gd, const float *c, int V, int32_t r
         k->nmse_max = nmse;
 }
 
-static void greedy_diff_print(greedy_diff_t *gd, double tol)
+/* Returns 1 when a step within the tolerance differs at a margin beyond GREEDY_MAX_SIGMAS. */
+static int greedy_diff_print(greedy_diff_t *gd, double tol)
 {
     if (!gd->steps)
-        return;
+        return 0;
     qsort(gd->gap_all, (size_t)gd->steps, sizeof(double), fwd_cmp_double);
     double med = gd->gap_all[gd->steps / 2];
     long below = 0; /* steps whose CPU top-2 gap is at most the largest margin within the tolerance */
@@ -208,10 +224,10 @@ static void greedy_diff_print(greedy_diff_t *gd, double tol)
            gd->steps - gd->in.n - gd->out.n, gd->steps, med);
     if (gd->in.n)
         printf("%ld differ at steps within the tolerance (nmse <= %.1e), the CPU's margin over the GPU's pick at most "
-               "%.3e (mean %.3e, the pick at most %d places below the CPU's first; %.2f%% of all steps have a top-2 "
-               "gap that small); ",
-               gd->in.n, tol, gd->in.margin_max, gd->in.margin_sum / (double)gd->in.n, gd->in.rank_max,
-               100.0 * (double)below / (double)gd->steps);
+               "%.3e (mean %.3e, at most %.1f times the step's rms error, bound %.0f; the pick at most %d places "
+               "below the CPU's first; %.2f%% of all steps have a top-2 gap that small); ",
+               gd->in.n, tol, gd->in.margin_max, gd->in.margin_sum / (double)gd->in.n, gd->in.sigmas_max,
+               GREEDY_MAX_SIGMAS, gd->in.rank_max, 100.0 * (double)below / (double)gd->steps);
     else
         printf("none differs at a step within the tolerance (nmse <= %.1e); ", tol);
     if (gd->out.n)
@@ -219,6 +235,11 @@ static void greedy_diff_print(greedy_diff_t *gd, double tol)
                gd->out.nmse_max, gd->out.margin_max);
     else
         printf("none at a step past it\n");
+    int bad = gd->in.n && !(gd->in.sigmas_max <= GREEDY_MAX_SIGMAS);
+    if (bad)
+        printf("greedy: FAIL: a step within the tolerance differs at %.1f times its rms error (bound %.0f)\n",
+               gd->in.sigmas_max, GREEDY_MAX_SIGMAS);
+    return bad;
 }
 
 static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
@@ -296,7 +317,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
             if (pick != gen[i][s]) {
                 if (first[i] < 0)
                     first[i] = s;
-                greedy_diff_note(&gd, c, V, gen[i][s], pick, e, a->tol);
+                greedy_diff_note(&gd, c, gp, V, gen[i][s], pick, e, a->tol);
             }
             gd.gap_all[gd.steps++] = cpu_top2_gap(c, V);
             if (i < inv_n && s < inv_s)
@@ -336,7 +357,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
            N, T, duet_cache_dtype_name(a->opts.kv_dtype), duet_cache_dtype_name(a->opts.index_k_dtype), same, N,
            all_med, a->tol, all_sum / N, all_worst, t_cpu, t_gpu);
 
-    greedy_diff_print(&gd, a->tol);
+    int greedy_bad = greedy_diff_print(&gd, a->tol);
     free(gd.gap_all);
 
     /* batch invariance: alone single-shot vs batched, chunked vs single-shot */
@@ -365,7 +386,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     }
     free(prompts); free(gen); free(cl); free(lens); free(seqs); free(items); free(gl); free(keep);
     free(worst); free(sum); free(errs); free(first); free(worst_step); free(A); free(B);
-    return bad || inv_bad ? 1 : 0;
+    return bad || inv_bad || greedy_bad ? 1 : 0;
 }
 
 /* ---- bench ---- */
