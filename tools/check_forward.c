@@ -224,8 +224,8 @@ static int greedy_diff_print(greedy_diff_t *gd, double tol)
            gd->steps - gd->in.n - gd->out.n, gd->steps, med);
     if (gd->in.n)
         printf("%ld differ at steps within the tolerance (nmse <= %.1e), the CPU's margin over the GPU's pick at most "
-               "%.3e (mean %.3e, at most %.1f times the step's rms error, bound %.0f; the pick at most %d places "
-               "below the CPU's first; %.2f%% of all steps have a top-2 gap that small); ",
+               "%.3e (mean %.3e, at most %.1f times the step's rms error, bound %.0f; the pick's rank in the CPU's "
+               "order at most %d, 1 being its second choice; %.2f%% of all steps have a top-2 gap that small); ",
                gd->in.n, tol, gd->in.margin_max, gd->in.margin_sum / (double)gd->in.n, gd->in.sigmas_max,
                GREEDY_MAX_SIGMAS, gd->in.rank_max, 100.0 * (double)below / (double)gd->steps);
     else
