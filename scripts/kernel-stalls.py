@@ -7,7 +7,8 @@ for a report taken with the WarpStateStats and SourceCounters sections (what
 scripts/device-forward.sh --stalls writes as stalls-N-sass.csv).  The file holds one table per
 profiled kernel ("Kernel Name" line, then a header row starting with "Address").  For each
 kernel (a table repeating an earlier one is named, not printed again), prints the stall
-reasons' shares of all warp samples, the instructions holding the most
+reasons' shares of all warp samples, the samples by opcode (predicate and modifiers dropped:
+where a loop's time sits by kind of instruction), the instructions holding the most
 samples with their leading reasons, and the instructions with the most excess shared-memory
 wavefronts and global sectors (bank conflicts, uncoalesced loads).
 
@@ -51,6 +52,14 @@ def reasons(row):
             if k.startswith("stall_") and "(Not" not in k and num(v) > 0}
 
 
+def opcode(source):
+    """An instruction's opcode without its predicate and modifiers: "@P3 LDS.128 R32, [R40]" -> "LDS"."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
 def report(name, rows, top):
     total = {}
     for r in rows:
@@ -64,6 +73,11 @@ def report(name, rows, top):
     shares = sorted(total.items(), key=lambda kv: -kv[1])
     print("   stall reasons: " + ", ".join(f"{k} {v / samples * 100:.1f}%" for k, v in shares if v / samples >= 0.005))
     key = "Warp Stall Sampling (All Samples)"
+    by_op = {}
+    for r in rows:
+        by_op[opcode(r.get("Source", ""))] = by_op.get(opcode(r.get("Source", "")), 0.0) + num(r.get(key))
+    ops = [(k, v) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1]) if v / samples >= 0.01]
+    print("   samples by opcode: " + ", ".join(f"{k} {v / samples * 100:.1f}%" for k, v in ops[:12]))
     hot = sorted(rows, key=lambda r: -num(r.get(key)))[:top]
     print(f"   the {len(hot)} instructions with the most samples:")
     for r in hot:
