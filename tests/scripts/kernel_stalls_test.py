@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/kernel-stalls.py on a made-up Nsight Compute source page: stall reasons summed over a
-kernel's instructions into shares (the not-issued columns left out), the instructions with the
-most samples and their leading reasons, the worst excess wavefronts and sectors, a repeated
+kernel's instructions into shares (the not-issued columns left out), the samples by opcode, the
+instructions with the most samples and their leading reasons, the worst excess wavefronts and sectors, a repeated
 table named once, and a clear error for a file with no per-instruction table."""
 import sys
 
@@ -40,6 +40,8 @@ def main():
     check(first.index("BRA 0x40") < first.index("LDGSTS"), "instructions by samples, the most first")
     check("BAR.SYNC" not in first.split("most samples")[1].split("excess")[0], "only the top 2 listed")
     check("wait 71%, long_sb 29%" in first, "an instruction's leading reasons as its share")
+    check("samples by opcode: BRA 60.0%, LDGSTS 35.0%, BAR 5.0%" in first,
+          "samples by opcode, the predicate and modifiers dropped, largest first")
     check("900 of 1000 (90%)" in first and "80 of 100 (80%)" in first,
           "excess wavefronts and sectors against their totals (thousands separators read)")
     check("table 2 repeats an earlier one" in out and out.count("3 instructions") == 1, "a repeated table named once")
