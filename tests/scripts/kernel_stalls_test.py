@@ -37,7 +37,8 @@ def main():
     check("stall reasons: barrier 60.0%, wait 30.0%, long_sb 10.0%" in out,
           "shares of all samples, largest first, not-issued columns left out")
     first = out.split("kern_b")[0]
-    check(first.index("BRA 0x40") < first.index("LDGSTS"), "instructions by samples, the most first")
+    listed = first.split("most samples")[1]
+    check(listed.index("BRA 0x40") < listed.index("LDGSTS"), "instructions by samples, the most first")
     check("BAR.SYNC" not in first.split("most samples")[1].split("excess")[0], "only the top 2 listed")
     check("wait 71%, long_sb 29%" in first, "an instruction's leading reasons as its share")
     check("samples by opcode: BRA 60.0%, LDGSTS 35.0%, BAR 5.0%" in first,
