@@ -75,7 +75,8 @@ def report(name, rows, top):
     key = "Warp Stall Sampling (All Samples)"
     by_op = {}
     for r in rows:
-        by_op[opcode(r.get("Source", ""))] = by_op.get(opcode(r.get("Source", "")), 0.0) + num(r.get(key))
+        op = opcode(r.get("Source", ""))
+        by_op[op] = by_op.get(op, 0.0) + num(r.get(key))
     ops = [(k, v) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1]) if v / samples >= 0.01]
     print("   samples by opcode: " + ", ".join(f"{k} {v / samples * 100:.1f}%" for k, v in ops[:12]))
     hot = sorted(rows, key=lambda r: -num(r.get(key)))[:top]

@@ -283,7 +283,7 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     double *errs = calloc((size_t)N * T, sizeof(double));
     int *first = malloc(sizeof(int) * (size_t)N), *worst_step = calloc((size_t)N, sizeof(int));
     greedy_diff_t gd = {.gap_all = calloc((size_t)N * T, sizeof(double))};
-    if (!gd.gap_all) {
+    if (!seqs || !items || !gl || !keep || !worst || !sum || !errs || !first || !worst_step || !gd.gap_all) {
         fprintf(stderr, "check-forward: out of memory\n");
         return 2;
     }
