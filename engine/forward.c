@@ -9,6 +9,7 @@
 
 #include "alloc.h"
 #include "log.h"
+#include "ref_math.h"
 
 duet_fault_t duet_forward_fault = DUET_FAULT_NONE;
 
@@ -79,7 +80,7 @@ typedef struct {
 
 #define ALLOC_F(n) ((float *)duet_malloc_array((size_t)(n), sizeof(float)))
 
-static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static float softplusf_(float x) { return x > 20.0f ? x : duet_ref_log1pf(duet_ref_expf(x)); }
 
 /* Encode then decode one vector with a pool's layout, so it carries the cache's rounding. */
 static void cache_round_trip(const duet_kernels_t *k, const duet_cache_layout_t *l, uint8_t *tmp, const float *v,
@@ -338,7 +339,7 @@ void duet_moe_route_row(const float *logit, int E, int K, duet_score_fn_t scorin
     for (int e = 0; e < E; e++) {
         float z = logit[e];
         sc[e] = scoring == DUET_SCORE_SQRTSOFTPLUS ? sqrtf(softplusf_(z))
-                : scoring == DUET_SCORE_SIGMOID    ? 1.0f / (1.0f + expf(-z))
+                : scoring == DUET_SCORE_SIGMOID    ? duet_ref_sigmoidf(z)
                                                    : z;
     }
     if (scoring == DUET_SCORE_SOFTMAX) {
@@ -346,7 +347,7 @@ void duet_moe_route_row(const float *logit, int E, int K, duet_score_fn_t scorin
         for (int e = 0; e < E; e++)
             mx = sc[e] > mx ? sc[e] : mx;
         for (int e = 0; e < E; e++)
-            s += (sc[e] = expf(sc[e] - mx));
+            s += (sc[e] = duet_ref_expf(sc[e] - mx));
         for (int e = 0; e < E; e++)
             sc[e] /= s;
     }

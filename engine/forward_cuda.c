@@ -346,6 +346,20 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_pdl = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_SIDE"); /* 0: every launch on one stream (for comparison) */
         mc->no_side = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_EXACT"); /* 1: the CPU engine's bits (duet_cuda_set_exact) */
+        if (ev && atoi(ev) != 0)
+            duet_cuda_set_exact(c, 1);
+    }
+    if (duet_cuda_get_exact(c)) {
+        /* CPU-exact mode: weights in their checkpoint layouts, which its matmul reads; routing on
+         * the host with forward.c's code and the experts one at a time, as the CPU engine runs them */
+        mc->no_tile = 1;
+        mc->moe_host_route = 1;
+        if (tp_size > 1) {
+            duet_model_cuda_destroy(&mc);
+            return duet_err_set(err, DUET_ERR_UNSUPPORTED, "CPU-exact mode runs on one GPU (tensor parallelism "
+                                "splits the sums the CPU engine makes whole)");
+        }
     }
     duet_cuda_set_invariant(c, 1);
     duet_status_t st = DUET_OK;
@@ -1313,7 +1327,8 @@ static duet_status_t mm_multi(fc_t *F, const duet_cuda_mm_part_t *p, int n_parts
                               duet_err_t *err)
 {
     enum { MM_MULTI_PARTS = 16 };
-    if (n > 0 && n_parts > 1 && n_parts <= MM_MULTI_PARTS && duet_cuda_get_invariant(F->cu)) {
+    if (n > 0 && n_parts > 1 && n_parts <= MM_MULTI_PARTS && duet_cuda_get_invariant(F->cu) &&
+        !duet_cuda_get_exact(F->cu)) {
         int used[MM_MULTI_PARTS] = {0};
         for (int i = 0; i < n_parts; i++) {
             if (used[i])
@@ -1624,7 +1639,7 @@ static int use_grouped(const fc_t *F, int layer)
 {
     const layer_dev_t *lw = &F->mc->layers[layer];
     size_t e = 3 * (size_t)F->mc->e0;
-    return lw->grouped && !F->mc->moe_host_route && duet_cuda_matmul_grouped_ok(&lw->experts[e], F->xn) &&
+    return lw->grouped && !F->mc->moe_host_route && !duet_cuda_get_exact(F->cu) && duet_cuda_matmul_grouped_ok(&lw->experts[e], F->xn) &&
            duet_cuda_matmul_grouped_ok(&lw->experts[e + 1], F->eg);
 }
 
@@ -1863,7 +1878,8 @@ static int hc_fused(const fc_t *F)
 {
     duet_cuda_info_t info;
     duet_cuda_info(F->cu, &info);
-    return duet_cuda_hc_norm_ok(F->c->hc_mult, F->c->hidden_size) && F->R <= info.sm_count;
+    return duet_cuda_hc_norm_ok(F->c->hc_mult, F->c->hidden_size) && F->R <= info.sm_count &&
+           !duet_cuda_get_exact(F->cu);
 }
 
 /* A layer's hyper-connection pre-mix of F->h and the norm of its result into F->xn: one fused
@@ -2058,7 +2074,7 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     }
     /* wo_a grouped: decode-sized calls with the batch-invariant matmuls (the launch per group
      * takes the same kernel there, so the same bits); larger calls keep a launch per group */
-    F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c);
+    F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c) && !duet_cuda_get_exact(mc->c);
     /* dependent launches for decode-sized calls; a prefill's kernels launch the ordinary way
      * (after cuBLASLt's GEMMs the dependent form made a prefill slower: docs/PERF.md) */
     duet_cuda_set_pdl(mc->c, !mc->no_pdl && R <= PDL_MAX_ROWS);

@@ -19,6 +19,8 @@
 #     batch vs CPU (logits nmse, first greedy difference), plus the GPU
 #     batch-invariance check (alone vs batched, chunked vs single-shot);
 #   - tiny-bf16 with fp8 KV and fp8 index-K; tiny-fp8-fp4 with bf16 and fp8 caches;
+#   - the same four in CPU-exact mode (--exact: every logit the CPU's bits), and duet-generate
+#     with DUET_CUDA_EXACT=1 against the CPU over 256 tokens;
 #   - the slice fixture: prefill tokens/s at 4k, decode step time at batch 1,
 #     32 and 128 with a 4k context, and prefill and decode at those batches
 #     (--batches) with a 32k context, each against its roofline;
@@ -27,7 +29,8 @@
 # Prints one table at the end; full logs go to $OUT (elsewhere
 # build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
 #
-# Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops,
+# Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops, --ops-only LIST
+# (duet-check-ops for the groups LIST names, e.g. 'exact rope'),
 # --ops-bench, --batches LIST (default 1,32,128), --long-ctx N (default 32768; 0: none),
 # --prompts N, --tokens N, --phases (the slice at 4k, batches 1 and 32, again with the
 # forward call's GPU time split by phase: duet-check-forward --phases), --kernels (one decode step
@@ -54,7 +57,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
+prompts=20 tokens=256 bench=1 ops=1 ops_only="" moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -67,6 +70,7 @@ while [ $# -gt 0 ]; do
     --quick) prompts=4 tokens=32 ;;
     --no-bench) bench=0 ;;
     --no-ops) ops=0 ;;
+    --ops-only) ops_only="$2"; shift ;;
     --moe-host) moe_host=1 ;;
     --phases) phases=1 ;;
     --kernels) kernels=1 ;;
@@ -80,7 +84,7 @@ while [ $# -gt 0 ]; do
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-only LIST] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -121,8 +125,16 @@ fi
 fail=0
 if [ "$ops" = 1 ] && [ -x "$BIN/duet-check-ops" ]; then
   say "== operation checks"
-  timeout 300 "$BIN/duet-check-ops" >"$RES/check-ops.txt" 2>>"$LOG"  # about 130 s; 150 cut a slower host short
-  rc=$?
+  if [ -n "$ops_only" ]; then
+    rc=0; first=1
+    for op in $ops_only; do
+      if [ "$first" = 1 ]; then hdr=(); first=0; else hdr=(--no-header); fi
+      timeout 300 "$BIN/duet-check-ops" "${hdr[@]}" --op "$op" >>"$RES/check-ops.txt" 2>>"$LOG" || rc=$?
+    done
+  else
+    timeout 300 "$BIN/duet-check-ops" >"$RES/check-ops.txt" 2>>"$LOG"  # about 130 s; 150 cut a slower host short
+    rc=$?
+  fi
   p=$(grep -c ' ok ' "$RES/check-ops.txt" || true); f=$(grep -c ' FAIL' "$RES/check-ops.txt" || true)
   echo "operation checks: $p passed, $f failed (exit $rc)" | tee -a "$LOG" "$SUM"
   grep ' FAIL' "$RES/check-ops.txt" | cut -c1-200 | tee -a "$SUM"
@@ -153,21 +165,27 @@ slice_bench() {
   [ "$rc" = 0 ] || fail=1
 }
 
-# name, model, kv, index-k, tolerance
+# name, model, kv, index-k, tolerance [, more duet-check-forward options]
 run_check() {
   local name="$1" model="$2" kv="$3" ik="$4" tol="$5"
+  shift 5
   say "== forward $name"
-  timeout 100 "$BIN/duet-check-forward" --model "$model" --prompts "$prompts" --tokens "$tokens" \
-    --kv-dtype "$kv" --index-k-dtype "$ik" --tol "$tol" >"$RES/forward-$name.txt" 2>>"$LOG"
+  timeout 150 "$BIN/duet-check-forward" --model "$model" --prompts "$prompts" --tokens "$tokens" \
+    --kv-dtype "$kv" --index-k-dtype "$ik" --tol "$tol" "$@" >"$RES/forward-$name.txt" 2>>"$LOG"
   local rc=$?
   cat "$RES/forward-$name.txt" >>"$LOG"
-  { echo "[$name] exit $rc"; grep '^forward:\|^greedy:\|^invariance' "$RES/forward-$name.txt"; } | tee -a "$SUM"
+  { echo "[$name] exit $rc"; grep '^forward:\|^greedy:\|^bits:\|^invariance' "$RES/forward-$name.txt"; } | tee -a "$SUM"
   [ "$rc" = 0 ] || fail=1
 }
 run_check bf16 "$FIX/tiny-bf16" bf16 bf16 1e-4
 run_check fp8kv "$FIX/tiny-bf16" fp8 fp8 1e-3
 run_check fp8w-bf16kv "$FIX/tiny-fp8-fp4" bf16 bf16 1e-4
 run_check fp8w-fp8kv "$FIX/tiny-fp8-fp4" fp8 fp8 1e-3
+# CPU-exact mode (duet_cuda_set_exact): every logit the CPU's bits, so every prompt's greedy tokens
+run_check exact-bf16 "$FIX/tiny-bf16" bf16 bf16 1e-4 --exact
+run_check exact-fp8kv "$FIX/tiny-bf16" fp8 fp8 1e-3 --exact
+run_check exact-fp8w-bf16kv "$FIX/tiny-fp8-fp4" bf16 bf16 1e-4 --exact
+run_check exact-fp8w-fp8kv "$FIX/tiny-fp8-fp4" fp8 fp8 1e-3 --exact
 
 # duet-generate --device cuda against the CPU: the same greedy tokens on a short prompt
 if [ -x "$BIN/duet-generate" ]; then
@@ -177,6 +195,12 @@ if [ -x "$BIN/duet-generate" ]; then
   if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then r=same; else r=DIFFERENT; fail=1; fi
   echo "duet-generate tiny-bf16, 32 tokens: cpu and cuda outputs $r" | tee -a "$SUM"
   echo "cpu:  $g_cpu" >>"$LOG"; echo "cuda: $g_gpu" >>"$LOG"
+  # the same in CPU-exact mode, 256 tokens
+  g_cpu="$(timeout 60 "$BIN/duet-generate" --model "$FIX/tiny-bf16" --prompt-ids 5,6,7,8,9,10,11 --max-tokens 256 2>>"$LOG")"
+  g_gpu="$(DUET_CUDA_EXACT=1 timeout 60 "$BIN/duet-generate" --model "$FIX/tiny-bf16" --prompt-ids 5,6,7,8,9,10,11 --max-tokens 256 --device cuda 2>>"$LOG")"
+  if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then r=same; else r=DIFFERENT; fail=1; fi
+  echo "duet-generate tiny-bf16, 256 tokens, DUET_CUDA_EXACT=1: cpu and cuda outputs $r" | tee -a "$SUM"
+  echo "cpu:  $g_cpu" >>"$LOG"; echo "cuda exact: $g_gpu" >>"$LOG"
 fi
 
 if [ -n "$slice_pid" ]; then

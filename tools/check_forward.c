@@ -19,6 +19,10 @@
  * single-shot and with a chunked prefill, for a few steps; their logits are
  * compared bit for bit with each other and with the batched run.
  *
+ * With --exact (CPU-exact mode, duet_cuda_set_exact) every logit of every step must be the
+ * CPU's bits, and so every prompt's greedy tokens the CPU's: the `bits:` line counts those that
+ * are not (printed in both modes).
+ *
  * Bench mode (--bench): on a real-width model (the slice fixture), prefill
  * tokens/s at a given context, decode step time at given batches with that
  * context, each beside its roofline: max(bytes / copy bandwidth, FLOPs /
@@ -53,6 +57,7 @@
 typedef struct {
     const char *model_dir;
     int n_prompts, n_tokens, device, chunk, inv_prompts, inv_steps, bench, ctx, staging, tp, decode_only, phases;
+    int exact;           /* --exact: CPU-exact mode (duet_cuda_set_exact), every logit the CPU's bits */
     int profile_prefill; /* the profiler's span (ncu --profile-from-start off): the timed batch-invariant
                             prefill instead of the last decode step */
     int batches[8], n_batches;
@@ -283,6 +288,8 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
     double *errs = calloc((size_t)N * T, sizeof(double));
     int *first = malloc(sizeof(int) * (size_t)N), *worst_step = calloc((size_t)N, sizeof(int));
     greedy_diff_t gd = {.gap_all = calloc((size_t)N * T, sizeof(double))};
+    size_t bits_diff = 0; /* logits whose bits are not the CPU's */
+    double bits_max = 0;
     if (!seqs || !items || !gl || !keep || !worst || !sum || !errs || !first || !worst_step || !gd.gap_all) {
         fprintf(stderr, "check-forward: out of memory\n");
         return 2;
@@ -306,7 +313,10 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
         }
         for (int i = 0; i < N; i++) {
             const float *c = cl[i] + (size_t)s * V, *gp = gl + (size_t)i * V;
-            double e = fwd_nmse(gp, c, (size_t)V);
+            double e = fwd_nmse(gp, c, (size_t)V), dmax;
+            bits_diff += n_diff(gp, c, (size_t)V, &dmax);
+            if (dmax > bits_max)
+                bits_max = dmax;
             if (s == 0 || e > worst[i] || isnan(e)) {
                 worst[i] = e;
                 worst_step[i] = s;
@@ -359,6 +369,11 @@ static int check(const args_t *a, const duet_model_t *m, gpu_t *g)
 
     int greedy_bad = greedy_diff_print(&gd, a->tol);
     free(gd.gap_all);
+    printf("bits: %zu of %zu logits (%d prompts x %d steps x %d) differ from the CPU's bits (largest difference "
+           "%.3g)%s\n", bits_diff, (size_t)N * T * V, N, T, V, bits_max,
+           a->exact ? (bits_diff ? "; FAIL: CPU-exact mode requires none" : "; CPU-exact mode: none, as required") : "");
+    if (a->exact && (bits_diff || same != N))
+        bad++;
 
     /* batch invariance: alone single-shot vs batched, chunked vs single-shot */
     int inv_bad = 0;
@@ -704,6 +719,8 @@ static void usage(FILE *f)
                "                            timed batch-invariant prefill instead of the last decode step\n"
                "  --staging N               the workers' staging copies for an N-token sequence, checked and timed\n"
                "  --tp N                    check mode on a tensor-parallel group of GPUs N.. of --device (NCCL)\n"
+               "  --exact                   CPU-exact mode (DUET_CUDA_EXACT): check mode requires every logit of\n"
+               "                            every step to be the CPU's bits, so the same greedy tokens\n"
                "  --device N --seed S --page-tokens N\n");
 }
 
@@ -713,14 +730,15 @@ int main(int argc, char **argv)
                 .batches = {1, 32}, .n_batches = 2, .seed = 20260101, .tol = 1e-5,
                 .opts = {.page_tokens = 256, .kv_dtype = DUET_CACHE_BF16, .index_k_dtype = DUET_CACHE_BF16}};
     enum { O_MODEL = 256, O_P, O_T, O_KV, O_IK, O_TOL, O_CHUNK, O_INV, O_BENCH, O_CTX, O_BATCH, O_DEV, O_SEED, O_PT,
-           O_STAGE, O_TP, O_DECODE_ONLY, O_PHASES, O_PROFILE_PREFILL, O_HELP };
+           O_STAGE, O_TP, O_DECODE_ONLY, O_PHASES, O_PROFILE_PREFILL, O_EXACT, O_HELP };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"prompts", 1, 0, O_P}, {"tokens", 1, 0, O_T}, {"kv-dtype", 1, 0, O_KV},
         {"index-k-dtype", 1, 0, O_IK}, {"tol", 1, 0, O_TOL}, {"chunk", 1, 0, O_CHUNK}, {"invariance", 1, 0, O_INV},
         {"bench", 0, 0, O_BENCH}, {"ctx", 1, 0, O_CTX}, {"batches", 1, 0, O_BATCH}, {"device", 1, 0, O_DEV},
         {"seed", 1, 0, O_SEED}, {"page-tokens", 1, 0, O_PT}, {"staging", 1, 0, O_STAGE}, {"tp", 1, 0, O_TP},
         {"decode-only", 0, 0, O_DECODE_ONLY}, {"phases", 0, 0, O_PHASES},
-        {"profile-prefill", 0, 0, O_PROFILE_PREFILL}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"profile-prefill", 0, 0, O_PROFILE_PREFILL}, {"exact", 0, 0, O_EXACT}, {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0}};
     int o;
     duet_log_init_from_env();
     while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -742,6 +760,7 @@ int main(int argc, char **argv)
         case O_DECODE_ONLY: a.decode_only = 1; break;
         case O_PHASES: a.phases = 1; break;
         case O_PROFILE_PREFILL: a.profile_prefill = 1; break;
+        case O_EXACT: a.exact = 1; break;
         case O_CTX: a.ctx = atoi(optarg); break;
         case O_BATCH: {
             a.n_batches = 0;
@@ -763,6 +782,10 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
+    if (a.exact && (a.tp > 1 || a.staging)) {
+        fprintf(stderr, "duet-check-forward: --exact: check or bench mode on one GPU\n");
+        return 2;
+    }
     if (a.tp < 1 || a.tp > DUET_TP_MAX || (a.tp > 1 && (a.bench || a.staging))) {
         fprintf(stderr, "duet-check-forward: --tp %d: 1 to %d, check mode only\n", a.tp, DUET_TP_MAX);
         return 2;
@@ -776,6 +799,7 @@ int main(int argc, char **argv)
     gpu_t g = {.tp = a.tp, .device = a.device};
     double t0 = duet_time_s();
     if (duet_model_load(a.model_dir, &m, &err) != DUET_OK || duet_cuda_create(a.device, &g.cu, &err) != DUET_OK ||
+        (a.exact && (duet_cuda_set_exact(g.cu, 1), 0)) || /* before the upload: weights untiled */
         (!a.staging && a.tp == 1 && duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK)) {
         fprintf(stderr, "duet-check-forward: %s\n", duet_err_text(&err));
         duet_model_cuda_destroy(&g.mc);

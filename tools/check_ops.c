@@ -17,6 +17,7 @@
  * moe_experts (sort, grouped w1+w3, SwiGLU, grouped w2, combine) against forward.c's
  * expert loop on the CPU ("cpu"), bit for bit against the per-expert device path
  * ("1by1"), and bit for bit for three rows run alone ("solo": batch invariance).
+ * CPU-exact mode (--op exact): duet_cuda_set_exact's operations bit for bit against the CPU.
  * copy_list (--op copy_list): bit for bit against memcpy over the whole
  * destination, random lists of several shapes and alignments, device and pinned
  * host sides.
@@ -268,6 +269,24 @@ static void row_bytes(row_t *row, const void *gpu, const void *ref, size_t n)
     row->pass = diff == 0;
     if (diff && !row->note[0])
         snprintf(row->note, sizeof row->note, "first byte %zu: gpu 0x%02x cpu 0x%02x", first, a[first], b[first]);
+}
+
+/* Floats bit for bit: err counts the elements whose bits differ (NaN payloads included). */
+static void row_f32_bits(row_t *row, const float *gpu, const float *ref, size_t n)
+{
+    size_t diff = 0, first = (size_t)-1;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&gpu[i], &ref[i], sizeof(float))) {
+            if (first == (size_t)-1)
+                first = i;
+            diff++;
+        }
+    row->exact = 1;
+    row->tol = 0;
+    row->err = (double)diff;
+    row->pass = diff == 0;
+    if (diff && !row->note[0])
+        snprintf(row->note, sizeof row->note, "first [%zu]: gpu %.9g cpu %.9g", first, gpu[first], ref[first]);
 }
 
 /* Exact int32 results: several arrays one operation writes (n parts: name[i], n_el[i] values of
@@ -1707,7 +1726,7 @@ static void case_rope(ck_t *ck, int n, int n_heads, int head_dim, int rope_dim, 
     CK(rope_call(ck, &a));
     ddownload(ck, out, a.dx, 4 * nx);
     duet_cpu_rope(ref, n, n_heads, head_dim, pos, &a.rope, sign);
-    row_float(&row, out, ref, nx, 1e-5);
+    row_f32_bits(&row, out, ref, nx); /* ref_math.h's sine and cosine on both */
     /* in place: bench on the rotated data (rotating again is the same work) */
     double rb = 8.0 * n * n_heads * rope_dim;
     bench_row(ck, &row, rope_call, &a, rb, 6.0 * n * n_heads * rope_dim / 2, BOUND_FP32);
@@ -1752,7 +1771,7 @@ static void case_swiglu(ck_t *ck, int n, int inter, float limit)
     CK(swiglu_call(ck, &a));
     ddownload(ck, y, a.dy, 4 * nx);
     duet_cpu_swiglu(g, u, n, inter, limit, ref);
-    row_float(&row, y, ref, nx, 1e-6);
+    row_f32_bits(&row, y, ref, nx); /* ref_math.h's exponential on both */
     bench_row(ck, &row, swiglu_call, &a, 12.0 * nx, 5.0 * nx, BOUND_FP32);
     print_row(ck, &row);
     free(g); free(u); free(y); free(ref);
@@ -2242,7 +2261,7 @@ static void case_compress(ck_t *ck, int n_slots, int dim, int stride, int n_entr
     ddownload(ck, out, a.dout, 4 * no);
     for (int e = 0; e < n_entries; e++)
         duet_cpu_compress_pool(kv + e * es, g + e * es, n_slots, dim, stride, ref + (size_t)e * dim);
-    row_float(&row, out, ref, no, 1e-5);
+    row_f32_bits(&row, out, ref, no); /* the CPU's order, ref_math.h's exponential */
     bench_row(ck, &row, cp_call, &a, 8.0 * n_slots * (double)dim * n_entries + 4.0 * no,
               5.0 * n_slots * (double)dim * n_entries, BOUND_FP32);
     print_row(ck, &row);
@@ -4171,6 +4190,162 @@ static void print_ceilings(const ck_t *ck)
            c->h2d_gbps, c->d2h_gbps);
 }
 
+/* ---- CPU-exact mode ---- */
+
+/* duet_cuda_set_exact: each operation whose fast kernels sum in another order, against the CPU
+ * table bit for bit, on shapes with ragged widths (columns not a multiple of the lanes, rows
+ * not of the blocks) and the tiny fixture's. */
+static void exact_matmul(ck_t *ck, duet_dtype_t dt, duet_dtype_t sdt, int rows, int cols, int rb, int re, int n)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "exact-mm/%d/%d/%d/%d/%d/%d", (int)dt, (int)sdt, rows, cols, rb, n);
+    rng_init(&r, ck->seed, tag);
+    weight_t W;
+    weight_make(ck, &r, &W, dt, rows, cols, sdt);
+    int m = re - rb;
+    float *x = rand_f32(&r, (size_t)n * cols, 1.0f), *y = xmalloc(4 * (size_t)n * m), *ref = xmalloc(4 * (size_t)n * m);
+    float *dx = dupload(ck, x, 4 * (size_t)n * cols), *dy = dmalloc(ck, 4 * (size_t)n * m);
+    dpoison(ck, dy, 4 * (size_t)n * m);
+    CK(duet_cuda_matmul(ck->c, &W.dw, rb, re, dx, n, dy));
+    ddownload(ck, y, dy, 4 * (size_t)n * m);
+    duet_cpu_matmul(&W.hw, rb, re, x, n, ref);
+    row_t row = row_new("exact:matmul", "%s%s %dx%d [%d,%d) n=%d", duet_dtype_name(dt),
+                        dt == DUET_DT_F8_E4M3 ? (sdt == DUET_DT_F32 ? "/f32" : "/e8m0") : "", rows, cols, rb, re, n);
+    row_f32_bits(&row, y, ref, (size_t)n * m);
+    print_row(ck, &row);
+    weight_free(ck, &W);
+    free(x); free(y); free(ref);
+    duet_cuda_free(ck->c, dx); duet_cuda_free(ck->c, dy);
+}
+
+static void exact_rmsnorm(ck_t *ck, int n, int dim, int weighted)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "exact-rms/%d/%d/%d", n, dim, weighted);
+    rng_init(&r, ck->seed, tag);
+    size_t nx = (size_t)n * dim;
+    float *x = rand_f32(&r, nx, 2.0f), *w = weighted ? rand_f32(&r, (size_t)dim, 1.0f) : NULL;
+    float *y = xmalloc(4 * nx), *ref = xmalloc(4 * nx);
+    float *dx = dupload(ck, x, 4 * nx), *dw = w ? dupload(ck, w, 4 * (size_t)dim) : NULL;
+    CK(duet_cuda_rmsnorm(ck->c, dx, dw, n, dim, 1e-6f, dx)); /* in place, as the engine calls it */
+    ddownload(ck, y, dx, 4 * nx);
+    duet_cpu_rmsnorm(x, w, n, dim, 1e-6f, ref);
+    row_t row = row_new("exact:rmsnorm", "n=%d dim=%d%s in place", n, dim, weighted ? " w" : "");
+    row_f32_bits(&row, y, ref, nx);
+    print_row(ck, &row);
+    free(x); free(w); free(y); free(ref);
+    duet_cuda_free(ck->c, dx); duet_cuda_free(ck->c, dw);
+}
+
+/* attention and the indexer: row b's keys at off[b] (key_counts), the last row with none */
+static void exact_attn_index(ck_t *ck, int rows, int heads, int dim, int max_keys)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "exact-attn/%d/%d/%d/%d", rows, heads, dim, max_keys);
+    rng_init(&r, ck->seed, tag);
+    int32_t *off = xmalloc(sizeof(int32_t) * (size_t)rows);
+    size_t total;
+    int32_t *nk = key_counts(rows, max_keys, off, &total);
+    nk[rows - 1] = 0;
+    size_t nq = (size_t)rows * heads * dim;
+    float *q = rand_f32(&r, nq, 0.5f), *keys = rand_f32(&r, total * dim, 1.0f), *sinks = rand_f32(&r, heads, 1.0f);
+    float *w = rand_f32(&r, (size_t)rows * heads, 0.125f);
+    float *out = xmalloc(4 * nq), *ref = xmalloc(4 * nq);
+    float *score = xmalloc(4 * (total ? total : 1)), *sref = xmalloc(4 * (total ? total : 1));
+    float *dq = dupload(ck, q, 4 * nq), *dk = dupload(ck, keys, 4 * total * dim), *ds = dupload(ck, sinks, 4 * heads);
+    float *dw = dupload(ck, w, 4 * (size_t)rows * heads), *dout = dmalloc(ck, 4 * nq);
+    float *dscore = dmalloc(ck, 4 * (total ? total : 1));
+    int32_t *doff = dupload(ck, off, 4 * (size_t)rows), *dn = dupload(ck, nk, 4 * (size_t)rows);
+    float scale = 1.0f / sqrtf((float)dim);
+    dpoison(ck, dout, 4 * nq);
+    CK(duet_cuda_attn_rows(ck->c, dq, rows, heads, dim, dk, doff, dn, max_keys, ds, scale, dout));
+    ddownload(ck, out, dout, 4 * nq);
+    for (int b = 0; b < rows; b++)
+        duet_cpu_attn_row(q + (size_t)b * heads * dim, heads, dim, keys + (size_t)off[b] * dim, nk[b], sinks, scale,
+                          ref + (size_t)b * heads * dim);
+    row_t row = row_new("exact:attn", "rows=%d %dx%d keys<=%d", rows, heads, dim, max_keys);
+    row_f32_bits(&row, out, ref, nq);
+    print_row(ck, &row);
+
+    dpoison(ck, dscore, 4 * (total ? total : 1));
+    CK(duet_cuda_index_score(ck->c, dq, dw, rows, heads, dim, dk, doff, dn, max_keys, scale, dscore));
+    ddownload(ck, score, dscore, 4 * total);
+    for (int b = 0; b < rows; b++)
+        duet_cpu_index_score(q + (size_t)b * heads * dim, w + (size_t)b * heads, heads, dim,
+                             keys + (size_t)off[b] * dim, nk[b], scale, sref + off[b]);
+    row = row_new("exact:index", "rows=%d %dx%d keys<=%d", rows, heads, dim, max_keys);
+    row_f32_bits(&row, score, sref, total);
+    print_row(ck, &row);
+    free(off); free(nk); free(q); free(keys); free(sinks); free(w); free(out); free(ref); free(score); free(sref);
+    duet_cuda_free(ck->c, dq); duet_cuda_free(ck->c, dk); duet_cuda_free(ck->c, ds); duet_cuda_free(ck->c, dw);
+    duet_cuda_free(ck->c, dout); duet_cuda_free(ck->c, dscore); duet_cuda_free(ck->c, doff);
+    duet_cuda_free(ck->c, dn);
+}
+
+static void exact_hc(ck_t *ck, int n, int hc, int dim)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "exact-hc/%d/%d/%d", n, hc, dim);
+    rng_init(&r, ck->seed, tag);
+    int mix = (2 + hc) * hc, flat = hc * dim, iters = 20;
+    float hc_eps = 1e-6f, norm_eps = 1e-6f;
+    float *x = rand_f32(&r, (size_t)n * flat, 1.0f), *fn = rand_f32(&r, (size_t)mix * flat, 0.05f);
+    float *base = rand_f32(&r, (size_t)mix, 0.5f), *scale = rand_f32(&r, 3, 1.0f);
+    float *post = xmalloc(4 * (size_t)n * hc), *comb = xmalloc(4 * (size_t)n * hc * hc);
+    float *col = xmalloc(4 * (size_t)n * dim), *rpost = xmalloc(4 * (size_t)n * hc);
+    float *rcomb = xmalloc(4 * (size_t)n * hc * hc), *rcol = xmalloc(4 * (size_t)n * dim);
+    float *dx = dupload(ck, x, 4 * (size_t)n * flat), *dfn = dupload(ck, fn, 4 * (size_t)mix * flat);
+    float *dbase = dupload(ck, base, 4 * (size_t)mix), *dscale = dupload(ck, scale, 12);
+    float *dpost = dmalloc(ck, 4 * (size_t)n * hc), *dcomb = dmalloc(ck, 4 * (size_t)n * hc * hc);
+    float *dcol = dmalloc(ck, 4 * (size_t)n * dim);
+    CK(duet_cuda_hc_pre(ck->c, dx, n, hc, dim, dfn, dbase, dscale, iters, hc_eps, norm_eps, dpost, dcomb, dcol));
+    ddownload(ck, post, dpost, 4 * (size_t)n * hc);
+    ddownload(ck, comb, dcomb, 4 * (size_t)n * hc * hc);
+    ddownload(ck, col, dcol, 4 * (size_t)n * dim);
+    duet_cpu_hc_pre(x, n, hc, dim, fn, base, scale, iters, hc_eps, norm_eps, rpost, rcomb, rcol);
+    row_t row = row_new("exact:hc_pre", "n=%d hc=%d dim=%d", n, hc, dim);
+    row_f32_bits(&row, post, rpost, (size_t)n * hc);
+    if (row.pass)
+        row_f32_bits(&row, comb, rcomb, (size_t)n * hc * hc);
+    if (row.pass)
+        row_f32_bits(&row, col, rcol, (size_t)n * dim);
+    print_row(ck, &row);
+    /* the head: hc mixes of fn's first rows, one scale */
+    CK(duet_cuda_hc_head(ck->c, dx, n, hc, dim, dfn, dbase, scale[0], hc_eps, norm_eps, dcol));
+    ddownload(ck, col, dcol, 4 * (size_t)n * dim);
+    duet_cpu_hc_head(x, n, hc, dim, fn, base, scale[0], hc_eps, norm_eps, rcol);
+    row = row_new("exact:hc_head", "n=%d hc=%d dim=%d", n, hc, dim);
+    row_f32_bits(&row, col, rcol, (size_t)n * dim);
+    print_row(ck, &row);
+    free(x); free(fn); free(base); free(scale); free(post); free(comb); free(col); free(rpost); free(rcomb);
+    free(rcol);
+    duet_cuda_free(ck->c, dx); duet_cuda_free(ck->c, dfn); duet_cuda_free(ck->c, dbase);
+    duet_cuda_free(ck->c, dscale); duet_cuda_free(ck->c, dpost); duet_cuda_free(ck->c, dcomb);
+    duet_cuda_free(ck->c, dcol);
+}
+
+static void group_exact(ck_t *ck)
+{
+    duet_cuda_set_exact(ck->c, 1);
+    exact_matmul(ck, DUET_DT_BF16, DUET_DT_F32, 300, 129, 5, 290, 3);
+    exact_matmul(ck, DUET_DT_BF16, DUET_DT_F32, 4096, 128, 0, 4096, 2); /* the tiny head's width */
+    exact_matmul(ck, DUET_DT_F32, DUET_DT_F32, 64, 100, 0, 64, 2);
+    exact_matmul(ck, DUET_DT_F8_E4M3, DUET_DT_F32, 384, 300, 128, 384, 4);
+    exact_matmul(ck, DUET_DT_F8_E4M3, DUET_DT_F8_E8M0, 256, 512, 0, 256, 2);
+    exact_matmul(ck, DUET_DT_F4_E2M1X2, DUET_DT_F8_E8M0, 128, 256, 0, 128, 3);
+    exact_rmsnorm(ck, 5, 128, 1);
+    exact_rmsnorm(ck, 33, 500, 0);
+    exact_attn_index(ck, 6, 4, 128, 40);
+    exact_attn_index(ck, 3, 3, 20, 7);
+    exact_hc(ck, 3, 4, 128);
+    exact_hc(ck, 2, 3, 40);
+    duet_cuda_set_exact(ck->c, 0);
+}
+
 /* ---- main ---- */
 
 typedef struct {
@@ -4202,6 +4377,7 @@ static const group_t GROUPS[] = {
     {"reads", group_reads},
     {"pdl", group_pdl},
     {"wait", group_wait},
+    {"exact", group_exact},
 };
 #define N_GROUPS (sizeof GROUPS / sizeof GROUPS[0])
 

@@ -1,21 +1,20 @@
 /* CPU reference: norms, RoPE, attention, compressor pooling, indexer, top-k,
- * hyper-connections, SwiGLU.  Plain loops; shapes in the comments. */
+ * hyper-connections, SwiGLU.  Plain loops; shapes in the comments.  The exponential,
+ * sine and cosine are ref_math.h's (the same bits on every machine and on the GPU). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels_cpu.h"
+#include "ref_math.h"
 
 void duet_cpu_rmsnorm(const float *x, const float *weight, int n, int dim, float eps, float *y)
 {
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
         float *yi = y + (size_t)i * dim;
-        float ss = 0.0f;
-        for (int c = 0; c < dim; c++)
-            ss += xi[c] * xi[c];
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        float inv = duet_ref_rms_inv(duet_ref_dot(xi, xi, dim), dim, eps);
         for (int c = 0; c < dim; c++)
             yi[c] = weight ? weight[c] * (xi[c] * inv) : xi[c] * inv;
     }
@@ -28,7 +27,9 @@ void duet_cpu_rope(float *x, int n, int n_heads, int head_dim, const int64_t *po
         float p = (float)pos[i];
         for (int j = 0; j < rd / 2; j++) {
             float f = r->inv_freq[j] * p;
-            float c = cosf(f), s = sinf(f) * (float)sign;
+            float c, s;
+            duet_ref_sincosf(f, &s, &c);
+            s = s * (float)sign;
             for (int h = 0; h < n_heads; h++) {
                 float *v = x + ((size_t)i * n_heads + h) * head_dim + off;
                 float a = v[2 * j], b = v[2 * j + 1];
@@ -57,9 +58,9 @@ void duet_cpu_attn_row(const float *q, int n_heads, int dim, const float *keys, 
             if (logit[j] > mx)
                 mx = logit[j];
         }
-        float denom = expf(sinks[h] - mx);
+        float denom = duet_ref_expf(sinks[h] - mx);
         for (int j = 0; j < n_keys; j++) {
-            logit[j] = expf(logit[j] - mx);
+            logit[j] = duet_ref_expf(logit[j] - mx);
             denom += logit[j];
         }
         for (int c = 0; c < dim; c++)
@@ -90,12 +91,12 @@ void duet_cpu_compress_pool(const float *kv, const float *gate, int n_slots, int
             continue;
         }
         for (int s = 0; s < n_slots; s++)
-            denom += expf(gate[(size_t)s * stride + c] - mx);
+            denom += duet_ref_expf(gate[(size_t)s * stride + c] - mx);
         for (int s = 0; s < n_slots; s++) {
             float g = gate[(size_t)s * stride + c];
             if (g == -INFINITY)
                 continue;
-            acc += kv[(size_t)s * stride + c] * (expf(g - mx) / denom);
+            acc += kv[(size_t)s * stride + c] * (duet_ref_expf(g - mx) / denom);
         }
         out[c] = acc;
     }
@@ -183,8 +184,6 @@ void duet_cpu_topk(const float *v, int n, int k, int32_t *idx)
     qsort(idx, (size_t)k, sizeof(int32_t), cmp_i32);
 }
 
-static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 /* x(n, hc, dim); fn(mix = (2+hc)*hc, hc*dim) */
 void duet_cpu_hc_pre(const float *x, int n, int hc, int dim, const float *fn, const float *base, const float *scale,
                      int sinkhorn_iters, float hc_eps, float norm_eps, float *post, float *comb, float *collapsed)
@@ -204,44 +203,7 @@ void duet_cpu_hc_pre(const float *x, int n, int hc, int dim, const float *fn, co
             mixes[m] = acc;
         }
         float *po = post + (size_t)i * hc, *cb = comb + (size_t)i * hc * hc;
-        for (int k = 0; k < hc; k++) {
-            pre[k] = sigmoidf_(mixes[k] * scale[0] + base[k]) + hc_eps;
-            po[k] = 2.0f * sigmoidf_(mixes[hc + k] * scale[1] + base[hc + k]);
-        }
-        /* comb[j][k]: row softmax + eps, then column normalisation, then (iters-1) x (row, column) */
-        for (int j = 0; j < hc; j++) {
-            float mx = -INFINITY;
-            for (int k = 0; k < hc; k++) {
-                float v = mixes[2 * hc + j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
-                cb[j * hc + k] = v;
-                if (v > mx)
-                    mx = v;
-            }
-            float s = 0.0f;
-            for (int k = 0; k < hc; k++) {
-                cb[j * hc + k] = expf(cb[j * hc + k] - mx);
-                s += cb[j * hc + k];
-            }
-            for (int k = 0; k < hc; k++)
-                cb[j * hc + k] = cb[j * hc + k] / s + hc_eps;
-        }
-        for (int it = 0; it < sinkhorn_iters; it++) {
-            if (it > 0)
-                for (int j = 0; j < hc; j++) {
-                    float s = 0.0f;
-                    for (int k = 0; k < hc; k++)
-                        s += cb[j * hc + k];
-                    for (int k = 0; k < hc; k++)
-                        cb[j * hc + k] /= s + hc_eps;
-                }
-            for (int k = 0; k < hc; k++) {
-                float s = 0.0f;
-                for (int j = 0; j < hc; j++)
-                    s += cb[j * hc + k];
-                for (int j = 0; j < hc; j++)
-                    cb[j * hc + k] /= s + hc_eps;
-            }
-        }
+        duet_ref_hc_mix(mixes, hc, scale, base, sinkhorn_iters, hc_eps, pre, po, cb);
         float *y = collapsed + (size_t)i * dim;
         for (int c = 0; c < dim; c++) {
             float acc = 0.0f;
@@ -288,7 +250,7 @@ void duet_cpu_hc_head(const float *x, int n, int hc, int dim, const float *fn, c
             float acc = 0.0f;
             for (int c = 0; c < flat_dim; c++)
                 acc += flat[c] * f[c];
-            pre[k] = sigmoidf_(acc * scale + base[k]) + hc_eps;
+            pre[k] = duet_ref_sigmoidf(acc * scale + base[k]) + hc_eps;
         }
         float *yi = y + (size_t)i * dim;
         for (int c = 0; c < dim; c++) {
@@ -313,6 +275,6 @@ void duet_cpu_swiglu(const float *gate, const float *up, int n, int inter, float
             if (u < -limit)
                 u = -limit;
         }
-        y[i] = g / (1.0f + expf(-g)) * u;
+        y[i] = g / (1.0f + duet_ref_expf(-g)) * u;
     }
 }

@@ -11,6 +11,7 @@
  * softmax denominator: out = Σ_s e^(m_s - M) o_s / (e^(sink - M) + Σ_s e^(m_s - M) l_s).
  * Bytes: q, keys and out once from memory (keys are re-read from L2 by the
  * head groups); FLOPs: 4*heads*dim per key. */
+#include "exact.cuh"
 #include "common.cuh"
 
 #define AT_HB 8
@@ -685,7 +686,7 @@ extern "C" void duet_cuda_set_attn_tc(duet_cuda_t *c, int on) { c->attn_no_tc = 
 
 extern "C" int duet_cuda_attn_rows_bf16_ok(const duet_cuda_t *c, int dim)
 {
-    return !c->attn_no_tc && duet_cuda_attn_rows_tc_ok(dim);
+    return !c->attn_no_tc && !c->exact && duet_cuda_attn_rows_tc_ok(dim);
 }
 
 /* keys: floats, or (bf16 != 0) bf16 bits, which only the tensor-core form reads. */
@@ -775,6 +776,8 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
                                              const float *keys, const int32_t *key_off, const int32_t *n_keys,
                                              int max_keys, const float *sinks, float scale, float *out)
 {
+    if (c->exact)
+        return duet_cuda_exact_attn_rows(c, q, n_rows, n_heads, dim, keys, key_off, n_keys, sinks, scale, out);
     return attn_rows(c, q, n_rows, n_heads, dim, keys, 0, key_off, n_keys, max_keys, sinks, scale, out);
 }
 
@@ -782,5 +785,7 @@ extern "C" duet_status_t duet_cuda_attn_rows_bf16(duet_cuda_t *c, const float *q
                                                   const uint16_t *keys, const int32_t *key_off, const int32_t *n_keys,
                                                   int max_keys, const float *sinks, float scale, float *out)
 {
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "attn_rows_bf16");
     return attn_rows(c, q, n_rows, n_heads, dim, keys, 1, key_off, n_keys, max_keys, sinks, scale, out);
 }

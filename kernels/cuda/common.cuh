@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ref_math.h"
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -84,6 +86,7 @@ struct duet_cuda {
     void *tc_count;       /* matmul split-K counters (int), zero between launches */
     int tc_count_n;
     int invariant;        /* duet_cuda_set_invariant: decompositions that never depend on the row count */
+    int exact;            /* duet_cuda_set_exact: the CPU reference's order and roundings (exact.cuh) */
     int attn_no_tc;       /* duet_cuda_set_attn_tc(c, 0): attn_rows on the fp32 units only */
     int pdl;              /* duet_cuda_set_pdl: launches that may start before the kernel ahead ends */
     int pdl_hold;         /* the next duet_cuda_launch the ordinary way: the stream wrote weights */

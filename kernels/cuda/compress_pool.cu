@@ -21,12 +21,12 @@ __global__ void compress_pool_kernel(const float *kv, const float *gate, int n_s
     }
     float denom = 0.0f, acc = 0.0f;
     for (int s = 0; s < n_slots; s++)
-        denom = __fadd_rn(denom, expf(__fsub_rn(g[(size_t)s * stride], mx)));
+        denom = __fadd_rn(denom, duet_ref_expf(__fsub_rn(g[(size_t)s * stride], mx)));
     for (int s = 0; s < n_slots; s++) {
         float gs = g[(size_t)s * stride];
         if (gs == -INFINITY)
             continue;
-        acc = __fadd_rn(acc, __fmul_rn(k[(size_t)s * stride], __fdiv_rn(expf(__fsub_rn(gs, mx)), denom)));
+        acc = __fadd_rn(acc, __fmul_rn(k[(size_t)s * stride], __fdiv_rn(duet_ref_expf(__fsub_rn(gs, mx)), denom)));
     }
     out[i] = acc;
 }

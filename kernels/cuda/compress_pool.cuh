@@ -1,8 +1,8 @@
 /* Compressor pooling on the GPU: duet_kernels_t.compress_pool for n_entries
  * entries in one launch.  Entry e reads kv + e*entry_stride and
  * gate + e*entry_stride (rows of `stride` floats, n_slots rows, first `dim`
- * used) and writes out + e*dim.  Same operation order as the CPU; expf differs
- * by an ulp or two (checked at 1e-5). */
+ * used) and writes out + e*dim.  Same operation order as the CPU, the
+ * exponential ref_math.h's on both: bit-exact. */
 #ifndef DUET_CUDA_COMPRESS_POOL_CUH
 #define DUET_CUDA_COMPRESS_POOL_CUH
 

@@ -283,6 +283,7 @@ extern "C" duet_cuda_t *duet_cuda_side(duet_cuda_t *c)
     }
     duet_cuda_t *s = c->side; /* the settings that choose kernels and decompositions, as c has them */
     s->invariant = c->invariant;
+    s->exact = c->exact;
     s->pdl = c->pdl;
     s->tc_presplit = c->tc_presplit;
     s->attn_no_tc = c->attn_no_tc;
@@ -316,6 +317,15 @@ extern "C" duet_status_t duet_cuda_join(duet_cuda_t *c)
 extern "C" void duet_cuda_set_invariant(duet_cuda_t *c, int on) { c->invariant = on != 0; }
 
 extern "C" int duet_cuda_get_invariant(const duet_cuda_t *c) { return c->invariant; }
+
+extern "C" void duet_cuda_set_exact(duet_cuda_t *c, int on)
+{
+    c->exact = on != 0;
+    if (c->side)
+        c->side->exact = c->exact;
+}
+
+extern "C" int duet_cuda_get_exact(const duet_cuda_t *c) { return c->exact; }
 
 extern "C" int duet_cuda_set_pdl(duet_cuda_t *c, int on)
 {

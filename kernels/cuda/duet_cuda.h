@@ -150,6 +150,16 @@ duet_status_t duet_cuda_fill_random(duet_cuda_t *c, void *p, size_t n, duet_dtyp
 void duet_cuda_set_invariant(duet_cuda_t *c, int on);
 int duet_cuda_get_invariant(const duet_cuda_t *c);
 
+/* CPU-exact mode (off by default; docs/CUDA.md "CPU-exact mode"): the operations whose fast
+ * kernels sum in another order than the CPU reference (matmul, rmsnorm, attn_rows,
+ * index_score, hc_pre, hc_head) take kernels in its order and with its roundings instead
+ * (exact.cuh), so that every result is the CPU table's bits: slow, for verification and for
+ * deployments that need the GPU to reproduce the CPU engine.  The fused and tensor-core forms
+ * (matmul_grouped, attn_rows_bf16, hc_pre_norm, hc_head_norm) then fail with
+ * DUET_ERR_UNSUPPORTED, and weights are to be uploaded untiled. */
+void duet_cuda_set_exact(duet_cuda_t *c, int on);
+int duet_cuda_get_exact(const duet_cuda_t *c);
+
 /* Programmatic dependent launches (on by default where the device has them, sm_90 and later):
  * the forward's kernels may be placed once the kernel ahead of them has no block left, before
  * its completion, and wait for it before they read or write anything (the matmuls load their

@@ -13,6 +13,7 @@
  * collapsed (rmsnorm.cu's threads and order), so the row is not stored and
  * read back by a third launch.
  * hc_post: one thread per (row, column), the CPU's loops. */
+#include "exact.cuh"
 #include "common.cuh"
 #include "rmsnorm.cuh"
 
@@ -20,7 +21,7 @@
 #define HC_MAX 16
 #define HC_MAX_SPLIT 32
 
-__device__ __forceinline__ float sigm(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float sigm(float x) { return duet_ref_sigmoidf(x); }
 
 /* Partial sums over one slice of HC_RG rows' hc*dim streams: part[0] = Σ x², part[1+m] = Σ x·fn[m],
  * per row.  grid (slices, row groups); a warp takes mix rows m and reads each fn value once for
@@ -243,7 +244,7 @@ __device__ void sinkhorn_warp(const float *mixes, int hc_rt, const float *base, 
     for (int q = 0; q < CAP; q++)
         if (q < hc)
             mx = fmaxf(mx, t[q]);
-    float e = on ? expf(__fsub_rn(v, mx)) : 0.0f;
+    float e = on ? duet_ref_expf(__fsub_rn(v, mx)) : 0.0f;
     row(e);
     float s = sum();
     v = on ? __fadd_rn(__fdiv_rn(e, s), hc_eps) : 0.0f;
@@ -277,7 +278,7 @@ __device__ void sinkhorn_serial(const float *mixes, int hc, const float *base, f
         }
         float s = 0.0f;
         for (int k = 0; k < hc; k++) {
-            cb[j * hc + k] = expf(__fsub_rn(cb[j * hc + k], mx));
+            cb[j * hc + k] = duet_ref_expf(__fsub_rn(cb[j * hc + k], mx));
             s = __fadd_rn(s, cb[j * hc + k]);
         }
         for (int k = 0; k < hc; k++)
@@ -551,6 +552,9 @@ extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n,
                                           const float *base, const float *scale, int sinkhorn_iters, float hc_eps,
                                           float norm_eps, float *post, float *comb, float *collapsed)
 {
+    if (c->exact)
+        return duet_cuda_exact_hc_pre(c, x, n, hc, dim, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, post, comb,
+                                      collapsed);
     return hc_launch(c, "hc_pre", false, false, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
                      norm_eps, post, comb, NULL, 0.0f, collapsed);
 }
@@ -582,6 +586,8 @@ extern "C" duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, i
                                                int sinkhorn_iters, float hc_eps, float norm_eps, float *post,
                                                float *comb, const float *norm_w, float eps, float *y)
 {
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "hc_pre_norm");
     return hc_launch(c, "hc_pre_norm", false, true, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
                      norm_eps, post, comb, norm_w, eps, y);
 }
@@ -590,6 +596,8 @@ extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, 
                                                 const float *fn, const float *base, float scale, float hc_eps,
                                                 float norm_eps, const float *norm_w, float eps, float *y)
 {
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "hc_head_norm");
     return hc_launch(c, "hc_head_norm", true, true, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL,
                      NULL, norm_w, eps, y);
 }
@@ -597,6 +605,8 @@ extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, 
 extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                            const float *base, float scale, float hc_eps, float norm_eps, float *y)
 {
+    if (c->exact)
+        return duet_cuda_exact_hc_head(c, x, n, hc, dim, fn, base, scale, hc_eps, norm_eps, y);
     return hc_launch(c, "hc_head", true, false, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL,
                      NULL, 0.0f, y);
 }

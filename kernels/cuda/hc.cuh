@@ -2,7 +2,8 @@
  * hc_head over device pointers (fn, base, scale included; hc <= 16).
  * hc_pre / hc_head: one block per row (RMSNorm of the hc*dim stream, the mix
  * products, then the tiny sigmoid / Sinkhorn part in one thread, in the CPU's
- * order); summation order and expf differ (checked at 1e-5).
+ * order, ref_math.h's exponential); the summation order differs (checked at 1e-5;
+ * CPU-exact mode, duet_cuda_set_exact, takes exact.cu's forms, the CPU's bits).
  * hc_post: the CPU's operations in its order without fused multiply-add,
  * bit-exact.  The column split of hc_pre / hc_head follows n, except in
  * batch-invariant mode (duet_cuda_set_invariant), where it is that of n = 1. */

@@ -17,6 +17,7 @@
  * buffer.  Reading an index-K pool directly (duet_cuda_index_score_cache),
  * the keys' values are decoded into registers the same way ahead of their
  * chunk and stored transposed after it. */
+#include "exact.cuh"
 #include "cache_codec.cuh"
 
 #define IS_KT 64
@@ -445,6 +446,9 @@ extern "C" duet_status_t duet_cuda_index_score_rows(duet_cuda_t *c, const float 
                                                     const int32_t *n_keys, const int32_t *score_off, int max_keys,
                                                     float scale, float *score)
 {
+    if (c->exact)
+        return duet_cuda_exact_index_score(c, q, w, n_rows, n_heads, dim, keys, NULL, NULL, NULL, NULL, key_off,
+                                           n_keys, score_off, max_keys, scale, score);
     is_keys ks = {};
     ks.f32 = keys;
     return is_launch<0>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
@@ -458,6 +462,9 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
                                                      float *score)
 {
     is_keys ks = {};
+    if (c->exact && l->kind == DUET_POOL_C4_INDEX_K && (int)l->vec_dim == dim)
+        return duet_cuda_exact_index_score(c, q, w, n_rows, n_heads, dim, NULL, l, base, unit, idx, key_off, n_keys,
+                                           score_off, max_keys, scale, score);
     if (entry_geom_of(l, &ks.g) || l->kind != DUET_POOL_C4_INDEX_K || (int)l->vec_dim != dim ||
         (ks.g.mode == 0 && (ks.g.page_bytes % 2 || ks.g.entry_data_bytes % 2)) ||
         (ks.g.mode == 2 && (ks.g.page_bytes % 4 || ks.g.scale_offset % 4 || ks.g.entry_scale_bytes != 4)) ||

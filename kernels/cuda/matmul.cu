@@ -16,6 +16,7 @@
  * cuBLASLt's block-scaled e4m3 GEMM. */
 #include <type_traits>
 
+#include "exact.cuh"
 #include "common.cuh"
 
 enum { WT_BF16 = 0, WT_F8, WT_F4, WT_F32 };
@@ -1985,6 +1986,8 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
                                                   const duet_cuda_expert_mats_t *mb, const duet_cuda_moe_plan_t *p,
                                                   const float *x, int use_xrow, float *ya, float *yb)
 {
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "matmul_grouped");
     const duet_weight_t *w = ma->proto;
     int kind = grouped_kind(w, x);
     if (kind < 0)
@@ -2841,6 +2844,8 @@ extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_beg
 extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
                                                     int row_end, const float *x, int n, float *y)
 {
+    if (c->exact)
+        return duet_cuda_exact_matmul(c, w, row_begin, row_end, x, n, y);
     if (duet_cuda_matmul_invariant_tc(w, row_begin, x)) {
         if (wide_ok(c, w, row_begin, x, n)) {
             DUET_TRY(check_args(c, w, row_begin, row_end, n));
@@ -2872,6 +2877,11 @@ extern "C" int duet_cuda_matmul_multi_ok(const duet_cuda_mm_part_t *parts, int n
 extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_mm_part_t *parts, int n_parts,
                                                 const float *x, int n)
 {
+    if (c->exact) { /* a launch a part */
+        for (int i = 0; i < n_parts; i++)
+            DUET_TRY(duet_cuda_exact_matmul(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y));
+        return DUET_OK;
+    }
     if (!duet_cuda_matmul_multi_ok(parts, n_parts, x))
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
                                "matmul_multi: %d parts not all tensor-core eligible weights of one dtype and width "
@@ -2928,6 +2938,8 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
 extern "C" duet_status_t duet_cuda_matmul(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
                                           const float *x, int n, float *y)
 {
+    if (c->exact)
+        return duet_cuda_exact_matmul(c, w, row_begin, row_end, x, n, y);
     if (c->invariant || w->tiled)
         return duet_cuda_matmul_invariant(c, w, row_begin, row_end, x, n, y);
     if (n > DUET_CUDA_GEMV_MAX_N || w->dtype == DUET_DT_F32) {

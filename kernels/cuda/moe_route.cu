@@ -19,16 +19,14 @@
 #define SORT_STATIC_SMEM (3 * (SORT_THREADS / 32) * sizeof(int))
 static_assert(SORT_THREADS % 32 == 0 && SORT_THREADS <= 1024, "moe_sort scans whole warps, at most 32");
 
-__device__ __forceinline__ float expf_cr(float x) { return (float)exp((double)x); }
-
 __device__ __forceinline__ float moe_score(int f, float z)
 {
     if (f == SCORE_SQRTSOFTPLUS) {
-        float sp = z > 20.0f ? z : (float)log1p((double)expf_cr(z));
+        float sp = z > 20.0f ? z : duet_ref_log1pf(duet_ref_expf(z));
         return __fsqrt_rn(sp);
     }
     if (f == SCORE_SIGMOID)
-        return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf_cr(-z)));
+        return duet_ref_sigmoidf(z);
     return z;
 }
 
@@ -95,7 +93,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
         __syncthreads();
         mx = s_red;
         for (int e = tid; e < E; e += blockDim.x)
-            sc[e] = expf_cr(__fsub_rn(sc[e], mx));
+            sc[e] = duet_ref_expf(__fsub_rn(sc[e], mx));
         __syncthreads();
         if (tid == 0) { /* the CPU's sequential sum */
             float s = 0.0f;

@@ -6,11 +6,9 @@
  *                duet_cpu_topk) or, on hash layers, tid2eid[token]; the weights
  *                score / (sum of the selected scores + 1e-20) when norm_topk_prob,
  *                times routed_scale, summed in the ids' order.  Expert ids are the
- *                CPU's exactly unless two biased scores are within an ulp of each
- *                other: exp and log1p are evaluated in double and rounded to float (the
- *                correctly rounded expf / log1pf but for rare midpoints), the other steps
- *                are the CPU's IEEE operations in its order, so weights agree to an ulp
- *                or two (checked at 1e-6).
+ *                CPU's and the weights too: the exponential and log(1 + y) are
+ *                ref_math.h's on both, the other steps the CPU's IEEE operations in
+ *                its order (checked at 1e-6, ids exactly).
  *   moe_sort     a counting sort of the (row, k) assignments by expert id, in one
  *                block: offs (E+1), tile prefix sums for 8-token, wide
  *                (duet_cuda_moe_wide_tile tokens: 32) and 64-token tiles

@@ -1,6 +1,7 @@
 /* rmsnorm on the GPU (contract in rmsnorm.cuh): one block per row; the sum
  * of squares in fp32 (a block reduction), then y = w * (x * inv) with the
  * CPU's roundings (no fused multiply-add). */
+#include "exact.cuh"
 #include "common.cuh"
 #include "matmul.cuh"
 
@@ -26,6 +27,8 @@ extern "C" int duet_cuda_rmsnorm_threads(int dim) { return dim >= 4096 ? 1024 : 
 extern "C" duet_status_t duet_cuda_rmsnorm(duet_cuda_t *c, const float *x, const float *weight, int n, int dim,
                                            float eps, float *y)
 {
+    if (c->exact)
+        return duet_cuda_exact_rmsnorm(c, x, weight, n, dim, eps, y);
     if (n <= 0 || dim <= 0)
         return DUET_OK;
     int threads = duet_cuda_rmsnorm_threads(dim);

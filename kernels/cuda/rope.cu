@@ -21,7 +21,9 @@ __global__ void rope_kernel(float *x, int n, int n_heads, int head_dim, const in
     int row = (int)(i / ((size_t)n_heads * pairs));
     float p = (float)pos[row];
     float f = __fmul_rn(t.inv_freq[j], p);
-    float co = cosf(f), si = __fmul_rn(sinf(f), sign);
+    float co, si;
+    duet_ref_sincosf(f, &si, &co);
+    si = __fmul_rn(si, sign);
     float *v = x + ((size_t)row * n_heads + h) * head_dim + (head_dim - 2 * pairs);
     float a = v[2 * j], b = v[2 * j + 1];
     v[2 * j] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));

@@ -1,7 +1,7 @@
 /* RoPE on the GPU: duet_kernels_t.rope over device pointers (x and pos on
  * the device; the frequency table r is read on the host and passed by value).
- * Same float operations in the same order as the CPU (no fused multiply-add);
- * only cosf/sinf differ by an ulp or two (checked at 1e-5). */
+ * Same float operations in the same order as the CPU (no fused multiply-add),
+ * the sine and cosine ref_math.h's on both: bit-exact (duet-check-ops). */
 #ifndef DUET_CUDA_ROPE_CUH
 #define DUET_CUDA_ROPE_CUH
 

@@ -12,7 +12,7 @@ __device__ __forceinline__ float swiglu1(float g, float u, float limit)
         if (u < -limit)
             u = -limit;
     }
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, duet_ref_expf(-g))), u);
 }
 
 __global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float limit, float *y)

@@ -1,5 +1,5 @@
 /* SwiGLU on the GPU: duet_kernels_t.swiglu over device pointers.  The CPU's
- * operations in its order; expf differs by an ulp or two (checked at 1e-6). */
+ * operations in its order, the exponential ref_math.h's on both: bit-exact. */
 #ifndef DUET_CUDA_SWIGLU_CUH
 #define DUET_CUDA_SWIGLU_CUH
 
