@@ -26,8 +26,10 @@
 # and logs.tgz (elsewhere build-fwd/device-agents/).
 #
 # Options: --prepare, --dry-run, --encodings "bf16 fp8", --timeout S (the bench's per-request
-# deadline, default 100), --run-limit S (one encoding's run, default 420), -- BENCH FLAGS
-# (instead of --scenario agents-80x4).
+# deadline, default 100), --run-limit S (one encoding's run, default 420), --cpu-exact (the
+# workers in CPU-exact mode, DUET_CUDA_EXACT=1, and the references from the CPU engine:
+# the GPU cluster's outputs compared with duet-generate --device cpu token for token),
+# -- BENCH FLAGS (instead of --scenario agents-80x4).
 #
 # Time on the H200: on 2026-11-29 each run's load took about 175 s and its 310-odd references
 # (duet-generate --device cuda, about 2.3 s each, 8 at a time) about 90 s, so the two encodings
@@ -42,7 +44,7 @@ BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
 TGZ="$BUILD/device-agents.tgz"
 BINS="prefill/duet-prefill decode/duet-decode router/duet-router tools/duet-bench-agents tools/duet-generate
       tools/duet-driver tools/duet-mkmodel tools/duet-check-forward tools/duet-bench-xfer tools/duet-check-ops"
-dry=0 encodings="bf16 fp8" req_timeout=100 load=() groups=()
+dry=0 encodings="bf16 fp8" req_timeout=100 load=() groups=() cpu_exact=0
 run_limit=420     # s, one encoding's run: cluster start, the load, the references, the stop
 total_limit=560   # s, the whole script: no run starts that could not end within it
 
@@ -59,8 +61,9 @@ while [ $# -gt 0 ]; do
     --timeout) req_timeout="$2"; shift ;;
     --run-limit) run_limit="$2"; shift ;;
     --prefill-gpus|--decode-gpus) groups+=("$1" "$2"); shift ;;
+    --cpu-exact) cpu_exact=1 ;;
     --) shift; load=("$@"); break ;;
-    *) echo "usage: scripts/device-agents.sh [--prepare] [--dry-run] [--encodings \"bf16 fp8\"] [--timeout S] [--run-limit S] [--prefill-gpus LIST --decode-gpus LIST] [-- bench flags]" >&2
+    *) echo "usage: scripts/device-agents.sh [--prepare] [--dry-run] [--encodings \"bf16 fp8\"] [--timeout S] [--run-limit S] [--prefill-gpus LIST --decode-gpus LIST] [--cpu-exact] [-- bench flags]" >&2
        exit 2 ;;
   esac
   shift
@@ -76,6 +79,14 @@ else
   DEVICE=cuda
   [ ${#load[@]} -gt 0 ] || load=(--scenario agents-80x4)
   WORK=/tmp/duet-agents
+fi
+if [ "$cpu_exact" = 1 ]; then
+  # the workers in CPU-exact mode (DUET_CUDA_EXACT=1, inherited through ./duet), their outputs
+  # compared with references from the CPU engine (duet-generate --device cpu, after ./duet's
+  # own --reference-device, so it wins), 16 at a time
+  export DUET_CUDA_EXACT=1
+  load+=(--reference-device cpu)
+  [ "$dry" = 1 ] || jobs=16
 fi
 RES="${OUT:-$BUILD/device-agents}"
 mkdir -p "$RES" "$WORK"

@@ -8,7 +8,7 @@
  *                times routed_scale, summed in the ids' order.  Expert ids are the
  *                CPU's and the weights too: the exponential and log(1 + y) are
  *                ref_math.h's on both, the other steps the CPU's IEEE operations in
- *                its order (checked at 1e-6, ids exactly).
+ *                its order (both checked bit for bit).
  *   moe_sort     a counting sort of the (row, k) assignments by expert id, in one
  *                block: offs (E+1), tile prefix sums for 8-token, wide
  *                (duet_cuda_moe_wide_tile tokens: 32) and 64-token tiles
