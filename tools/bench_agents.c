@@ -360,9 +360,9 @@ static void on_event(bench_t *b, transfer_t *t, const json_t *j)
             t->drop = 1;
     }
     const json_t *d = json_object_get(c, "delta");
-    const char *s = json_string_value(json_object_get(d, "content"));
-    if (s)
-        sb_str(&t->content, s);
+    const json_t *s = json_object_get(d, "content");
+    if (json_is_string(s)) /* by its length: the text may hold U+0000 */
+        ba_buf_add(&t->content, json_string_value(s), json_string_length(s));
     add_tool_call_delta(t, json_object_get(d, "tool_calls"));
     const char *fr = json_string_value(json_object_get(c, "finish_reason"));
     if (fr)
@@ -386,10 +386,22 @@ static void parse_sse(bench_t *b, transfer_t *t)
             t->got_done = 1;
             continue;
         }
-        json_t *j = json_loads(line, 0, NULL);
+        json_error_t je;
+        json_t *j = json_loads(line, JSON_ALLOW_NUL, &je); /* a token may decode to U+0000: "\\u0000" */
         if (!j) {
+            /* the parser's reason and the bytes around where it stopped, escaped */
+            char near[48];
+            size_t len = strlen(line), at = je.position > 0 && (size_t)je.position <= len ? (size_t)je.position : 0;
+            size_t from = at > 12 ? at - 12 : 0, k = 0;
+            for (size_t i = from; i < len && i < from + 24 && k + 5 < sizeof near; i++) {
+                unsigned char ch = (unsigned char)line[i];
+                k += (size_t)snprintf(near + k, sizeof near - k, ch >= 0x20 && ch < 0x7f && ch != '\\' ? "%c" : "\\x%02x",
+                                      ch);
+            }
+            near[k] = 0;
             t->q->outcome = BA_STREAM_ERROR;
-            snprintf(t->q->err, sizeof t->q->err, "an SSE event that is not JSON");
+            snprintf(t->q->err, sizeof t->q->err, "an SSE event that is not JSON (%.60s at byte %d of %zu: \"%s\")",
+                     je.text, je.position, len, near);
             continue;
         }
         on_event(b, t, j);
@@ -567,7 +579,7 @@ static void finish_transfer(bench_t *b, transfer_t *t, CURLcode cc)
         snprintf(q->err, sizeof q->err, "%s", curl_easy_strerror(cc));
     } else if (status != 200) {
         q->outcome = BA_HTTP_ERROR;
-        json_t *j = json_loads(t->in.s ? t->in.s : "", 0, NULL);
+        json_t *j = json_loads(t->in.s ? t->in.s : "", JSON_ALLOW_NUL, NULL);
         const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
         snprintf(q->err, sizeof q->err, "HTTP %ld: %s", status, m ? m : "(no error message)");
         json_decref(j);
@@ -579,7 +591,7 @@ static void finish_transfer(bench_t *b, transfer_t *t, CURLcode cc)
             snprintf(q->err, sizeof q->err, "the stream ended without %s", !q->finish[0] ? "a finish_reason" : "[DONE]");
         }
     } else {
-        json_t *j = json_loads(t->in.s ? t->in.s : "", 0, NULL);
+        json_t *j = json_loads(t->in.s ? t->in.s : "", JSON_ALLOW_NUL, NULL);
         const json_t *c = json_array_get(json_object_get(j, "choices"), 0);
         if (!j || !c) {
             q->outcome = BA_CONN_ERROR;
@@ -592,9 +604,9 @@ static void finish_transfer(bench_t *b, transfer_t *t, CURLcode cc)
             q->t_first = q->t_last = q->t_end;
             note_warnings(q, json_object_get(j, "warnings"));
             const json_t *m = json_object_get(c, "message");
-            const char *s2 = json_string_value(json_object_get(m, "content"));
-            if (s2)
-                sb_str(&t->content, s2);
+            const json_t *s2 = json_object_get(m, "content");
+            if (json_is_string(s2))
+                ba_buf_add(&t->content, json_string_value(s2), json_string_length(s2));
             add_tool_call_delta(t, json_object_get(m, "tool_calls"));
             const char *fr = json_string_value(json_object_get(c, "finish_reason"));
             snprintf(q->finish, sizeof q->finish, "%s", fr ? fr : "");
@@ -605,7 +617,12 @@ static void finish_transfer(bench_t *b, transfer_t *t, CURLcode cc)
         q->chaos = in_chaos(b, q);
     /* the history: the reply on success; otherwise the turn is taken back and the session goes on */
     if (q->outcome == BA_OK) {
-        json_t *m = json_pack("{s:s, s:s}", "role", "assistant", "content", t->content.s ? t->content.s : "");
+        /* the reply's text by its length (U+0000 included); jansson checked it as UTF-8 when it
+         * parsed the events it came in */
+        json_t *m = json_pack("{s:s, s:s%}", "role", "assistant", "content", t->content.s ? t->content.s : "",
+                              t->content.n);
+        if (!m) /* out of memory, or bytes jansson would not take back: the turn's text left out */
+            m = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
         if (t->tool_calls && json_array_size(t->tool_calls))
             json_object_set(m, "tool_calls", t->tool_calls);
         json_array_append_new(s->messages, m);

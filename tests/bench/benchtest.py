@@ -8,6 +8,9 @@ with the tiny fixture, then runs duet-bench-agents against them:
           exit 0, 0 corrupted, 0 leaked, 0 timed out, >0 completed, drops exercised
   corrupt the same load with one reference altered on purpose (--test-corrupt-reference):
           the detector reports it and the bench exits 1
+  nul     against a stand-in server (no cluster) whose replies hold U+0000 ("\\u0000", valid
+          JSON a token may decode to): every request completes, and the next turn sends the
+          reply back with the character in it
   usage   a bad flag exits 2
 
   benchtest.py --build BUILD --model MODEL
@@ -22,7 +25,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def free_port():
@@ -117,6 +122,84 @@ def bench(a, c, tmp, name, extra, timeout=240):
             j = json.load(f)
     return r.returncode, j
 
+class NulServer:
+    """A stand-in for the router: each chat completion streams a reply whose text holds U+0000
+    and records the requests; GET /v1/workers lists no workers."""
+
+    REPLY = "ok\u0000done"
+
+    def __init__(self):
+        self.requests = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def send_json(self, code, obj):
+                b = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                self.wfile.write(b)
+
+            def do_GET(self):
+                self.send_json(200, {"object": "list", "data": []} if self.path == "/v1/workers"
+                               else {"error": {"message": "not here"}})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                outer.requests.append(body)
+                n = 10 * len(body.get("messages", []))  # prompt ids that grow turn to turn
+                events = [
+                    {"id": "c", "object": "chat.completion.chunk", "prompt_token_ids": list(range(n)),
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}]},
+                    {"id": "c", "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": {"content": NulServer.REPLY}, "token_ids": [7, 0, 8]}]},
+                    {"id": "c", "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "token_ids": []}]},
+                ]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for e in events:
+                    self.wfile.write(b"data: " + json.dumps(e).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        self.th = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.th.start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def nul_case(a, rep, tmp):
+    srv = NulServer()
+    try:
+        out = os.path.join(tmp, "nul.json")
+        argv = [f"{a.build}/tools/duet-bench-agents", "--url", srv.url, "--compare", "none", "--json", out,
+                "--progress", "off", "--settle", "2", "--concurrency", "1", "--sessions", "2", "--turns", "2",
+                "--tools", "1", "--max-tokens", "8", "--timeout", "20"]
+        print("$ " + " ".join(argv), flush=True)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        print(r.stdout + r.stderr[-2000:], flush=True)
+        j = json.load(open(out)) if os.path.exists(out) else None
+        rep.check(j is not None and j["requests"]["completed"] == 4 and j["requests"]["failed"] == 0,
+                  f"nul: replies holding U+0000 parsed, 4 of 4 requests completed "
+                  f"({j and j['requests']}, failures {j and j.get('failures')})")
+        # the second turn of each session carries the first turn's reply (besides the load's own
+        # tool-call history) as the stand-in sent it
+        back = [m.get("content") for q in srv.requests for m in q.get("messages", []) if m.get("role") == "assistant"
+                and not m.get("tool_calls")]
+        rep.check(back == [NulServer.REPLY] * 2,
+                  f"nul: each session's second turn sent its reply back whole, U+0000 included ({back!r})")
+    finally:
+        srv.stop()
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -152,6 +235,7 @@ def main():
                   f"corrupted {j and j['correctness']['corrupted']})")
         rep.check(j is not None and j["correctness"]["references_cached"] > 0,
                   "corrupt: the references of the first run came from the cache")
+        nul_case(a, rep, tmp)
         r = subprocess.run([f"{a.build}/tools/duet-bench-agents", "--url", c.url, "--concurrency", "999"],
                            capture_output=True, text=True, timeout=30)
         rep.check(r.returncode == 2, f"usage: --concurrency 999 exits 2 ({r.returncode}: {r.stderr.strip()})")
