@@ -320,22 +320,17 @@ DUET_REF_FN float duet_ref_row_fp4(const uint8_t *wr, const float *x, int cols, 
 
 /* ---- hyper-connections -------------------------------------------------------------------- */
 
-/* A row's hyper-connection weights from its mixes (kernels.h's hc_pre): mixes((2 + hc) hc) =
- * [pre (hc) | post (hc) | comb (hc x hc)] before scale and base.  pre_k = sigmoid(mix_k s0 +
- * b_k) + eps, post_k = 2 sigmoid(mix_{hc+k} s1 + b_{hc+k}); comb: each row's softmax + eps, a
- * column normalisation, then (iters - 1) times a row and a column normalisation, each sum in
- * index order and divided by sum + eps. */
-DUET_REF_FN void duet_ref_hc_mix(const float *mixes, int hc, const float *scale, const float *base, int iters,
-                                 float hc_eps, float *pre, float *post, float *cb)
+/* A row's hyper-connection comb (hc x hc) from its mixes((2 + hc) hc) = [pre | post | comb]
+ * before scale and base: each row's softmax of mix s2 + b, + eps; a column normalisation; then
+ * (iters - 1) times a row and a column normalisation; each sum in index order and divided by
+ * sum + eps. */
+DUET_REF_FN void duet_ref_hc_comb(const float *mixes, int hc, float scale2, const float *base, int iters,
+                                  float hc_eps, float *cb)
 {
-    for (int k = 0; k < hc; k++) {
-        pre[k] = DUET_FADD(duet_ref_sigmoidf(DUET_FADD(DUET_FMUL(mixes[k], scale[0]), base[k])), hc_eps);
-        post[k] = DUET_FMUL(2.0f, duet_ref_sigmoidf(DUET_FADD(DUET_FMUL(mixes[hc + k], scale[1]), base[hc + k])));
-    }
     for (int j = 0; j < hc; j++) {
         float mx = -duet_ref_u32_as_f32(0x7f800000u);
         for (int k = 0; k < hc; k++) {
-            float v = DUET_FADD(DUET_FMUL(mixes[2 * hc + j * hc + k], scale[2]), base[2 * hc + j * hc + k]);
+            float v = DUET_FADD(DUET_FMUL(mixes[2 * hc + j * hc + k], scale2), base[2 * hc + j * hc + k]);
             cb[j * hc + k] = v;
             if (v > mx)
                 mx = v;
@@ -365,6 +360,18 @@ DUET_REF_FN void duet_ref_hc_mix(const float *mixes, int hc, const float *scale,
                 cb[j * hc + k] = DUET_FDIV(cb[j * hc + k], DUET_FADD(s, hc_eps));
         }
     }
+}
+
+/* All of a row's hyper-connection weights (kernels.h's hc_pre): pre_k = sigmoid(mix_k s0 + b_k)
+ * + eps, post_k = 2 sigmoid(mix_{hc+k} s1 + b_{hc+k}), and the comb above with s2. */
+DUET_REF_FN void duet_ref_hc_mix(const float *mixes, int hc, const float *scale, const float *base, int iters,
+                                 float hc_eps, float *pre, float *post, float *cb)
+{
+    for (int k = 0; k < hc; k++) {
+        pre[k] = DUET_FADD(duet_ref_sigmoidf(DUET_FADD(DUET_FMUL(mixes[k], scale[0]), base[k])), hc_eps);
+        post[k] = DUET_FMUL(2.0f, duet_ref_sigmoidf(DUET_FADD(DUET_FMUL(mixes[hc + k], scale[1]), base[hc + k])));
+    }
+    duet_ref_hc_comb(mixes, hc, scale[2], base, iters, hc_eps, cb);
 }
 
 #endif

@@ -268,39 +268,7 @@ __device__ void sinkhorn_warp(const float *mixes, int hc_rt, const float *base, 
 __device__ void sinkhorn_serial(const float *mixes, int hc, const float *base, float scale2, int iters,
                                 float hc_eps, float *cb, float *cbo)
 {
-    for (int j = 0; j < hc; j++) {
-        float mx = -INFINITY;
-        for (int k = 0; k < hc; k++) {
-            float v = __fadd_rn(__fmul_rn(mixes[2 * hc + j * hc + k], scale2), base[2 * hc + j * hc + k]);
-            cb[j * hc + k] = v;
-            if (v > mx)
-                mx = v;
-        }
-        float s = 0.0f;
-        for (int k = 0; k < hc; k++) {
-            cb[j * hc + k] = duet_ref_expf(__fsub_rn(cb[j * hc + k], mx));
-            s = __fadd_rn(s, cb[j * hc + k]);
-        }
-        for (int k = 0; k < hc; k++)
-            cb[j * hc + k] = __fadd_rn(__fdiv_rn(cb[j * hc + k], s), hc_eps);
-    }
-    for (int it = 0; it < iters; it++) {
-        if (it > 0)
-            for (int j = 0; j < hc; j++) {
-                float s = 0.0f;
-                for (int k = 0; k < hc; k++)
-                    s = __fadd_rn(s, cb[j * hc + k]);
-                for (int k = 0; k < hc; k++)
-                    cb[j * hc + k] = __fdiv_rn(cb[j * hc + k], __fadd_rn(s, hc_eps));
-            }
-        for (int k = 0; k < hc; k++) {
-            float s = 0.0f;
-            for (int j = 0; j < hc; j++)
-                s = __fadd_rn(s, cb[j * hc + k]);
-            for (int j = 0; j < hc; j++)
-                cb[j * hc + k] = __fdiv_rn(cb[j * hc + k], __fadd_rn(s, hc_eps));
-        }
-    }
+    duet_ref_hc_comb(mixes, hc, scale2, base, iters, hc_eps, cb);
     for (int j = 0; j < hc * hc; j++)
         cbo[j] = cb[j];
 }
