@@ -30,7 +30,8 @@
 # build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
 #
 # Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops, --ops-only LIST
-# (duet-check-ops for the groups LIST names, e.g. 'exact rope'),
+# (duet-check-ops for the groups LIST names, e.g. 'exact rope'), --exact-bench (the slice's decode
+# steps at batch 1 and 32, context 4096, a second time in CPU-exact mode: its cost at V4-Flash widths),
 # --ops-bench, --batches LIST (default 1,32,128), --long-ctx N (default 32768; 0: none),
 # --prompts N, --tokens N, --phases (the slice at 4k, batches 1 and 32, again with the
 # forward call's GPU time split by phase: duet-check-forward --phases), --kernels (one decode step
@@ -57,7 +58,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 ops_only="" moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
+prompts=20 tokens=256 bench=1 ops=1 ops_only="" exact_bench=0 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -71,6 +72,7 @@ while [ $# -gt 0 ]; do
     --no-bench) bench=0 ;;
     --no-ops) ops=0 ;;
     --ops-only) ops_only="$2"; shift ;;
+    --exact-bench) exact_bench=1 ;;
     --moe-host) moe_host=1 ;;
     --phases) phases=1 ;;
     --kernels) kernels=1 ;;
@@ -84,12 +86,12 @@ while [ $# -gt 0 ]; do
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-only LIST] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-only LIST] [--exact-bench] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
 # the slice's timings, phases, kernels and stalls all run on the slice fixture, which --no-bench skips
-if [ "$bench" = 0 ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ] || [ "$phases" = 1 ] || [ "$moe_host" = 1 ]; }; then
+if [ "$bench" = 0 ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ] || [ "$phases" = 1 ] || [ "$moe_host" = 1 ] || [ "$exact_bench" = 1 ]; }; then
   echo "scripts/device-forward.sh: --kernels, --stalls, --phases and --moe-host need the slice bench; drop --no-bench (--batches and --long-ctx 0 shorten it)" >&2
   exit 2
 fi
@@ -212,6 +214,10 @@ if [ -n "$slice_pid" ]; then
   if [ "$long_ctx" -gt 0 ]; then
     slice_bench bench-slice-long.txt "slice bench, context $long_ctx" '^ceilings\|^bench' 300 -- \
       --ctx "$long_ctx" --batches "$batches"
+  fi
+  if [ "$exact_bench" = 1 ]; then
+    slice_bench bench-slice-exact.txt "slice bench, CPU-exact mode" '^ceilings\|^bench' 400 -- \
+      --ctx 4096 --batches 1,32 --decode-only --exact
   fi
   if [ "$phases" = 1 ]; then
     slice_bench bench-slice-phases.txt "slice bench by phase, with an event at each phase" '^bench\|^phases' 240 -- \
