@@ -14,6 +14,7 @@
 #include "dtype.h"
 #include "kernels.h"
 #include "model_config.h"
+#include "ref_math.h"
 #include "sampling.h"
 
 static duet_kernels_t K;
@@ -818,9 +819,67 @@ static void test_sampling_frequencies(void **state)
         fail_msg("chi2 %.2f: counts %d %d %d %d", chi2, cnt[0], cnt[1], cnt[2], cnt[3]);
 }
 
+/* ref_math.h's functions (the CPU table's and the GPU's): against libm in double precision,
+ * rounded, over seeded arguments of the ranges the engine gives them (softmax and sigmoid
+ * arguments, rope angles up to a million radians, softplus's e^x), within 0.5 ulp plus a
+ * hair (the double-precision evaluation before the one rounding); the special values. */
+static double ulps(float got, double want)
+{
+    if (want == 0.0)
+        return got == 0.0f ? 0.0 : INFINITY;
+    int e;
+    frexp(want, &e);
+    double ulp = ldexp(1.0, (e - 24 < -149 ? -149 : e - 24));
+    return fabs((double)got - want) / ulp;
+}
+
+static void test_ref_math(void **state)
+{
+    (void)state;
+    uint64_t s = 42;
+    double we = 0, ws = 0, wc = 0, wl = 0;
+    for (int i = 0; i < 2000000; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        double u = (double)(s >> 11) / 9007199254740992.0;
+        float xe = (float)(u * 190.0 - 102.0); /* to the subnormal results and to 88 */
+        double d = ulps(duet_ref_expf(xe), exp((double)xe));
+        we = d > we ? d : we;
+        float xa = (float)(i % 2 ? (u - 0.5) * 2.2e6 : (u - 0.5) * 20.0), sn, cs;
+        duet_ref_sincosf(xa, &sn, &cs);
+        d = ulps(sn, sin((double)xa));
+        ws = d > ws ? d : ws;
+        d = ulps(cs, cos((double)xa));
+        wc = d > wc ? d : wc;
+        float y = i % 3 ? (float)exp(u * 40.0 - 20.0) : (float)(u * 1.9 - 0.95);
+        d = ulps(duet_ref_log1pf(y), log1p((double)y));
+        wl = d > wl ? d : wl;
+    }
+    print_message("ref_math: worst ulp exp %.4f sin %.4f cos %.4f log1p %.4f\n", we, ws, wc, wl);
+    assert_true(we <= 0.5001 && ws <= 0.5001 && wc <= 0.5001 && wl <= 0.5001);
+    /* special values */
+    assert_true(duet_ref_expf(0.0f) == 1.0f && duet_ref_expf(-0.0f) == 1.0f);
+    assert_true(isinf(duet_ref_expf(89.0f)) && isinf(duet_ref_expf(1e30f)) && duet_ref_expf(88.7f) < INFINITY);
+    assert_true(duet_ref_expf(-105.0f) == 0.0f && duet_ref_expf(-INFINITY) == 0.0f);
+    assert_true(duet_ref_expf(-103.0f) > 0.0f); /* a subnormal */
+    assert_true(isnan(duet_ref_expf(NAN)) && isinf(duet_ref_expf(INFINITY)));
+    float sn, cs;
+    duet_ref_sincosf(0.0f, &sn, &cs);
+    assert_true(sn == 0.0f && cs == 1.0f);
+    duet_ref_sincosf(INFINITY, &sn, &cs);
+    assert_true(isnan(sn) && isnan(cs));
+    duet_ref_sincosf(NAN, &sn, &cs);
+    assert_true(isnan(sn) && isnan(cs));
+    assert_true(duet_ref_log1pf(0.0f) == 0.0f && duet_ref_log1pf(1e-12f) == 1e-12f);
+    assert_true(isinf(duet_ref_log1pf(-1.0f)) && duet_ref_log1pf(-1.0f) < 0 && isnan(duet_ref_log1pf(-2.0f)));
+    assert_true(isnan(duet_ref_log1pf(NAN)) && isinf(duet_ref_log1pf(INFINITY)));
+    assert_true(duet_ref_sigmoidf(0.0f) == 0.5f && duet_ref_sigmoidf(-200.0f) == 0.0f &&
+                duet_ref_sigmoidf(200.0f) == 1.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ref_math),
         cmocka_unit_test(test_e4m3_decode),
         cmocka_unit_test(test_e4m3_encode),
         cmocka_unit_test(test_e8m0),
