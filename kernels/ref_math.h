@@ -12,9 +12,10 @@
  * that rounding: correctly rounded but where e^x or sin x falls that close to a midpoint).
  *
  * Also here: the matmul's dot products (kernels.h's contract: 8 interleaved lanes for
- * bf16 and f32 weights, per 128-column block for fp8, per 32 for fp4) and the plain
- * column-order dot product of the other operations, which the GPU's CPU-exact kernels
- * (kernels/cuda/exact.cu) call per output. */
+ * bf16 and f32 weights, per 128-column block for fp8, per 32 for fp4; the GPU's CPU-exact
+ * matmul, kernels/cuda/exact.cu, runs the same order with a thread a lane), the plain
+ * column-order dot product, the norm's inverse and the hyper-connection weights, which the
+ * CPU-exact kernels call as they are. */
 #ifndef DUET_REF_MATH_H
 #define DUET_REF_MATH_H
 

@@ -4346,6 +4346,10 @@ static void group_exact(ck_t *ck)
     exact_matmul(ck, DUET_DT_F8_E4M3, DUET_DT_F32, 384, 300, 128, 384, 4);
     exact_matmul(ck, DUET_DT_F8_E4M3, DUET_DT_F8_E8M0, 256, 512, 0, 256, 2);
     exact_matmul(ck, DUET_DT_F4_E2M1X2, DUET_DT_F8_E8M0, 128, 256, 0, 128, 3);
+    /* more tokens than one pass takes (8), a partial last pass; fp4 groups not a multiple of 8 */
+    exact_matmul(ck, DUET_DT_BF16, DUET_DT_F32, 300, 129, 7, 300, 19);
+    exact_matmul(ck, DUET_DT_F8_E4M3, DUET_DT_F8_E8M0, 130, 200, 0, 130, 9);
+    exact_matmul(ck, DUET_DT_F4_E2M1X2, DUET_DT_F8_E8M0, 64, 96, 0, 64, 11);
     exact_rmsnorm(ck, 5, 128, 1);
     exact_rmsnorm(ck, 33, 500, 0);
     exact_attn_index(ck, 6, 4, 128, 40);

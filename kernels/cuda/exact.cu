@@ -21,8 +21,33 @@ struct ex_weight {
     const void *data, *scale;
 };
 
-/* y(n, m) for rows row_begin .. row_begin + m: output (i, r) by one thread, kernels/cpu/matmul.c's
- * dot product of weight row r with x row i */
+/* Eight threads an output row (an "octet"), thread j the CPU's lane j: its partial sum over
+ * columns j, j + 8, ... in order, for up to EX_MM_T tokens at once (each weight value read once
+ * for them); the lanes then added in the CPU's tree ((a0 + a1) + (a2 + a3)) + ((a4 + a5) +
+ * (a6 + a7)) by three xor shuffles (an IEEE add is commutative, so every lane ends with the
+ * same bits).  fp8: the same per 128-column block, each block's sum times its scale into the
+ * token's total in block order.  fp4: the CPU sums a 32-column group in column order, so lane j
+ * takes groups j, j + 8, ... whole, and the groups' sums times their scales are added in group
+ * order from the lanes by shuffles.  Octets are walked warp by warp (all 32 lanes reach every
+ * shuffle; an octet past the end computes nothing and stores nothing). */
+#define EX_MM_T 8
+
+__device__ __forceinline__ float ex_lanes_sum(float v)
+{
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+}
+
+__device__ __forceinline__ float ex_weight_at(const ex_weight &w, const uint8_t *row, const float *lut, int c)
+{
+    if (w.dtype == DUET_DT_BF16)
+        return __uint_as_float((uint32_t)((const uint16_t *)row)[c] << 16);
+    if (w.dtype == DUET_DT_F32)
+        return ((const float *)row)[c];
+    return lut[row[c]];
+}
+
 __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, int row_begin, int m, const float *x,
                                                                    int n, float *y)
 {
@@ -35,37 +60,93 @@ __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, i
         }
         __syncthreads();
     }
-    size_t total = (size_t)n * m;
-    for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < total; o += (size_t)gridDim.x * blockDim.x) {
-        size_t i = o / (size_t)m;
-        int r = row_begin + (int)(o % (size_t)m);
-        const float *xi = x + i * (size_t)w.cols;
-        float v = 0.0f;
-        switch (w.dtype) {
-        case DUET_DT_BF16:
-            v = duet_ref_row_bf16((const uint16_t *)w.data + (size_t)r * w.cols, xi, w.cols);
-            break;
-        case DUET_DT_F32:
-            v = duet_ref_row_f32((const float *)w.data + (size_t)r * w.cols, xi, w.cols);
-            break;
-        case DUET_DT_F8_E4M3: {
+    const int j = threadIdx.x & 7, cols = w.cols;
+    const size_t chunks = ((size_t)n + EX_MM_T - 1) / EX_MM_T, octets = (size_t)m * chunks;
+    const size_t per_pass = ((size_t)gridDim.x * blockDim.x) >> 3;
+    size_t first = ((size_t)blockIdx.x * blockDim.x + (threadIdx.x & ~31u)) >> 3; /* the warp's first octet */
+    for (size_t base = first; base < octets; base += per_pass) {
+        size_t o = base + ((threadIdx.x & 31) >> 3);
+        bool on = o < octets;
+        int r = on ? row_begin + (int)(o % (size_t)m) : row_begin;
+        int t0 = on ? (int)(o / (size_t)m) * EX_MM_T : 0;
+        int nt = on ? min(EX_MM_T, n - t0) : 0;
+        const float *xt = x + (size_t)t0 * cols;
+        float acc[EX_MM_T];
+#pragma unroll
+        for (int t = 0; t < EX_MM_T; t++)
+            acc[t] = 0.0f;
+        if (w.dtype == DUET_DT_BF16 || w.dtype == DUET_DT_F32) {
+            const uint8_t *row = (const uint8_t *)w.data + (size_t)r * cols * (w.dtype == DUET_DT_BF16 ? 2 : 4);
+            for (int c = j; c < (on ? cols : 0); c += 8) {
+                float wv = ex_weight_at(w, row, lut, c);
+#pragma unroll
+                for (int t = 0; t < EX_MM_T; t++)
+                    if (t < nt)
+                        acc[t] = __fadd_rn(acc[t], __fmul_rn(xt[(size_t)t * cols + c], wv));
+            }
+#pragma unroll
+            for (int t = 0; t < EX_MM_T; t++)
+                acc[t] = ex_lanes_sum(acc[t]);
+        } else if (w.dtype == DUET_DT_F8_E4M3) {
+            const uint8_t *row = (const uint8_t *)w.data + (size_t)r * cols;
             size_t so = (size_t)(r / 128) * w.scale_cols;
             const void *sr = w.scale_f32 ? (const void *)((const float *)w.scale + so)
                                          : (const void *)((const uint8_t *)w.scale + so);
-            v = duet_ref_row_fp8((const uint8_t *)w.data + (size_t)r * w.cols, xi, w.cols, lut, sr, w.scale_f32);
-            break;
-        }
-        case DUET_DT_F4_E2M1X2: {
+            for (int c0 = 0; c0 < cols; c0 += 128) { /* every lane, on or not: the shuffles */
+                int c1 = c0 + 128 < cols ? c0 + 128 : cols;
+                float part[EX_MM_T];
+#pragma unroll
+                for (int t = 0; t < EX_MM_T; t++)
+                    part[t] = 0.0f;
+                for (int c = c0 + j; c < (on ? c1 : 0); c += 8) {
+                    float wv = lut[row[c]];
+#pragma unroll
+                    for (int t = 0; t < EX_MM_T; t++)
+                        if (t < nt)
+                            part[t] = __fadd_rn(part[t], __fmul_rn(xt[(size_t)t * cols + c], wv));
+                }
+                float sc = on ? duet_ref_scale_at(sr, w.scale_f32, c0 / 128) : 0.0f;
+#pragma unroll
+                for (int t = 0; t < EX_MM_T; t++)
+                    acc[t] = __fadd_rn(acc[t], __fmul_rn(ex_lanes_sum(part[t]), sc));
+            }
+        } else { /* fp4 */
+            const uint8_t *row = (const uint8_t *)w.data + (size_t)r * (cols / 2);
             size_t so = (size_t)r * w.scale_cols;
             const void *sr = w.scale_f32 ? (const void *)((const float *)w.scale + so)
                                          : (const void *)((const uint8_t *)w.scale + so);
-            v = duet_ref_row_fp4((const uint8_t *)w.data + (size_t)r * (w.cols / 2), xi, w.cols, sr, w.scale_f32);
-            break;
+            int groups = cols / 32;
+            for (int g0 = 0; g0 < groups; g0 += 8) {
+                int g = g0 + j;
+                float part[EX_MM_T];
+#pragma unroll
+                for (int t = 0; t < EX_MM_T; t++)
+                    part[t] = 0.0f;
+                if (on && g < groups)
+                    for (int c = g * 32; c < g * 32 + 32; c += 2) {
+                        uint8_t b = row[c / 2];
+                        float lo = duet_ref_e2m1(b & 0xfu), hi = duet_ref_e2m1((uint32_t)b >> 4);
+#pragma unroll
+                        for (int t = 0; t < EX_MM_T; t++)
+                            if (t < nt) {
+                                part[t] = __fadd_rn(part[t], __fmul_rn(xt[(size_t)t * cols + c], lo));
+                                part[t] = __fadd_rn(part[t], __fmul_rn(xt[(size_t)t * cols + c + 1], hi));
+                            }
+                    }
+                for (int l = 0; l < 8; l++) { /* the groups in order, from their lanes */
+                    float sc = on && g0 + l < groups ? duet_ref_scale_at(sr, w.scale_f32, g0 + l) : 0.0f;
+#pragma unroll
+                    for (int t = 0; t < EX_MM_T; t++) {
+                        float p = __shfl_sync(0xffffffffu, part[t], (int)(threadIdx.x & 24u) | l);
+                        if (g0 + l < groups)
+                            acc[t] = __fadd_rn(acc[t], __fmul_rn(p, sc));
+                    }
+                }
+            }
         }
-        default:
-            break;
-        }
-        y[o] = v;
+        if (on && j == 0)
+            for (int t = 0; t < nt; t++)
+                y[(size_t)(t0 + t) * m + (r - row_begin)] = acc[t];
     }
 }
 
@@ -86,7 +167,8 @@ duet_status_t duet_cuda_exact_matmul(duet_cuda_t *c, const duet_weight_t *w, int
     if (w->dtype == DUET_DT_F4_E2M1X2 && w->cols % 32)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "matmul: fp4 columns %d not a multiple of 32", w->cols);
     ex_weight ew = {(int)w->dtype, w->cols, w->scale_dtype == DUET_DT_F32, w->scale_cols, w->data, w->scale};
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, exact_matmul_kernel, dim3(ex_blocks((size_t)n * m)), dim3(EX_THREADS), 0,
+    size_t octets = (size_t)m * (((size_t)n + EX_MM_T - 1) / EX_MM_T);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, exact_matmul_kernel, dim3(ex_blocks(8 * octets)), dim3(EX_THREADS), 0,
                                         ew, row_begin, m, x, n, y));
     return DUET_OK;
 }

@@ -1,8 +1,9 @@
 /* The CPU-exact forms (duet_cuda_set_exact, duet_cuda.h): the operations whose fast kernels
  * sum in another order than the CPU reference, redone in its order with its roundings, so
  * that each result is the CPU's bits.  One thread per output (or per row where the reference
- * runs a row as one sequence), ref_math.h's dot products and functions: correct at any
- * shape, fast only at small widths (the tiny fixture's, a check's); the wrappers of
+ * runs a row as one sequence; the matmul eight, one per lane of its dot product), ref_math.h's
+ * dot products and functions: correct at any shape, far slower than the fast kernels (a
+ * verification mode); the wrappers of
  * matmul.cuh, rmsnorm.cuh, attn_rows.cuh, index_score.cuh and hc.cuh call these when the
  * context is in CPU-exact mode.  The other operations the forward takes (rope, SwiGLU,
  * compressor pooling, hc_post, the cache codecs, top-k, the copies) are the CPU's bits in
