@@ -777,7 +777,8 @@ extern "C" duet_status_t duet_cuda_attn_rows(duet_cuda_t *c, const float *q, int
                                              int max_keys, const float *sinks, float scale, float *out)
 {
     if (c->exact)
-        return duet_cuda_exact_attn_rows(c, q, n_rows, n_heads, dim, keys, key_off, n_keys, sinks, scale, out);
+        return duet_cuda_exact_attn_rows(c, q, n_rows, n_heads, dim, keys, key_off, n_keys, max_keys, sinks, scale,
+                                         out);
     return attn_rows(c, q, n_rows, n_heads, dim, keys, 0, key_off, n_keys, max_keys, sinks, scale, out);
 }
 

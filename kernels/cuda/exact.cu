@@ -209,55 +209,74 @@ duet_status_t duet_cuda_exact_rmsnorm(duet_cuda_t *c, const float *x, const floa
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-/* one thread a (row, head): duet_cpu_attn_row's three passes over the keys (the largest logit
- * with the sink, the denominator from the sink then each key, the output as each key's
- * probability times the key, added key by key); a key's logit is recomputed in each pass, the
- * same operations, so the same bits as the CPU's stored one */
+/* a block a (row, head), duet_cpu_attn_row's steps: the keys' logits (a thread a key, each
+ * dot product in column order) into lg, the block's slice of scratch; the first thread the
+ * largest logit with the sink, then each key's e^(l - max) in key order into lg and the
+ * denominator from the sink's term on; then a thread a column, its output summed key by key
+ * (each key's probability lg / denominator recomputed: the same operation, the same bits) */
 __global__ void __launch_bounds__(EX_THREADS) exact_attn_kernel(const float *q, int n_rows, int n_heads, int dim,
                                                                  const float *keys, const int32_t *key_off,
                                                                  const int32_t *n_keys, const float *sinks,
-                                                                 float scale, float *out)
+                                                                 float scale, float *out, float *scratch,
+                                                                 int max_keys)
 {
     duet_pdl_wait();
+    __shared__ float denom_s;
     size_t total = (size_t)n_rows * n_heads;
-    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total; t += (size_t)gridDim.x * blockDim.x) {
+    for (size_t t = blockIdx.x; t < total; t += gridDim.x) {
         int b = (int)(t / n_heads), h = (int)(t % n_heads);
         const float *qh = q + t * dim;
         float *oh = out + t * dim;
         const float *kb = keys + (size_t)key_off[b] * dim;
-        int nk = n_keys[b];
-        float mx = sinks[h];
-        for (int j = 0; j < nk; j++) {
-            float l = __fmul_rn(duet_ref_dot(qh, kb + (size_t)j * dim, dim), scale);
-            if (l > mx)
-                mx = l;
+        int nk = min(n_keys[b], max_keys);
+        float *lg = scratch + (size_t)blockIdx.x * max_keys;
+        for (int k = threadIdx.x; k < nk; k += blockDim.x)
+            lg[k] = __fmul_rn(duet_ref_dot(qh, kb + (size_t)k * dim, dim), scale);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float mx = sinks[h];
+            for (int k = 0; k < nk; k++)
+                if (lg[k] > mx)
+                    mx = lg[k];
+            float den = duet_ref_expf(__fsub_rn(sinks[h], mx));
+            for (int k = 0; k < nk; k++) {
+                lg[k] = duet_ref_expf(__fsub_rn(lg[k], mx));
+                den = __fadd_rn(den, lg[k]);
+            }
+            denom_s = den;
         }
-        float denom = duet_ref_expf(__fsub_rn(sinks[h], mx));
-        for (int j = 0; j < nk; j++) {
-            float l = __fmul_rn(duet_ref_dot(qh, kb + (size_t)j * dim, dim), scale);
-            denom = __fadd_rn(denom, duet_ref_expf(__fsub_rn(l, mx)));
+        __syncthreads();
+        float den = denom_s;
+        for (int cc = threadIdx.x; cc < dim; cc += blockDim.x) {
+            float acc = 0.0f;
+            for (int k = 0; k < nk; k++)
+                acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(lg[k], den), kb[(size_t)k * dim + cc]));
+            oh[cc] = acc;
         }
-        for (int cc = 0; cc < dim; cc++)
-            oh[cc] = 0.0f;
-        for (int j = 0; j < nk; j++) {
-            const float *k = kb + (size_t)j * dim;
-            float l = __fmul_rn(duet_ref_dot(qh, k, dim), scale);
-            float p = __fdiv_rn(duet_ref_expf(__fsub_rn(l, mx)), denom);
-            for (int cc = 0; cc < dim; cc++)
-                oh[cc] = __fadd_rn(oh[cc], __fmul_rn(p, k[cc]));
-        }
+        __syncthreads(); /* lg and denom_s are the next pair's */
     }
 }
 
 duet_status_t duet_cuda_exact_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
                                         const float *keys, const int32_t *key_off, const int32_t *n_keys,
-                                        const float *sinks, float scale, float *out)
+                                        int max_keys, const float *sinks, float scale, float *out)
 {
     size_t total = (size_t)n_rows * n_heads;
     if (!total || dim <= 0)
         return DUET_OK;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, exact_attn_kernel, dim3(ex_blocks(total)), dim3(EX_THREADS), 0, q, n_rows,
-                                        n_heads, dim, keys, key_off, n_keys, sinks, scale, out));
+    if (max_keys < 1)
+        max_keys = 1;
+    /* a block a (row, head) while the logits' scratch stays under 256 MiB; the blocks walk the rest */
+    size_t blocks = total, cap = ((size_t)256 << 20) / (4 * (size_t)max_keys);
+    if (blocks > cap)
+        blocks = cap > 0 ? cap : 1;
+    if (blocks > (1u << 30))
+        blocks = 1u << 30;
+    void *scratch = NULL;
+    DUET_TRY(duet_cuda_scratch(c, blocks * (size_t)max_keys * 4, &scratch));
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, exact_attn_kernel, dim3((unsigned)blocks), dim3(EX_THREADS), 0, q, n_rows,
+                                        n_heads, dim, keys, key_off, n_keys, sinks, scale, out, (float *)scratch,
+                                        max_keys));
     return DUET_OK;
 }
 

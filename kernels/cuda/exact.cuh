@@ -1,7 +1,8 @@
 /* The CPU-exact forms (duet_cuda_set_exact, duet_cuda.h): the operations whose fast kernels
  * sum in another order than the CPU reference, redone in its order with its roundings, so
  * that each result is the CPU's bits.  One thread per output (or per row where the reference
- * runs a row as one sequence; the matmul eight, one per lane of its dot product), ref_math.h's
+ * runs a row as one sequence; the matmul eight, one per lane of its dot product; attention a
+ * block a row and head, its steps split where the CPU's order allows), ref_math.h's
  * dot products and functions: correct at any shape, far slower than the fast kernels (a
  * verification mode); the wrappers of
  * matmul.cuh, rmsnorm.cuh, attn_rows.cuh, index_score.cuh and hc.cuh call these when the
@@ -19,7 +20,7 @@ duet_status_t duet_cuda_exact_rmsnorm(duet_cuda_t *c, const float *x, const floa
                                       float *y);
 duet_status_t duet_cuda_exact_attn_rows(duet_cuda_t *c, const float *q, int n_rows, int n_heads, int dim,
                                         const float *keys, const int32_t *key_off, const int32_t *n_keys,
-                                        const float *sinks, float scale, float *out);
+                                        int max_keys, const float *sinks, float scale, float *out);
 /* keys: fp32 keys (l NULL), or entries of an index-K pool (l, base, unit, idx as in
  * duet_cuda_index_score_cache). */
 duet_status_t duet_cuda_exact_index_score(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads,
