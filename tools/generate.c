@@ -31,7 +31,8 @@ static void usage(FILE *f)
             "  --page-tokens N         tokens per cache page (default 256)\n"
             "  --stop-at-eos           stop after the model's eos token\n"
             "  --dump-logits FILE      write the prompt's logits (f32, rows x vocab) and exit\n"
-            "  --device cpu|cuda[:N]   where the forward runs (default cpu; cuda needs a CUDA build)\n"
+            "  --device cpu|cuda[:N]   where the forward runs (default cpu; cuda needs a CUDA build;\n"
+            "                          DUET_CUDA_EXACT=1: the CPU engine's bits on the GPU, slowly)\n"
             "  --tp N                  tensor-parallel over GPUs N.. of --device cuda:N (default 1; needs NCCL)\n"
             "  --version\n");
 }
