@@ -351,10 +351,9 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
             duet_cuda_set_exact(c, 1);
     }
     if (duet_cuda_get_exact(c)) {
-        /* CPU-exact mode: weights in their checkpoint layouts, which its matmul reads; routing on
-         * the host with forward.c's code and the experts one at a time, as the CPU engine runs them */
+        /* CPU-exact mode: weights in their checkpoint layouts, which its matmul reads (the forward
+         * then routes on the host with forward.c's code and runs the experts one at a time) */
         mc->no_tile = 1;
-        mc->moe_host_route = 1;
         if (tp_size > 1) {
             duet_model_cuda_destroy(&mc);
             return duet_err_set(err, DUET_ERR_UNSUPPORTED, "CPU-exact mode runs on one GPU (tensor parallelism "
@@ -768,6 +767,7 @@ typedef struct {
     /* wo_a grouped (wo_group): offs (Gl+1), tiles (DUET_CUDA_MOE_TILE_ROWS, Gl+1), x rows (Gl*R), mid's rows (R*Gl) */
     int wo_group;
     int hc_fused; /* hyper-connection pre-mixes fused with their norms (hc_fused) */
+    int exact;    /* the context's CPU-exact mode: the unfused forms, a launch a weight, the per-expert MoE */
     size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;
     /* the index-K list is written on the device (duet_cuda_kv_entries) from the page table and a
      * run an item (o_ik_runs: page offset, list offset, count), past the plan's copied part */
@@ -1327,8 +1327,7 @@ static duet_status_t mm_multi(fc_t *F, const duet_cuda_mm_part_t *p, int n_parts
                               duet_err_t *err)
 {
     enum { MM_MULTI_PARTS = 16 };
-    if (n > 0 && n_parts > 1 && n_parts <= MM_MULTI_PARTS && duet_cuda_get_invariant(F->cu) &&
-        !duet_cuda_get_exact(F->cu)) {
+    if (n > 0 && n_parts > 1 && n_parts <= MM_MULTI_PARTS && duet_cuda_get_invariant(F->cu) && !F->exact) {
         int used[MM_MULTI_PARTS] = {0};
         for (int i = 0; i < n_parts; i++) {
             if (used[i])
@@ -1639,7 +1638,7 @@ static int use_grouped(const fc_t *F, int layer)
 {
     const layer_dev_t *lw = &F->mc->layers[layer];
     size_t e = 3 * (size_t)F->mc->e0;
-    return lw->grouped && !F->mc->moe_host_route && !duet_cuda_get_exact(F->cu) && duet_cuda_matmul_grouped_ok(&lw->experts[e], F->xn) &&
+    return lw->grouped && !F->mc->moe_host_route && !F->exact && duet_cuda_matmul_grouped_ok(&lw->experts[e], F->xn) &&
            duet_cuda_matmul_grouped_ok(&lw->experts[e + 1], F->eg);
 }
 
@@ -1878,8 +1877,7 @@ static int hc_fused(const fc_t *F)
 {
     duet_cuda_info_t info;
     duet_cuda_info(F->cu, &info);
-    return duet_cuda_hc_norm_ok(F->c->hc_mult, F->c->hidden_size) && F->R <= info.sm_count &&
-           !duet_cuda_get_exact(F->cu);
+    return duet_cuda_hc_norm_ok(F->c->hc_mult, F->c->hidden_size) && F->R <= info.sm_count && !F->exact;
 }
 
 /* A layer's hyper-connection pre-mix of F->h and the norm of its result into F->xn: one fused
@@ -2074,7 +2072,8 @@ duet_status_t duet_forward_cuda_ex(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *
     }
     /* wo_a grouped: decode-sized calls with the batch-invariant matmuls (the launch per group
      * takes the same kernel there, so the same bits); larger calls keep a launch per group */
-    F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c) && !duet_cuda_get_exact(mc->c);
+    F.exact = duet_cuda_get_exact(mc->c);
+    F.wo_group = F.wo_group && R <= WO_GROUP_MAX_ROWS && duet_cuda_get_invariant(mc->c) && !F.exact;
     /* dependent launches for decode-sized calls; a prefill's kernels launch the ordinary way
      * (after cuBLASLt's GEMMs the dependent form made a prefill slower: docs/PERF.md) */
     duet_cuda_set_pdl(mc->c, !mc->no_pdl && R <= PDL_MAX_ROWS);

@@ -11,14 +11,13 @@
  * precision, rounded once to float (within a few parts in 1e16 of the true value before
  * that rounding: correctly rounded but where e^x or sin x falls that close to a midpoint).
  *
- * Also here: the matmul's dot products (kernels.h's contract: 8 interleaved lanes for
- * bf16 and f32 weights, per 128-column block for fp8, per 32 for fp4; the GPU's CPU-exact
- * matmul, kernels/cuda/exact.cu, runs the same order with a thread a lane), the plain
- * column-order dot product, the norm's inverse and the hyper-connection weights, which the
- * CPU-exact kernels call as they are. */
+ * Also here: the column-order dot product, the norm's inverse and the hyper-connection
+ * weights, which the CPU table and the GPU's CPU-exact kernels (kernels/cuda/exact.cu) call as
+ * they are. */
 #ifndef DUET_REF_MATH_H
 #define DUET_REF_MATH_H
 
+#include <math.h>
 #include <stdint.h>
 
 #ifdef __CUDACC__
@@ -39,7 +38,6 @@
 #define DUET_DSUB(a, b) __dsub_rn((a), (b))
 #define DUET_DDIV(a, b) __ddiv_rn((a), (b))
 #else
-#include <math.h>
 #define DUET_FMUL(a, b) ((a) * (b))
 #define DUET_FADD(a, b) ((a) + (b))
 #define DUET_FSUB(a, b) ((a) - (b))
@@ -51,7 +49,30 @@
 #define DUET_DDIV(a, b) ((a) / (b))
 #endif
 
-DUET_REF_FN double duet_ref_i64_as_f64(int64_t u)
+/* A value's bits, and back (memcpy on the host, the intrinsics on the device). */
+DUET_REF_FN uint32_t duet_ref_f32_bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+
+DUET_REF_FN int64_t duet_ref_f64_bits(double d)
+{
+#ifdef __CUDA_ARCH__
+    return (int64_t)__double_as_longlong(d);
+#else
+    int64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+#endif
+}
+
+DUET_REF_FN double duet_ref_f64_of_bits(int64_t u)
 {
 #ifdef __CUDA_ARCH__
     return __longlong_as_double((long long)u);
@@ -59,17 +80,6 @@ DUET_REF_FN double duet_ref_i64_as_f64(int64_t u)
     double d;
     memcpy(&d, &u, sizeof d);
     return d;
-#endif
-}
-
-DUET_REF_FN float duet_ref_u32_as_f32(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 #endif
 }
 
@@ -92,7 +102,7 @@ DUET_REF_FN float duet_ref_expf(float x)
     if (x != x)
         return x;
     if (x > 89.0f)
-        return duet_ref_u32_as_f32(0x7f800000u);
+        return INFINITY;
     if (x < -104.0f)
         return 0.0f;
     const double log2e = 1.4426950408889634, l1 = 6.93147180369123816490e-01, l2 = 1.90821492927058770002e-10;
@@ -113,7 +123,7 @@ DUET_REF_FN float duet_ref_expf(float x)
     p = DUET_DADD(DUET_DMUL(p, r), 0.5);
     p = DUET_DADD(DUET_DMUL(p, r), 1.0);
     p = DUET_DADD(DUET_DMUL(p, r), 1.0);
-    double s = duet_ref_i64_as_f64((int64_t)(1023 + (int)k) << 52); /* 2^k, a normal double */
+    double s = duet_ref_f64_of_bits((int64_t)(1023 + (int)k) << 52); /* 2^k, a normal double */
     return (float)DUET_DMUL(p, s);
 }
 
@@ -126,18 +136,13 @@ DUET_REF_FN float duet_ref_log1pf(float y)
     if (y != y || y > 3.0e38f)
         return y;
     if (y <= -1.0f)
-        return y == -1.0f ? -duet_ref_u32_as_f32(0x7f800000u) : duet_ref_u32_as_f32(0x7fc00000u);
+        return y == -1.0f ? -INFINITY : NAN;
     if (y < 1.8626451e-9f && y > -1.8626451e-9f) /* |y| < 2^-29 */
         return y;
     double u = DUET_DADD(1.0, (double)y);
-    int64_t bits;
-#ifdef __CUDA_ARCH__
-    bits = (int64_t)__double_as_longlong(u);
-#else
-    memcpy(&bits, &u, sizeof bits);
-#endif
+    int64_t bits = duet_ref_f64_bits(u);
     int k = (int)((bits >> 52) & 0x7ff) - 1023;
-    double m = duet_ref_i64_as_f64((bits & 0x000fffffffffffffLL) | ((int64_t)1023 << 52)); /* [1, 2) */
+    double m = duet_ref_f64_of_bits((bits & 0x000fffffffffffffLL) | ((int64_t)1023 << 52)); /* [1, 2) */
     if (m > 1.4142135623730951) {
         m = DUET_DMUL(m, 0.5);
         k += 1;
@@ -146,7 +151,7 @@ DUET_REF_FN float duet_ref_log1pf(float y)
     double s2 = DUET_DMUL(s, s);
     double p = 1.0 / 23.0;
     for (int n = 21; n >= 1; n -= 2)
-        p = DUET_DADD(DUET_DMUL(p, s2), 1.0 / (double)n);
+        p = DUET_DADD(DUET_DMUL(p, s2), DUET_DDIV(1.0, (double)n));
     double lm = DUET_DMUL(DUET_DMUL(2.0, s), p);
     return (float)DUET_DADD(DUET_DMUL((double)k, 6.93147180559945286227e-01), lm);
 }
@@ -162,16 +167,9 @@ DUET_REF_FN float duet_ref_sigmoidf(float x) { return DUET_FDIV(1.0f, DUET_FADD(
  * gives NaN. */
 DUET_REF_FN void duet_ref_sincosf(float x, float *sin_out, float *cos_out)
 {
-    uint32_t bits;
-#ifdef __CUDA_ARCH__
-    bits = __float_as_uint(x);
-#else
-    memcpy(&bits, &x, sizeof bits);
-#endif
-    if ((bits & 0x7f800000u) == 0x7f800000u) {
-        float nan = duet_ref_u32_as_f32(0x7fc00000u);
-        *sin_out = nan;
-        *cos_out = nan;
+    if ((duet_ref_f32_bits(x) & 0x7f800000u) == 0x7f800000u) { /* NaN or infinite */
+        *sin_out = NAN;
+        *cos_out = NAN;
         return;
     }
     const double two_over_pi = 6.36619772367581382433e-01;
@@ -227,98 +225,6 @@ DUET_REF_FN float duet_ref_rms_inv(float ss, int dim, float eps)
     return DUET_FDIV(1.0f, DUET_FSQRT(DUET_FADD(DUET_FDIV(ss, (float)dim), eps)));
 }
 
-/* The matmul's lanes: lane j takes columns j, j + 8, ...; summed in a fixed tree at the end. */
-#define DUET_REF_LANES 8
-
-DUET_REF_FN float duet_ref_lanes_sum(const float *acc)
-{
-    return DUET_FADD(DUET_FADD(DUET_FADD(acc[0], acc[1]), DUET_FADD(acc[2], acc[3])),
-                     DUET_FADD(DUET_FADD(acc[4], acc[5]), DUET_FADD(acc[6], acc[7])));
-}
-
-/* One output of a bf16 weight row (the weight's bits, 2 bytes a value) against x(cols). */
-DUET_REF_FN float duet_ref_row_bf16(const uint16_t *wr, const float *x, int cols)
-{
-    float acc[DUET_REF_LANES] = {0};
-    int c = 0;
-    for (; c + DUET_REF_LANES <= cols; c += DUET_REF_LANES)
-        for (int j = 0; j < DUET_REF_LANES; j++)
-            acc[j] = DUET_FADD(acc[j], DUET_FMUL(x[c + j], duet_ref_u32_as_f32((uint32_t)wr[c + j] << 16)));
-    for (; c < cols; c++)
-        acc[c % DUET_REF_LANES] =
-            DUET_FADD(acc[c % DUET_REF_LANES], DUET_FMUL(x[c], duet_ref_u32_as_f32((uint32_t)wr[c] << 16)));
-    return duet_ref_lanes_sum(acc);
-}
-
-DUET_REF_FN float duet_ref_row_f32(const float *wr, const float *x, int cols)
-{
-    float acc[DUET_REF_LANES] = {0};
-    int c = 0;
-    for (; c + DUET_REF_LANES <= cols; c += DUET_REF_LANES)
-        for (int j = 0; j < DUET_REF_LANES; j++)
-            acc[j] = DUET_FADD(acc[j], DUET_FMUL(x[c + j], wr[c + j]));
-    for (; c < cols; c++)
-        acc[c % DUET_REF_LANES] = DUET_FADD(acc[c % DUET_REF_LANES], DUET_FMUL(x[c], wr[c]));
-    return duet_ref_lanes_sum(acc);
-}
-
-/* An fp8 row: each 128-column block's dot product (lanes as above, values through lut: the
- * 256 e4m3 codes' floats, NaN codes as 0) times that block's scale (scale_row: the weight's
- * scale row for this output, f32 or e8m0), the blocks summed in order. */
-DUET_REF_FN float duet_ref_e8m0(uint8_t b)
-{
-    return b == 0 ? duet_ref_u32_as_f32(0x00400000u) : b == 255 ? duet_ref_u32_as_f32(0x7fc00000u)
-                                                                : duet_ref_u32_as_f32((uint32_t)b << 23);
-}
-
-DUET_REF_FN float duet_ref_scale_at(const void *scale_row, int scale_f32, int i)
-{
-    return scale_f32 ? ((const float *)scale_row)[i] : duet_ref_e8m0(((const uint8_t *)scale_row)[i]);
-}
-
-DUET_REF_FN float duet_ref_row_fp8(const uint8_t *wr, const float *x, int cols, const float *lut,
-                                   const void *scale_row, int scale_f32)
-{
-    float acc = 0.0f;
-    for (int c0 = 0; c0 < cols; c0 += 128) {
-        int c1 = c0 + 128 < cols ? c0 + 128 : cols;
-        float part[DUET_REF_LANES] = {0};
-        int c = c0;
-        for (; c + DUET_REF_LANES <= c1; c += DUET_REF_LANES)
-            for (int j = 0; j < DUET_REF_LANES; j++)
-                part[j] = DUET_FADD(part[j], DUET_FMUL(x[c + j], lut[wr[c + j]]));
-        for (; c < c1; c++)
-            part[(c - c0) % DUET_REF_LANES] = DUET_FADD(part[(c - c0) % DUET_REF_LANES], DUET_FMUL(x[c], lut[wr[c]]));
-        acc = DUET_FADD(acc, DUET_FMUL(duet_ref_lanes_sum(part), duet_ref_scale_at(scale_row, scale_f32, c0 / 128)));
-    }
-    return acc;
-}
-
-/* An fp4 row (two values a byte, the low nibble first): each 32-column group's dot product in
- * column order times its scale, the groups summed in order. */
-DUET_REF_FN float duet_ref_e2m1(uint32_t nib)
-{
-    /* 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives */
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float v = mag[nib & 7];
-    return nib & 8 ? -v : v;
-}
-
-DUET_REF_FN float duet_ref_row_fp4(const uint8_t *wr, const float *x, int cols, const void *scale_row, int scale_f32)
-{
-    float acc = 0.0f;
-    for (int c0 = 0; c0 < cols; c0 += 32) {
-        float part = 0.0f;
-        for (int c = c0; c < c0 + 32; c += 2) {
-            uint8_t b = wr[c / 2];
-            part = DUET_FADD(part, DUET_FMUL(x[c], duet_ref_e2m1(b & 0xfu)));
-            part = DUET_FADD(part, DUET_FMUL(x[c + 1], duet_ref_e2m1((uint32_t)b >> 4)));
-        }
-        acc = DUET_FADD(acc, DUET_FMUL(part, duet_ref_scale_at(scale_row, scale_f32, c0 / 32)));
-    }
-    return acc;
-}
-
 /* ---- hyper-connections -------------------------------------------------------------------- */
 
 /* A row's hyper-connection comb (hc x hc) from its mixes((2 + hc) hc) = [pre | post | comb]
@@ -329,7 +235,7 @@ DUET_REF_FN void duet_ref_hc_comb(const float *mixes, int hc, float scale2, cons
                                   float hc_eps, float *cb)
 {
     for (int j = 0; j < hc; j++) {
-        float mx = -duet_ref_u32_as_f32(0x7f800000u);
+        float mx = -INFINITY;
         for (int k = 0; k < hc; k++) {
             float v = DUET_FADD(DUET_FMUL(mixes[2 * hc + j * hc + k], scale2), base[2 * hc + j * hc + k]);
             cb[j * hc + k] = v;

@@ -798,9 +798,14 @@ int main(int argc, char **argv)
     duet_model_t *m = NULL;
     gpu_t g = {.tp = a.tp, .device = a.device};
     double t0 = duet_time_s();
-    if (duet_model_load(a.model_dir, &m, &err) != DUET_OK || duet_cuda_create(a.device, &g.cu, &err) != DUET_OK ||
-        (a.exact && (duet_cuda_set_exact(g.cu, 1), 0)) || /* before the upload: weights untiled */
-        (!a.staging && a.tp == 1 && duet_model_cuda_upload(g.cu, m, &g.mc, &err) != DUET_OK)) {
+    duet_status_t st = duet_model_load(a.model_dir, &m, &err);
+    if (st == DUET_OK)
+        st = duet_cuda_create(a.device, &g.cu, &err);
+    if (st == DUET_OK && a.exact)
+        duet_cuda_set_exact(g.cu, 1); /* before the upload, which then keeps the weights untiled */
+    if (st == DUET_OK && !a.staging && a.tp == 1)
+        st = duet_model_cuda_upload(g.cu, m, &g.mc, &err);
+    if (st != DUET_OK) {
         fprintf(stderr, "duet-check-forward: %s\n", duet_err_text(&err));
         duet_model_cuda_destroy(&g.mc);
         duet_cuda_destroy(&g.cu);

@@ -1,6 +1,7 @@
 /* CPU reference: norms, RoPE, attention, compressor pooling, indexer, top-k,
  * hyper-connections, SwiGLU.  Plain loops; shapes in the comments.  The exponential,
- * sine and cosine are ref_math.h's (the same bits on every machine and on the GPU). */
+ * sine, cosine, the dot products, the norm's inverse and the hyper-connection weights are
+ * ref_math.h's (the same bits on every machine and on the GPU). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -50,11 +51,7 @@ void duet_cpu_attn_row(const float *q, int n_heads, int dim, const float *keys, 
         float *oh = out + (size_t)h * dim;
         float mx = sinks[h];
         for (int j = 0; j < n_keys; j++) {
-            const float *k = keys + (size_t)j * dim;
-            float d = 0.0f;
-            for (int c = 0; c < dim; c++)
-                d += qh[c] * k[c];
-            logit[j] = d * scale;
+            logit[j] = duet_ref_dot(qh, keys + (size_t)j * dim, dim) * scale;
             if (logit[j] > mx)
                 mx = logit[j];
         }
@@ -110,10 +107,7 @@ void duet_cpu_index_score(const float *q, const float *w, int n_heads, int dim, 
         const float *k = keys + (size_t)s * dim;
         float acc = 0.0f;
         for (int h = 0; h < n_heads; h++) {
-            const float *qh = q + (size_t)h * dim;
-            float d = 0.0f;
-            for (int c = 0; c < dim; c++)
-                d += qh[c] * k[c];
+            float d = duet_ref_dot(q + (size_t)h * dim, k, dim);
             if (d < 0.0f)
                 d = 0.0f;
             acc += d * scale * w[h];
@@ -195,13 +189,8 @@ void duet_cpu_hc_pre(const float *x, int n, int hc, int dim, const float *fn, co
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * flat_dim;
         duet_cpu_rmsnorm(xi, NULL, 1, flat_dim, norm_eps, flat);
-        for (int m = 0; m < mix; m++) {
-            const float *f = fn + (size_t)m * flat_dim;
-            float acc = 0.0f;
-            for (int c = 0; c < flat_dim; c++)
-                acc += flat[c] * f[c];
-            mixes[m] = acc;
-        }
+        for (int m = 0; m < mix; m++)
+            mixes[m] = duet_ref_dot(flat, fn + (size_t)m * flat_dim, flat_dim);
         float *po = post + (size_t)i * hc, *cb = comb + (size_t)i * hc * hc;
         duet_ref_hc_mix(mixes, hc, scale, base, sinkhorn_iters, hc_eps, pre, po, cb);
         float *y = collapsed + (size_t)i * dim;
@@ -246,11 +235,8 @@ void duet_cpu_hc_head(const float *x, int n, int hc, int dim, const float *fn, c
         const float *xi = x + (size_t)i * flat_dim;
         duet_cpu_rmsnorm(xi, NULL, 1, flat_dim, norm_eps, flat);
         for (int k = 0; k < hc; k++) {
-            const float *f = fn + (size_t)k * flat_dim;
-            float acc = 0.0f;
-            for (int c = 0; c < flat_dim; c++)
-                acc += flat[c] * f[c];
-            pre[k] = duet_ref_sigmoidf(acc * scale + base[k]) + hc_eps;
+            pre[k] = duet_ref_sigmoidf(duet_ref_dot(flat, fn + (size_t)k * flat_dim, flat_dim) * scale + base[k]) +
+                     hc_eps;
         }
         float *yi = y + (size_t)i * dim;
         for (int c = 0; c < dim; c++) {

@@ -1,4 +1,4 @@
-/* The CPU-exact forms (contract in exact.cuh): kernels/cpu/'s loops, one thread per output,
+/* The CPU-exact forms (contract in exact.cuh): kernels/cpu/'s operations in their order,
  * ref_math.h's arithmetic (each operation rounded, none fused). */
 #include "cache_codec.cuh"
 #include "exact.cuh"
@@ -39,13 +39,16 @@ __device__ __forceinline__ float ex_lanes_sum(float v)
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
 }
 
-__device__ __forceinline__ float ex_weight_at(const ex_weight &w, const uint8_t *row, const float *lut, int c)
+/* value c of a bf16 or f32 weight row */
+__device__ __forceinline__ float ex_weight_at(const ex_weight &w, const uint8_t *row, int c)
 {
-    if (w.dtype == DUET_DT_BF16)
-        return __uint_as_float((uint32_t)((const uint16_t *)row)[c] << 16);
-    if (w.dtype == DUET_DT_F32)
-        return ((const float *)row)[c];
-    return lut[row[c]];
+    return w.dtype == DUET_DT_BF16 ? duet_d_bf16_to_f32(((const uint16_t *)row)[c]) : ((const float *)row)[c];
+}
+
+/* scale i of a scale row, f32 or e8m0 (the CPU's scale_at) */
+__device__ __forceinline__ float ex_scale_at(const void *row, int f32, int i)
+{
+    return f32 ? ((const float *)row)[i] : duet_d_e8m0_to_f32(((const uint8_t *)row)[i]);
 }
 
 __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, int row_begin, int m, const float *x,
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, i
         if (w.dtype == DUET_DT_BF16 || w.dtype == DUET_DT_F32) {
             const uint8_t *row = (const uint8_t *)w.data + (size_t)r * cols * (w.dtype == DUET_DT_BF16 ? 2 : 4);
             for (int c = j; c < (on ? cols : 0); c += 8) {
-                float wv = ex_weight_at(w, row, lut, c);
+                float wv = ex_weight_at(w, row, c);
 #pragma unroll
                 for (int t = 0; t < EX_MM_T; t++)
                     if (t < nt)
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, i
                         if (t < nt)
                             part[t] = __fadd_rn(part[t], __fmul_rn(xt[(size_t)t * cols + c], wv));
                 }
-                float sc = on ? duet_ref_scale_at(sr, w.scale_f32, c0 / 128) : 0.0f;
+                float sc = on ? ex_scale_at(sr, w.scale_f32, c0 / 128) : 0.0f;
 #pragma unroll
                 for (int t = 0; t < EX_MM_T; t++)
                     acc[t] = __fadd_rn(acc[t], __fmul_rn(ex_lanes_sum(part[t]), sc));
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, i
                 if (on && g < groups)
                     for (int c = g * 32; c < g * 32 + 32; c += 2) {
                         uint8_t b = row[c / 2];
-                        float lo = duet_ref_e2m1(b & 0xfu), hi = duet_ref_e2m1((uint32_t)b >> 4);
+                        float lo = duet_d_e2m1_to_f32(b & 0xfu), hi = duet_d_e2m1_to_f32((uint32_t)b >> 4);
 #pragma unroll
                         for (int t = 0; t < EX_MM_T; t++)
                             if (t < nt) {
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(EX_THREADS) exact_matmul_kernel(ex_weight w, i
                             }
                     }
                 for (int l = 0; l < 8; l++) { /* the groups in order, from their lanes */
-                    float sc = on && g0 + l < groups ? duet_ref_scale_at(sr, w.scale_f32, g0 + l) : 0.0f;
+                    float sc = on && g0 + l < groups ? ex_scale_at(sr, w.scale_f32, g0 + l) : 0.0f;
 #pragma unroll
                     for (int t = 0; t < EX_MM_T; t++) {
                         float p = __shfl_sync(0xffffffffu, part[t], (int)(threadIdx.x & 24u) | l);
