@@ -262,38 +262,45 @@ static void row_float(row_t *row, const float *gpu, const float *ref, size_t n, 
         snprintf(row->note, sizeof row->note, "worst [%zu]: gpu %.9g cpu %.9g", w, gpu[w], ref[w]);
 }
 
-static void row_bytes(row_t *row, const void *gpu, const void *ref, size_t n)
+/* Elements of esz bytes whose bytes differ (NaN payloads included); *first the first such, else
+ * (size_t)-1. */
+static size_t count_diff(const void *gpu, const void *ref, size_t n, size_t esz, size_t *first)
 {
     const uint8_t *a = gpu, *b = ref;
-    size_t diff = 0, first = (size_t)-1;
+    size_t diff = 0;
+    *first = (size_t)-1;
     for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i]) {
-            if (first == (size_t)-1)
-                first = i;
+        if (memcmp(a + i * esz, b + i * esz, esz)) {
+            if (*first == (size_t)-1)
+                *first = i;
             diff++;
         }
+    return diff;
+}
+
+/* Exact: err counts the differing elements. */
+static void row_exact_diff(row_t *row, size_t diff)
+{
     row->exact = 1;
     row->tol = 0;
     row->err = (double)diff;
     row->pass = diff == 0;
+}
+
+static void row_bytes(row_t *row, const void *gpu, const void *ref, size_t n)
+{
+    size_t first, diff = count_diff(gpu, ref, n, 1, &first);
+    row_exact_diff(row, diff);
     if (diff && !row->note[0])
-        snprintf(row->note, sizeof row->note, "first byte %zu: gpu 0x%02x cpu 0x%02x", first, a[first], b[first]);
+        snprintf(row->note, sizeof row->note, "first byte %zu: gpu 0x%02x cpu 0x%02x", first,
+                 ((const uint8_t *)gpu)[first], ((const uint8_t *)ref)[first]);
 }
 
 /* Floats bit for bit: err counts the elements whose bits differ (NaN payloads included). */
 static void row_f32_bits(row_t *row, const float *gpu, const float *ref, size_t n)
 {
-    size_t diff = 0, first = (size_t)-1;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&gpu[i], &ref[i], sizeof(float))) {
-            if (first == (size_t)-1)
-                first = i;
-            diff++;
-        }
-    row->exact = 1;
-    row->tol = 0;
-    row->err = (double)diff;
-    row->pass = diff == 0;
+    size_t first, diff = count_diff(gpu, ref, n, sizeof(float), &first);
+    row_exact_diff(row, diff);
     if (diff && !row->note[0])
         snprintf(row->note, sizeof row->note, "first [%zu]: gpu %.9g cpu %.9g", first, gpu[first], ref[first]);
 }
