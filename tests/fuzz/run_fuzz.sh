@@ -5,7 +5,8 @@
 #
 # Builds tests/fuzz/fuzz_TARGET.c with clang -fsanitize=fuzzer,address,undefined
 # into build-fuzz/ (or $DUET_FUZZ_DIR), against every source of common/ and
-# common/text/ compiled with the same instrumentation (a static archive: the
+# common/text/, common/net/msg.c and the protocol's code (protoc-c from
+# proto/duet.proto) compiled with the same instrumentation (a static archive: the
 # link takes only what the target uses; a source that does not compile is
 # skipped with a warning).  Then runs it for SECONDS on a working copy of the
 # stored corpus tests/fuzz/corpus/TARGET (new inputs found stay in the working
@@ -38,11 +39,19 @@ mkdir -p "$OBJ" "$WORK/corpus" "$WORK/artifacts"
 
 CFLAGS=(-std=c11 -D_GNU_SOURCE -DDUET_FUZZ_LIBFUZZER -g -O1 -fno-omit-frame-pointer
         -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-        -I"$ROOT/common" -I"$ROOT/common/text")
+        -I"$ROOT/common" -I"$ROOT/common/text" -I"$ROOT/common/net" -I"$OUT/proto")
 [ -f "$ROOT/build/duet_config.h" ] && CFLAGS+=(-I"$ROOT/build")
 
+# The control-plane messages (common/net/msg.c, for the msg target) need the protocol's C code,
+# generated here from proto/duet.proto as the build does.
+command -v protoc-c >/dev/null || die "protoc-c is missing: install the Debian package protobuf-c-compiler (./duet deps)"
+mkdir -p "$OUT/proto"
+if [ ! -f "$OUT/proto/duet.pb-c.c" ] || [ "$ROOT/proto/duet.proto" -nt "$OUT/proto/duet.pb-c.c" ]; then
+  protoc-c --proto_path="$ROOT/proto" --c_out="$OUT/proto" "$ROOT/proto/duet.proto"
+fi
+
 LIBS=()
-for pc in jansson libxxhash libpcre2-8; do
+for pc in jansson libxxhash libpcre2-8 libprotobuf-c; do
   if pkg-config --exists "$pc" 2>/dev/null; then
     read -r -a more <<<"$(pkg-config --libs "$pc")"
     LIBS+=("${more[@]}")
@@ -50,11 +59,13 @@ for pc in jansson libxxhash libpcre2-8; do
 done
 LIBS+=(-lm -lpthread)
 
-# The library: every source of common/ and common/text/, rebuilt when newer.
+# The library: every source of common/ and common/text/, the messages and their generated
+# protocol code, rebuilt when newer.
 objs=()
-for c in "$ROOT"/common/*.c "$ROOT"/common/text/*.c; do
+for c in "$ROOT"/common/*.c "$ROOT"/common/text/*.c "$ROOT"/common/net/msg.c "$OUT/proto/duet.pb-c.c"; do
   [ -f "$c" ] || continue
   rel="${c#"$ROOT"/}"
+  rel="${rel#"$OUT"/}"
   o="$OBJ/${rel//\//_}.o"
   if [ ! -f "$o" ] || [ "$c" -nt "$o" ] || [ -n "$(find "$(dirname "$c")" -maxdepth 1 -name '*.h' -newer "$o" -print -quit)" ]; then
     if ! "$CC" "${CFLAGS[@]}" -c "$c" -o "$o" 2>"$o.log"; then
