@@ -185,9 +185,9 @@ def main():
         drv = Driver(cl, tmp)
         drv.run([f"w{i}" for i in range(a.warmup)])
         walls = {conc: drv.run([f"b{conc}-{i}" for i in range(a.requests)], conc) for conc in concs}
-        # the empty runs last: a client that connects and leaves at once can leave libnng 1.5.2's
-        # listener deaf to the connections after it (docs/PROTOCOL.md, "The event channel, and
-        # libnng 1.5.2"), which stopped the timed runs when these came first
+        # the empty runs last: a client that leaves during the handshake stops libnng 1.5.2's ipc
+        # listener until the worker restarts it, and a timed run dialing meanwhile would have its
+        # connection reset (docs/PROTOCOL.md, "The event channel, and libnng 1.5.2")
         empty = statistics.median(drv.run([]) for _ in range(5))
         results["driver_empty_run_ms"] = empty * 1000
         for conc in concs:

@@ -271,11 +271,126 @@ duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *er
                         duet_status_code(st), reply->error->message ? reply->error->message : "");
 }
 
+/* A listener that stopped accepting, and its restart.  libnng 1.5.2's ipc transport answers a
+ * client that connects and closes before the handshake (its header written to a closed peer:
+ * EPIPE, which NNG reads as NNG_ECLOSED) by ending the listener's accept loop as if the listener
+ * itself had closed: every later client's connection is taken by the kernel and its requests are
+ * never read (docs/PROTOCOL.md, "The event channel, and libnng 1.5.2"; tcp and NNG 1.10 do not do
+ * it).  The listener counts that error under its "other" statistic, which keeper_check reads every
+ * CTL_LISTEN_CHECK_MS; a listener with a new one is restarted (closed and opened on the same URL)
+ * once no connection is attached, or once none has brought a request (an event, for a puller) for
+ * CTL_LISTEN_IDLE_MS: closing a listener closes the connections it made, so the clients connected
+ * and busy keep being served meanwhile, while a connection whose peer has gone without NNG seeing
+ * it (seen with 1.5.2) does not hold the restart off for ever; a client that drops and dials again
+ * reconnects at once.  Without NNG's statistics (a build without them) nothing is checked. */
+#define CTL_LISTEN_CHECK_MS 250
+#define CTL_LISTEN_IDLE_MS 500
+
+typedef struct {
+    nng_socket sock;
+    const char *url;
+    nng_listener listener;
+    atomic_int n_pipes;     /* connections attached to the socket */
+    uint64_t next_check_ns; /* keeper_check's next look */
+    uint64_t other_seen;    /* the listener's "other" errors seen so far */
+    uint64_t active_ns;     /* the last request (or event) taken from the socket */
+    int deaf;               /* it stopped accepting: restart it (keeper_check) */
+    int ipc;                /* only ipc:// listeners are checked (over tcp the error is one NNG
+                               itself recovers from, after 100 ms) */
+} keeper_t;
+
+/* A request or event taken from the socket (the thread that serves it). */
+static void keeper_touch(keeper_t *k) { k->active_ns = duet_time_ns(); }
+
+static void keeper_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    keeper_t *k = arg;
+    (void)pipe;
+    atomic_fetch_add(&k->n_pipes, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+}
+
+/* The listener's "other" error count, or -1 when NNG keeps no statistics for it. */
+static int64_t listener_other_errors(nng_listener l)
+{
+    nng_stat *root = NULL;
+    int64_t v = -1;
+    if (nng_stats_get(&root) != 0 || !root)
+        return -1;
+    nng_stat *ls = nng_stat_find_listener(root, l);
+    for (nng_stat *c = ls ? nng_stat_child(ls) : NULL; c; c = nng_stat_next(c))
+        if (strcmp(nng_stat_name(c), "other") == 0) {
+            v = (int64_t)nng_stat_value(c);
+            break;
+        }
+    nng_stats_free(root);
+    return v;
+}
+
+static int keeper_listen(keeper_t *k)
+{
+    int rv = nng_listener_create(&k->listener, k->sock, k->url);
+    if (rv == 0 && (rv = nng_listener_start(k->listener, 0)) != 0)
+        nng_listener_close(k->listener);
+    return rv;
+}
+
+/* Count sock's connections and listen on url (k must stay where it is while sock is open). */
+static int keeper_start(keeper_t *k, nng_socket sock, const char *url)
+{
+    k->sock = sock;
+    k->url = url;
+    atomic_store(&k->n_pipes, 0);
+    k->next_check_ns = 0;
+    k->other_seen = 0;
+    k->active_ns = duet_time_ns();
+    k->deaf = 0;
+    k->ipc = strncmp(url, "ipc://", 6) == 0;
+    int rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, keeper_pipe_event, k);
+    if (rv == 0)
+        rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, keeper_pipe_event, k);
+    return rv ? rv : keeper_listen(k);
+}
+
+/* From the one thread that serves the socket. */
+static void keeper_check(keeper_t *k)
+{
+    uint64_t now = duet_time_ns();
+    if (!k->ipc || now < k->next_check_ns)
+        return;
+    k->next_check_ns = now + (uint64_t)CTL_LISTEN_CHECK_MS * 1000000u;
+    int64_t other = listener_other_errors(k->listener);
+    if (other > (int64_t)k->other_seen) {
+        k->other_seen = (uint64_t)other;
+        if (!k->deaf)
+            duet_warn("ctl %s: the listener stopped accepting (libnng's accept loop ended on a client that left "
+                      "during its handshake); it restarts once no connection is attached or none is busy (%d "
+                      "attached now)",
+                      k->url, atomic_load(&k->n_pipes));
+        k->deaf = 1;
+    }
+    int attached = atomic_load(&k->n_pipes);
+    if (!k->deaf || (attached > 0 && now - k->active_ns < (uint64_t)CTL_LISTEN_IDLE_MS * 1000000u))
+        return;
+    if (attached > 0)
+        duet_warn("ctl %s: restarting the listener with %d idle connection(s) attached (closed with it)", k->url,
+                  attached);
+    nng_listener_close(k->listener);
+    int rv = keeper_listen(k);
+    if (rv) {
+        duet_error("ctl %s: the listener did not restart: %s; trying again", k->url, nng_strerror(rv));
+        return;
+    }
+    k->deaf = 0;
+    k->other_seen = 0;
+    duet_warn("ctl %s: listener restarted", k->url);
+}
+
 /* ------------------------------------------------------------------ server */
 
 struct duet_ctl_server {
     common_t c;
     nng_socket sock;
+    keeper_t keep;
     nng_aio *recv_aio;
     nng_aio *send_aio;
     duet_ctl_handler_fn handler;
@@ -371,6 +486,8 @@ static duet_status_t server_poll(duet_ctl_server_t *s, uint64_t deadline_ns, uin
     uint32_t served = 0;
     duet_status_t st = DUET_OK;
 
+    keeper_check(&s->keep);
+
     while (served < CTL_POLL_BATCH) {
         int rv = aio_run(s->recv_aio, served ? NNG_DURATION_ZERO : ms_until(deadline_ns), start_sock_recv,
                          &s->sock);
@@ -380,6 +497,7 @@ static duet_status_t server_poll(duet_ctl_server_t *s, uint64_t deadline_ns, uin
             st = duet_ctl_status_from_nng(rv);
             break;
         }
+        keeper_touch(&s->keep);
         server_serve(s, nng_aio_get_msg(s->recv_aio));
         served++;
     }
@@ -412,7 +530,7 @@ duet_status_t duet_ctl_server_create(const duet_ctl_opts_t *o, duet_ctl_handler_
         st = nng_fail(err, rv, s->c.url, "cannot set up the rep socket");
         goto err_close;
     }
-    if ((rv = nng_listen(s->sock, s->c.url, NULL, 0))) {
+    if ((rv = keeper_start(&s->keep, s->sock, s->c.url))) {
         st = nng_fail(err, rv, s->c.url, "cannot listen");
         goto err_close;
     }
@@ -759,6 +877,7 @@ struct duet_ctl_pusher {
 struct duet_ctl_puller {
     common_t c;
     nng_socket sock;
+    keeper_t keep;
     pthread_mutex_t mu;  /* one receive at a time on the one context */
     nng_ctx ctx;         /* kept until the socket closes (see CTL_CTX_POOL_MAX) */
     int have_ctx;
@@ -1073,7 +1192,7 @@ duet_status_t duet_ctl_puller_create(const duet_ctl_opts_t *o, duet_ctl_puller_t
         st = nng_fail(err, rv, p->c.url, "cannot set up the event socket");
         goto err_close;
     }
-    if ((rv = nng_listen(p->sock, p->c.url, NULL, 0))) {
+    if ((rv = keeper_start(&p->keep, p->sock, p->c.url))) {
         st = nng_fail(err, rv, p->c.url, "cannot listen");
         goto err_close;
     }
@@ -1151,6 +1270,7 @@ duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, d
     if (rv)
         return nng_fail(err, rv, p->c.url, "cannot allocate an aio");
     pthread_mutex_lock(&p->mu);
+    keeper_check(&p->keep); /* receives are one at a time (mu) */
     if (p->i_pend < p->n_pend) { /* the rest of a batch first */
         *ev = p->pend[p->i_pend];
         p->pend[p->i_pend++] = NULL;
@@ -1171,6 +1291,7 @@ duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, d
         st = nng_fail(err, rv, p->c.url, "no event");
         goto out;
     }
+    keeper_touch(&p->keep);
     nng_msg *m = nng_aio_get_msg(aio);
     size_t len = nng_msg_len(m);
     duet_msg_origin_t o = {p->c.sender_id, NULL, 0};

@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -398,6 +400,67 @@ static void test_dead_server_timeout(void **state)
     assert_true(elapsed_ms(t0) < 20);
     duet_envelope_free(&req);
     duet_ctl_client_destroy(&c);
+}
+
+/* Clients that connect to the server's ipc path and close at once, before the handshake: with
+ * libnng 1.5.2 the listener's accept loop ends on them (docs/PROTOCOL.md).  n raw connections. */
+static void connect_and_leave(const char *url, int n)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", url + strlen("ipc://"));
+    for (int i = 0; i < n; i++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        assert_true(fd >= 0);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+            fail_msg("connect %s: %s", a.sun_path, strerror(errno));
+        close(fd);
+    }
+}
+
+/* A call on a fresh client answered within `ms` (a listener that accepts). */
+static int fresh_client_answered(const char *url, uint64_t ms)
+{
+    duet_ctl_client_t *c = new_client(url);
+    duet_envelope_t *req = sample_msg(DUET__V1__ENVELOPE__BODY_ACK), *rep = NULL;
+    duet_err_t err = {0};
+    uint64_t until = duet_deadline_after_ms(ms);
+    while (!rep && duet_time_ns() < until)
+        duet_ctl_client_call(c, req, duet_deadline_after_ms(200), &rep, &err);
+    int ok = rep != NULL;
+    duet_envelope_free(&rep);
+    duet_envelope_free(&req);
+    duet_ctl_client_destroy(&c);
+    return ok;
+}
+
+/* Clients that leave during the handshake do not deafen the server for good: its listener is
+ * restarted once no connection is attached, and a client connected meanwhile is served
+ * throughout.  (Without the restart, libnng 1.5.2 leaves every later client unanswered.) */
+static void test_listener_deafened(void **state)
+{
+    (void)state;
+    char url[128];
+    url_for(url, sizeof url, "deaf");
+    duet_ctl_server_t *s = start_server(url, NULL);
+    assert_true(fresh_client_answered(url, 3000));
+
+    /* nobody attached: the next client is answered */
+    connect_and_leave(url, 20);
+    assert_true(fresh_client_answered(url, 3000));
+
+    /* a client attached throughout: it keeps being answered; a new one once it has left */
+    duet_ctl_client_t *held = new_client(url);
+    wait_for_server(held, 3000);
+    connect_and_leave(url, 20);
+    usleep(300 * 1000);
+    duet_envelope_t *req = sample_msg(DUET__V1__ENVELOPE__BODY_ACK), *rep = NULL;
+    duet_err_t err = {0};
+    assert_int_equal(duet_ctl_client_call(held, req, duet_deadline_after_ms(2000), &rep, &err), DUET_OK);
+    duet_envelope_free(&rep);
+    duet_envelope_free(&req);
+    duet_ctl_client_destroy(&held);
+    assert_true(fresh_client_answered(url, 3000));
+    duet_ctl_server_destroy(&s);
 }
 
 /* The server, in a child process. */
@@ -887,6 +950,34 @@ static int serve_forever(const char *url)
         duet_ctl_server_poll(s, duet_deadline_after_ms(1000), NULL);
 }
 
+/* The same for the puller's listener (the router's events socket): after clients that left
+ * during the handshake, a new pusher's events arrive (the puller's receives, made in short
+ * slices as the router makes them, restart the listener). */
+static void test_puller_deafened(void **state)
+{
+    (void)state;
+    char url[128];
+    url_for(url, sizeof url, "deaf-events");
+    duet_ctl_puller_t *q = new_puller(url);
+    connect_and_leave(url, 20);
+    duet_envelope_t *e = NULL;
+    duet_err_t err = {0};
+    for (int i = 0; i < 5; i++) /* slices, as the router's event loop */
+        duet_ctl_puller_recv(q, duet_deadline_after_ms(100), &e, &err);
+    assert_null(e);
+    duet_ctl_pusher_t *p = new_pusher(url, 0);
+    push_chunk(p, 7, duet_deadline_after_ms(100), DUET_OK);
+    uint64_t until = duet_deadline_after_ms(3000);
+    while (!e && duet_time_ns() < until)
+        duet_ctl_puller_recv(q, duet_deadline_after_ms(100), &e, &err);
+    assert_non_null(e);
+    assert_int_equal(e->body_case, DUET__V1__ENVELOPE__BODY_TOKEN_CHUNK);
+    assert_int_equal(e->token_chunk->first_index, 7);
+    duet_envelope_free(&e);
+    duet_ctl_pusher_destroy(&p);
+    duet_ctl_puller_destroy(&q);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--pull") == 0)
@@ -915,7 +1006,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_killed_server),   cmocka_unit_test(test_killed_mid_call),
         cmocka_unit_test(test_push_pull),       cmocka_unit_test(test_push_busy),
         cmocka_unit_test(test_push_flush),      cmocka_unit_test(test_puller_garbage),
-        cmocka_unit_test(test_puller_churn),
+        cmocka_unit_test(test_puller_churn),    cmocka_unit_test(test_listener_deafened),
+        cmocka_unit_test(test_puller_deafened),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
