@@ -247,19 +247,155 @@ static duet_status_t msg_encode(const duet_envelope_t *env, const duet_msg_limit
     return DUET_OK;
 }
 
+/* A deadline of our own behind NNG's timeouts.  libnng 1.5.2's expiry threads can miss one: a
+ * worker's control server was seen waiting in a 2 ms receive for minutes, its aio still on the
+ * expiry list 674 ms past its deadline while that list's thread slept with no wake-up due
+ * (docs/PROTOCOL.md, "The event channel, and libnng 1.5.2").  Every operation aio_run starts with
+ * a finite timeout is registered here; one watchdog thread, started on first use, cancels those
+ * still pending CTL_AIO_GRACE_MS after their timeout (nng_aio_cancel runs the operation's cancel
+ * function itself, not through the expiry list), and aio_run then reports the timeout NNG should
+ * have given.  A cancel that lands after the operation ended does nothing.  The watchdog takes no
+ * NNG lock while holding its own, and aio_run holds none of NNG's while taking it. */
+#define CTL_AIO_GRACE_MS 100
+
+typedef struct aio_watch {
+    struct aio_watch *prev, *next;
+    nng_aio *aio;
+    uint64_t deadline_ns;
+    int fired;
+} aio_watch_t;
+
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_watch_cv;
+static pthread_once_t g_watch_once = PTHREAD_ONCE_INIT;
+static aio_watch_t *g_watch_head;
+static uint64_t g_watch_wake = UINT64_MAX; /* when the watchdog wakes next (under g_watch_mu) */
+static int g_watch_ok;                     /* the watchdog runs */
+static atomic_ulong g_watch_fired;
+
+static void *watch_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_watch_mu);
+    for (;;) {
+        uint64_t now = duet_time_ns(), next = UINT64_MAX;
+        for (aio_watch_t *w = g_watch_head; w; w = w->next) {
+            if (w->fired)
+                continue;
+            if (w->deadline_ns <= now) {
+                w->fired = 1;
+                if (atomic_fetch_add(&g_watch_fired, 1) == 0)
+                    duet_warn("ctl: an NNG operation was still pending %d ms past its timeout; cancelled "
+                              "(libnng's expiry missed it; later ones are counted, not logged)",
+                              CTL_AIO_GRACE_MS);
+                nng_aio_cancel(w->aio);
+            } else if (w->deadline_ns < next) {
+                next = w->deadline_ns;
+            }
+        }
+        g_watch_wake = next;
+        if (next == UINT64_MAX) {
+            pthread_cond_wait(&g_watch_cv, &g_watch_mu);
+        } else {
+            struct timespec ts = {(time_t)(next / 1000000000u), (long)(next % 1000000000u)};
+            pthread_cond_timedwait(&g_watch_cv, &g_watch_mu, &ts);
+        }
+    }
+    return NULL;
+}
+
+static void watch_start(void)
+{
+    pthread_condattr_t ca;
+    pthread_attr_t a;
+    pthread_t th;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_watch_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    g_watch_ok = pthread_create(&th, &a, watch_main, NULL) == 0;
+    pthread_attr_destroy(&a);
+    if (!g_watch_ok)
+        duet_warn("ctl: cannot start the timeout watchdog; NNG's own timeouts only");
+}
+
+unsigned long duet_ctl_timeouts_rescued(void) { return atomic_load(&g_watch_fired); }
+
+/* Run one asynchronous operation with NNG's timeout `timeout`, cancelled by the watchdog if it is
+ * still pending `watch_ms` from now (0: not watched); returns NNG's result, NNG_ETIMEDOUT where
+ * the watchdog cancelled it. */
+static int aio_run_watched(nng_aio *aio, nng_duration timeout, uint32_t watch_ms,
+                           void (*start)(void *, nng_aio *), void *target)
+{
+    aio_watch_t w = {.aio = aio};
+    int watched = 0;
+    nng_aio_set_timeout(aio, timeout);
+    if (watch_ms > 0) {
+        pthread_once(&g_watch_once, watch_start);
+        if (g_watch_ok) {
+            w.deadline_ns = duet_deadline_after_ms(watch_ms);
+            pthread_mutex_lock(&g_watch_mu);
+            w.next = g_watch_head;
+            if (g_watch_head)
+                g_watch_head->prev = &w;
+            g_watch_head = &w;
+            if (w.deadline_ns < g_watch_wake) {
+                g_watch_wake = w.deadline_ns;
+                pthread_cond_signal(&g_watch_cv);
+            }
+            pthread_mutex_unlock(&g_watch_mu);
+            watched = 1;
+        }
+    }
+    start(target, aio);
+    nng_aio_wait(aio);
+    int rv = nng_aio_result(aio);
+    if (watched) {
+        pthread_mutex_lock(&g_watch_mu);
+        if (w.prev)
+            w.prev->next = w.next;
+        else
+            g_watch_head = w.next;
+        if (w.next)
+            w.next->prev = w.prev;
+        pthread_mutex_unlock(&g_watch_mu);
+        if (w.fired && rv == NNG_ECANCELED)
+            rv = NNG_ETIMEDOUT;
+    }
+    return rv;
+}
+
 /* Run one asynchronous operation to completion or deadline; returns NNG's result. */
 static int aio_run(nng_aio *aio, nng_duration timeout, void (*start)(void *, nng_aio *), void *target)
 {
-    nng_aio_set_timeout(aio, timeout);
-    start(target, aio);
-    nng_aio_wait(aio);
-    return nng_aio_result(aio);
+    return aio_run_watched(aio, timeout, timeout > 0 ? (uint32_t)timeout + CTL_AIO_GRACE_MS : 0, start, target);
 }
 
 static void start_sock_recv(void *sock, nng_aio *aio) { nng_recv_aio(*(nng_socket *)sock, aio); }
 static void start_sock_send(void *sock, nng_aio *aio) { nng_send_aio(*(nng_socket *)sock, aio); }
 static void start_ctx_recv(void *ctx, nng_aio *aio) { nng_ctx_recv(*(nng_ctx *)ctx, aio); }
 static void start_ctx_send(void *ctx, nng_aio *aio) { nng_ctx_send(*(nng_ctx *)ctx, aio); }
+
+duet_status_t duet_ctl_watchdog_selftest(uint32_t watch_ms, uint64_t *took_ns)
+{
+    nng_socket sock;
+    nng_aio *aio;
+    if (nng_rep0_open(&sock) != 0)
+        return DUET_ERR_INTERNAL;
+    if (nng_aio_alloc(&aio, NULL, NULL) != 0) {
+        nng_close(sock);
+        return DUET_ERR_NOMEM;
+    }
+    uint64_t t0 = duet_time_ns();
+    /* a receive nobody answers, with no NNG timeout: only the watchdog ends it */
+    int rv = aio_run_watched(aio, NNG_DURATION_INFINITE, watch_ms, start_sock_recv, &sock);
+    *took_ns = duet_time_ns() - t0;
+    nng_aio_free(aio);
+    nng_close(sock);
+    return duet_ctl_status_from_nng(rv);
+}
 
 duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *err)
 {

@@ -71,6 +71,15 @@ typedef struct {
 /* NNG error code -> duet status.  The one place where NNG codes are read. */
 duet_status_t duet_ctl_status_from_nng(int nng_rv);
 
+/* Operations this process's timeout watchdog cancelled because NNG had not ended them 100 ms past
+ * their timeout (libnng 1.5.2's expiry threads can miss one); each was reported as the timeout it
+ * was.  0 on a healthy run. */
+unsigned long duet_ctl_timeouts_rescued(void);
+
+/* For tests: a receive that nothing answers and NNG never times out, left to the watchdog at
+ * watch_ms; TIMEOUT when the watchdog ended it (*took_ns: how long it ran). */
+duet_status_t duet_ctl_watchdog_selftest(uint32_t watch_ms, uint64_t *took_ns);
+
 /* ------------------------------------------------------------------ server */
 
 /* Called for every valid request.  Set *reply to a new envelope (ownership

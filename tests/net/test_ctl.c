@@ -978,6 +978,39 @@ static void test_puller_deafened(void **state)
     duet_ctl_puller_destroy(&q);
 }
 
+/* The watchdog behind NNG's timeouts: an operation NNG never ends is cancelled at its watch
+ * deadline and reported as a timeout; concurrent ones each at their own. */
+typedef struct {
+    uint32_t ms;
+    duet_status_t st;
+    uint64_t took_ns;
+} watch_case_t;
+
+static void *watch_case_main(void *arg)
+{
+    watch_case_t *w = arg;
+    w->st = duet_ctl_watchdog_selftest(w->ms, &w->took_ns);
+    return NULL;
+}
+
+static void test_watchdog(void **state)
+{
+    (void)state;
+    unsigned long before = duet_ctl_timeouts_rescued();
+    watch_case_t w[3] = {{300, 0, 0}, {100, 0, 0}, {200, 0, 0}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, watch_case_main, &w[i]), 0);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].st, DUET_ERR_TIMEOUT);
+        uint64_t took = w[i].took_ns / 1000000u;
+        if (took + 5 < w[i].ms || took > w[i].ms + SLACK_MS)
+            fail_msg("watch %u ms: ended after %llu ms", w[i].ms, (unsigned long long)took);
+    }
+    assert_int_equal(duet_ctl_timeouts_rescued() - before, 3);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--pull") == 0)
@@ -1008,6 +1041,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_push_flush),      cmocka_unit_test(test_puller_garbage),
         cmocka_unit_test(test_puller_churn),    cmocka_unit_test(test_listener_deafened),
         cmocka_unit_test(test_puller_deafened),
+        cmocka_unit_test(test_watchdog),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
