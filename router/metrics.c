@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl.h"
 #include "dsml.h"
 #include "duet.pb-c.h"
 
@@ -207,6 +208,15 @@ void duet_metrics_render(duet_metrics_t *m, duet_text_t *t)
                         "duet_router_tokens_total{kind=\"prompt\"} %llu\n"
                         "duet_router_tokens_total{kind=\"completion\"} %llu\n",
                      atomic_load(&m->prompt_tokens), atomic_load(&m->completion_tokens));
+    duet_text_printf(t, "# HELP duet_router_ctl_listener_restarts_total ipc listeners restarted after libnng stopped "
+                        "them (a client that left during the handshake).\n"
+                        "# TYPE duet_router_ctl_listener_restarts_total counter\n"
+                        "duet_router_ctl_listener_restarts_total %lu\n"
+                        "# HELP duet_router_ctl_timeouts_rescued_total Control-plane operations cancelled 100 ms "
+                        "past a timeout libnng missed.\n"
+                        "# TYPE duet_router_ctl_timeouts_rescued_total counter\n"
+                        "duet_router_ctl_timeouts_rescued_total %lu\n",
+                     duet_ctl_listener_restarts(), duet_ctl_timeouts_rescued());
     duet_text_printf(t, "# HELP duet_router_redis_dropped_total Redis writes dropped while Redis was down.\n"
                         "# TYPE duet_router_redis_dropped_total counter\nduet_router_redis_dropped_total %llu\n",
                      atomic_load(&m->redis_dropped));

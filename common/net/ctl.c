@@ -422,6 +422,10 @@ duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *er
 #define CTL_LISTEN_CHECK_MS 250
 #define CTL_LISTEN_IDLE_MS 500
 
+static atomic_ulong g_listener_restarts;
+
+unsigned long duet_ctl_listener_restarts(void) { return atomic_load(&g_listener_restarts); }
+
 typedef struct {
     nng_socket sock;
     const char *url;
@@ -518,6 +522,7 @@ static void keeper_check(keeper_t *k)
     }
     k->deaf = 0;
     k->other_seen = 0;
+    atomic_fetch_add(&g_listener_restarts, 1);
     duet_warn("ctl %s: listener restarted", k->url);
 }
 

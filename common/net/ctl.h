@@ -76,6 +76,10 @@ duet_status_t duet_ctl_status_from_nng(int nng_rv);
  * was.  0 on a healthy run. */
 unsigned long duet_ctl_timeouts_rescued(void);
 
+/* ipc listeners of this process restarted after libnng 1.5.2 stopped them (a client that left
+ * during the handshake); 0 on a healthy run. */
+unsigned long duet_ctl_listener_restarts(void);
+
 /* For tests: a receive that nothing answers and NNG never times out, left to the watchdog at
  * watch_ms; TIMEOUT when the watchdog ended it (*took_ns: how long it ran). */
 duet_status_t duet_ctl_watchdog_selftest(uint32_t watch_ms, uint64_t *took_ns);
