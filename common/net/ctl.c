@@ -254,8 +254,9 @@ static duet_status_t msg_encode(const duet_envelope_t *env, const duet_msg_limit
  * a finite timeout is registered here; one watchdog thread, started on first use, cancels those
  * still pending CTL_AIO_GRACE_MS after their timeout (nng_aio_cancel runs the operation's cancel
  * function itself, not through the expiry list), and aio_run then reports the timeout NNG should
- * have given.  A cancel that lands after the operation ended does nothing.  The watchdog takes no
- * NNG lock while holding its own, and aio_run holds none of NNG's while taking it. */
+ * have given.  A cancel that lands after the operation ended does nothing.  Lock order: the
+ * watchdog calls nng_aio_cancel (NNG's locks) while holding g_watch_mu; the only other taker of
+ * g_watch_mu is aio_run, which holds none of NNG's locks and never runs on NNG's threads. */
 #define CTL_AIO_GRACE_MS 100
 
 typedef struct aio_watch {
