@@ -208,15 +208,19 @@ void duet_metrics_render(duet_metrics_t *m, duet_text_t *t)
                         "duet_router_tokens_total{kind=\"prompt\"} %llu\n"
                         "duet_router_tokens_total{kind=\"completion\"} %llu\n",
                      atomic_load(&m->prompt_tokens), atomic_load(&m->completion_tokens));
-    duet_text_printf(t, "# HELP duet_router_ctl_listener_restarts_total ipc listeners restarted after libnng stopped "
-                        "them (a client that left during the handshake).\n"
+    duet_text_printf(t, "# HELP duet_router_ctl_listener_restarts_total ipc listeners replaced because libnng may "
+                        "have stopped them (a client that left during the handshake).\n"
                         "# TYPE duet_router_ctl_listener_restarts_total counter\n"
                         "duet_router_ctl_listener_restarts_total %lu\n"
                         "# HELP duet_router_ctl_timeouts_rescued_total Control-plane operations cancelled 100 ms "
                         "past a timeout libnng missed.\n"
                         "# TYPE duet_router_ctl_timeouts_rescued_total counter\n"
-                        "duet_router_ctl_timeouts_rescued_total %lu\n",
-                     duet_ctl_listener_restarts(), duet_ctl_timeouts_rescued());
+                        "duet_router_ctl_timeouts_rescued_total %lu\n"
+                        "# HELP duet_router_ctl_client_redials_total ipc connections to workers closed and dialed "
+                        "again: no reply ever came on them (a worker's stopped listener took them).\n"
+                        "# TYPE duet_router_ctl_client_redials_total counter\n"
+                        "duet_router_ctl_client_redials_total %lu\n",
+                     duet_ctl_listener_restarts(), duet_ctl_timeouts_rescued(), duet_ctl_client_redials());
     duet_text_printf(t, "# HELP duet_router_redis_dropped_total Redis writes dropped while Redis was down.\n"
                         "# TYPE duet_router_redis_dropped_total counter\nduet_router_redis_dropped_total %llu\n",
                      atomic_load(&m->redis_dropped));

@@ -4,12 +4,18 @@
 /* client_exchange(): accept a reply about any rid (raw calls) */
 static const char ctl_any_rid[] = "";
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -408,46 +414,103 @@ duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *er
                         duet_status_code(st), reply->error->message ? reply->error->message : "");
 }
 
-/* A listener that stopped accepting, and its restart.  libnng 1.5.2's ipc transport answers a
+/* A listener that stopped accepting, and its replacement.  libnng 1.5.2's ipc transport answers a
  * client that connects and closes before the handshake (its header written to a closed peer:
  * EPIPE, which NNG reads as NNG_ECLOSED) by ending the listener's accept loop as if the listener
  * itself had closed: every later client's connection is taken by the kernel and its requests are
  * never read (docs/PROTOCOL.md, "The event channel, and libnng 1.5.2"; tcp and NNG 1.10 do not do
  * it).  The listener counts that error under its "other" statistic, which keeper_check reads every
- * CTL_LISTEN_CHECK_MS; a listener with a new one is restarted (closed and opened on the same URL)
- * once no connection is attached, or once none has brought a request (an event, for a puller) for
- * CTL_LISTEN_IDLE_MS: closing a listener closes the connections it made, so the clients connected
- * and busy keep being served meanwhile, while a connection whose peer has gone without NNG seeing
- * it (seen with 1.5.2) does not hold the restart off for ever; a client that drops and dials again
- * reconnects at once.  Without NNG's statistics (a build without them) nothing is checked. */
+ * CTL_LISTEN_CHECK_MS.
+ *
+ * So an ipc socket path is a relay: the listeners bind "PATH.lN" (N counting up) and PATH is a
+ * symbolic link to the current one (connect(2) follows it).  A listener with a new "other" error is
+ * replaced at once: a new one on the next name, the link swapped to it by rename(2) (atomic: a
+ * client dialing meanwhile reaches one or the other), and the old one retired.  A retired
+ * listener keeps serving the connections it made (closing a listener closes them, and a client
+ * whose connection closes fails its next call) and is closed once none is attached; only when
+ * CTL_LISTENERS are taken is the one whose connections have brought no request (an event, for a
+ * puller) for longest closed, if that is CTL_LISTEN_IDLE_MS.  A client that dialed the stopped
+ * listener has a connection that is never read: clients and pushers close such a connection
+ * themselves (client_drop_silent, pusher_drop_silent).  The error is also counted when NNG
+ * recovered by itself, and for clients that connect and leave at once after the handshake; such a
+ * listener is replaced all the same, which costs nothing but the swap. */
 #define CTL_LISTEN_CHECK_MS 250
 #define CTL_LISTEN_IDLE_MS 500
+#define CTL_LISTENERS 8 /* the current listener and retired ones still holding connections */
 
 static atomic_ulong g_listener_restarts;
 
 unsigned long duet_ctl_listener_restarts(void) { return atomic_load(&g_listener_restarts); }
 
 typedef struct {
+    atomic_int id;      /* nng_listener_id, 0: a free slot */
+    atomic_int pipes;   /* connections this listener made, still attached */
+    nng_listener l;
+    uint64_t active_ns; /* the last request (or event) taken from one of them */
+} keeper_slot_t;
+
+typedef struct {
     nng_socket sock;
     const char *url;
-    nng_listener listener;
-    atomic_int n_pipes;     /* connections attached to the socket */
-    uint64_t next_check_ns; /* keeper_check's next look */
-    uint64_t other_seen;    /* the listener's "other" errors seen so far */
-    uint64_t active_ns;     /* the last request (or event) taken from the socket */
-    int deaf;               /* it stopped accepting: restart it (keeper_check) */
-    int ipc;                /* only ipc:// listeners are checked (over tcp the error is one NNG
-                               itself recovers from, after 100 ms) */
+    int relay;                  /* an ipc path: listeners on PATH.lN, PATH a link to the current one */
+    char path[108];             /* PATH (sun_path's size) */
+    unsigned gen;               /* N of the current listener */
+    int cur;                    /* its slot */
+    keeper_slot_t slot[CTL_LISTENERS];
+    uint64_t next_check_ns;     /* keeper_check's next look */
+    uint64_t other_seen;        /* the current listener's "other" errors seen so far */
+    int full_warned;            /* no free slot for a replacement: said once */
 } keeper_t;
 
-/* A request or event taken from the socket (the thread that serves it). */
-static void keeper_touch(keeper_t *k) { k->active_ns = duet_time_ns(); }
+static keeper_slot_t *keeper_slot_of(keeper_t *k, int id)
+{
+    for (int i = 0; i < CTL_LISTENERS; i++)
+        if (id > 0 && atomic_load(&k->slot[i].id) == id)
+            return &k->slot[i];
+    return NULL;
+}
+
+/* A request or event taken from the socket, in message m (the thread that serves it). */
+static void keeper_touch(keeper_t *k, nng_msg *m)
+{
+    keeper_slot_t *sl = keeper_slot_of(k, nng_listener_id(nng_pipe_listener(nng_msg_get_pipe(m))));
+    if (sl)
+        sl->active_ns = duet_time_ns();
+}
 
 static void keeper_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     keeper_t *k = arg;
-    (void)pipe;
-    atomic_fetch_add(&k->n_pipes, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+    keeper_slot_t *sl = keeper_slot_of(k, nng_listener_id(nng_pipe_listener(pipe)));
+    if (sl)
+        atomic_fetch_add(&sl->pipes, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+}
+
+/* The child of scope st named name, or NULL. */
+static nng_stat *stat_child_named(nng_stat *st, const char *name)
+{
+    for (nng_stat *c = nng_stat_child(st); c; c = nng_stat_next(c))
+        if (strcmp(nng_stat_name(c), name) == 0)
+            return c;
+    return NULL;
+}
+
+/* The "listener" scope whose "id" is id, under st.  (libnng 1.5.2's nng_stat_find_listener
+ * returns the first listener of the tree whatever its id: its search recurses by name only.) */
+static nng_stat *stat_find_listener(nng_stat *st, int id)
+{
+    if (nng_stat_type(st) != NNG_STAT_SCOPE)
+        return NULL;
+    if (strcmp(nng_stat_name(st), "listener") == 0) {
+        nng_stat *i = stat_child_named(st, "id");
+        return i && nng_stat_value(i) == (uint64_t)id ? st : NULL;
+    }
+    for (nng_stat *c = nng_stat_child(st); c; c = nng_stat_next(c)) {
+        nng_stat *r = stat_find_listener(c, id);
+        if (r)
+            return r;
+    }
+    return NULL;
 }
 
 /* The listener's "other" error count, or -1 when NNG keeps no statistics for it. */
@@ -457,74 +520,239 @@ static int64_t listener_other_errors(nng_listener l)
     int64_t v = -1;
     if (nng_stats_get(&root) != 0 || !root)
         return -1;
-    nng_stat *ls = nng_stat_find_listener(root, l);
-    for (nng_stat *c = ls ? nng_stat_child(ls) : NULL; c; c = nng_stat_next(c))
-        if (strcmp(nng_stat_name(c), "other") == 0) {
-            v = (int64_t)nng_stat_value(c);
-            break;
-        }
+    nng_stat *ls = stat_find_listener(root, nng_listener_id(l));
+    nng_stat *o = ls ? stat_child_named(ls, "other") : NULL;
+    if (o)
+        v = (int64_t)nng_stat_value(o);
     nng_stats_free(root);
     return v;
 }
 
-static int keeper_listen(keeper_t *k)
+/* The name of listener n (relay), and the link's text: the name within PATH's directory. */
+static int relay_name(const keeper_t *k, unsigned n, char *out, size_t cap)
 {
-    int rv = nng_listener_create(&k->listener, k->sock, k->url);
-    if (rv == 0 && (rv = nng_listener_start(k->listener, 0)) != 0)
-        nng_listener_close(k->listener);
+    int len = snprintf(out, cap, "%s.l%u", k->path, n);
+    return len > 0 && (size_t)len < cap ? 0 : NNG_EADDRINVAL;
+}
+
+static int nng_sys_error(int e) { return NNG_ESYSERR | e; }
+
+static const char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+/* Whether something accepts connections on the unix socket at path (a live server).  The probe
+ * completes the SP handshake as a req peer before it closes (up to CTL_PROBE_MS for the server's
+ * header): a connection closed before it is what stops a libnng 1.5.2 listener.  (Even so the
+ * listener may count an error for it, and be replaced: harmless.) */
+#define CTL_PROBE_MS 2000
+static int unix_live(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path)
+        return 0;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (live) {
+        static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* SP, version 0, req0 (48) */
+        uint8_t got[8];
+        size_t have = 0;
+        uint64_t until = duet_deadline_after_ms(CTL_PROBE_MS);
+        if (send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr)
+            while (have < sizeof got && duet_time_ns() < until) {
+                struct pollfd pf = {.fd = fd, .events = POLLIN};
+                if (poll(&pf, 1, 20) < 0 && errno != EINTR)
+                    break;
+                ssize_t n = pf.revents ? recv(fd, got + have, sizeof got - have, MSG_DONTWAIT) : 0;
+                if (n == 0 && pf.revents)
+                    break; /* closed */
+                if (n > 0)
+                    have += (size_t)n;
+            }
+    }
+    close(fd);
+    return live;
+}
+
+/* Listen in slot i: on k->url, or (relay) on listener n's name. */
+static int keeper_listen(keeper_t *k, int i, unsigned n)
+{
+    char url[sizeof k->path + 32];
+    keeper_slot_t *sl = &k->slot[i];
+    int rv = 0;
+    if (k->relay) {
+        char name[sizeof k->path + 16];
+        if ((rv = relay_name(k, n, name, sizeof name)))
+            return rv;
+        snprintf(url, sizeof url, "ipc://%s", name);
+    } else {
+        snprintf(url, sizeof url, "%s", k->url);
+    }
+    if ((rv = nng_listener_create(&sl->l, k->sock, url)))
+        return rv;
+    atomic_store(&sl->pipes, 0);
+    sl->active_ns = duet_time_ns();
+    atomic_store(&sl->id, nng_listener_id(sl->l)); /* before any connection can come */
+    if ((rv = nng_listener_start(sl->l, 0)) != 0) {
+        nng_listener_close(sl->l);
+        atomic_store(&sl->id, 0);
+    }
     return rv;
+}
+
+/* Point PATH at listener n: a new link beside it, renamed over it. */
+static int relay_point(keeper_t *k, unsigned n)
+{
+    char name[sizeof k->path + 16], tmp[sizeof k->path + 16];
+    int rv;
+    if ((rv = relay_name(k, n, name, sizeof name)))
+        return rv;
+    snprintf(tmp, sizeof tmp, "%s.t", k->path);
+    (void)unlink(tmp);
+    if (symlink(base_name(name), tmp) != 0)
+        return nng_sys_error(errno);
+    if (rename(tmp, k->path) != 0) {
+        rv = nng_sys_error(errno);
+        (void)unlink(tmp);
+        return rv;
+    }
+    return 0;
+}
+
+/* PATH before the first listener: free, or what a server that died left there (a link to its
+ * listener, or a socket from before relays), removed; a live server's address is in use. */
+static int relay_claim(keeper_t *k)
+{
+    struct stat st;
+    if (lstat(k->path, &st) != 0)
+        return errno == ENOENT ? 0 : nng_sys_error(errno);
+    if (!S_ISLNK(st.st_mode) && !S_ISSOCK(st.st_mode))
+        return NNG_EADDRINUSE;
+    if (unix_live(k->path))
+        return NNG_EADDRINUSE;
+    if (S_ISLNK(st.st_mode)) { /* the dead server's listener file too, when it is one of ours */
+        char t[sizeof k->path + 16];
+        ssize_t n = readlink(k->path, t, sizeof t - 1);
+        size_t bl = strlen(base_name(k->path));
+        if (n > 0) {
+            t[n] = 0;
+            if (!strchr(t, '/') && strncmp(t, base_name(k->path), bl) == 0 && strncmp(t + bl, ".l", 2) == 0) {
+                char full[2 * sizeof k->path + 16];
+                snprintf(full, sizeof full, "%.*s%s", (int)(base_name(k->path) - k->path), k->path, t);
+                if (!unix_live(full))
+                    (void)unlink(full);
+            }
+        }
+    }
+    return unlink(k->path) == 0 || errno == ENOENT ? 0 : nng_sys_error(errno);
 }
 
 /* Count sock's connections and listen on url (k must stay where it is while sock is open). */
 static int keeper_start(keeper_t *k, nng_socket sock, const char *url)
 {
+    memset(k, 0, sizeof *k);
     k->sock = sock;
     k->url = url;
-    atomic_store(&k->n_pipes, 0);
-    k->next_check_ns = 0;
-    k->other_seen = 0;
-    k->active_ns = duet_time_ns();
-    k->deaf = 0;
-    k->ipc = strncmp(url, "ipc://", 6) == 0;
+    if (strncmp(url, "ipc://", 6) == 0) {
+        if (strlen(url + 6) + 16 > sizeof k->path)
+            return NNG_EADDRINVAL; /* PATH.lN must fit a unix socket address */
+        snprintf(k->path, sizeof k->path, "%s", url + 6);
+        k->relay = 1;
+    }
     int rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, keeper_pipe_event, k);
     if (rv == 0)
         rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, keeper_pipe_event, k);
-    return rv ? rv : keeper_listen(k);
+    if (rv == 0 && k->relay)
+        rv = relay_claim(k);
+    if (rv == 0)
+        rv = keeper_listen(k, 0, 0);
+    if (rv == 0 && k->relay && (rv = relay_point(k, 0)) != 0)
+        nng_listener_close(k->slot[0].l); /* its own file goes with it */
+    return rv;
+}
+
+/* After the socket closed (its listeners and their files with it): PATH, when it still points
+ * at our listener. */
+static void keeper_stop(keeper_t *k)
+{
+    char t[sizeof k->path + 16], name[sizeof k->path + 16];
+    if (!k->relay || relay_name(k, k->gen, name, sizeof name))
+        return;
+    ssize_t n = readlink(k->path, t, sizeof t - 1);
+    if (n > 0) {
+        t[n] = 0;
+        if (strcmp(t, base_name(name)) == 0)
+            (void)unlink(k->path);
+    }
 }
 
 /* From the one thread that serves the socket. */
 static void keeper_check(keeper_t *k)
 {
     uint64_t now = duet_time_ns();
-    if (!k->ipc || now < k->next_check_ns)
+    if (!k->relay || now < k->next_check_ns)
         return;
     k->next_check_ns = now + (uint64_t)CTL_LISTEN_CHECK_MS * 1000000u;
-    int64_t other = listener_other_errors(k->listener);
-    if (other > (int64_t)k->other_seen) {
-        k->other_seen = (uint64_t)other;
-        if (!k->deaf)
-            duet_warn("ctl %s: the listener stopped accepting (libnng's accept loop ended on a client that left "
-                      "during its handshake); it restarts once no connection is attached or none is busy (%d "
-                      "attached now)",
-                      k->url, atomic_load(&k->n_pipes));
-        k->deaf = 1;
+    int free_slot = -1, idlest = -1;
+    for (int i = 0; i < CTL_LISTENERS; i++) {
+        keeper_slot_t *sl = &k->slot[i];
+        if (i == k->cur)
+            continue;
+        if (atomic_load(&sl->id) != 0 && atomic_load(&sl->pipes) > 0) {
+            if (idlest < 0 || sl->active_ns < k->slot[idlest].active_ns)
+                idlest = i;
+            continue; /* retired, its clients still connected */
+        }
+        if (atomic_load(&sl->id) != 0) {
+            nng_listener_close(sl->l);
+            atomic_store(&sl->id, 0);
+        }
+        if (free_slot < 0)
+            free_slot = i;
     }
-    int attached = atomic_load(&k->n_pipes);
-    if (!k->deaf || (attached > 0 && now - k->active_ns < (uint64_t)CTL_LISTEN_IDLE_MS * 1000000u))
+    int64_t other = listener_other_errors(k->slot[k->cur].l);
+    if (other <= (int64_t)k->other_seen)
         return;
-    if (attached > 0)
-        duet_warn("ctl %s: restarting the listener with %d idle connection(s) attached (closed with it)", k->url,
-                  attached);
-    nng_listener_close(k->listener);
-    int rv = keeper_listen(k);
+    if (free_slot < 0 && idlest >= 0 && now - k->slot[idlest].active_ns >= (uint64_t)CTL_LISTEN_IDLE_MS * 1000000u) {
+        keeper_slot_t *sl = &k->slot[idlest]; /* room for the new one: the retired one idle longest */
+        duet_warn("ctl %s: closing a retired listener with %d idle connection(s) to make room", k->url,
+                  atomic_load(&sl->pipes));
+        nng_listener_close(sl->l);
+        atomic_store(&sl->id, 0);
+        free_slot = idlest;
+    }
+    if (free_slot < 0) {
+        if (!k->full_warned)
+            duet_warn("ctl %s: the listener may have stopped accepting, and %d retired ones still hold busy "
+                      "connections: replaced once one of them is free",
+                      k->url, CTL_LISTENERS - 1);
+        k->full_warned = 1;
+        return;
+    }
+    int rv = keeper_listen(k, free_slot, k->gen + 1);
+    if (rv == 0 && (rv = relay_point(k, k->gen + 1)) != 0) {
+        nng_listener_close(k->slot[free_slot].l);
+        atomic_store(&k->slot[free_slot].id, 0);
+    }
     if (rv) {
-        duet_error("ctl %s: the listener did not restart: %s; trying again", k->url, nng_strerror(rv));
+        duet_error("ctl %s: the listener may have stopped accepting and a new one did not start: %s; trying again",
+                   k->url, nng_strerror(rv));
         return;
     }
-    k->deaf = 0;
+    duet_warn("ctl %s: the listener may have stopped accepting (libnng's accept loop ends on a client that leaves "
+              "during its handshake): new clients reach a new one; the old one serves its %d connection(s) until "
+              "they close",
+              k->url, atomic_load(&k->slot[k->cur].pipes));
+    k->cur = free_slot;
+    k->gen++;
     k->other_seen = 0;
+    k->full_warned = 0;
     atomic_fetch_add(&g_listener_restarts, 1);
-    duet_warn("ctl %s: listener restarted", k->url);
 }
 
 /* ------------------------------------------------------------------ server */
@@ -639,7 +867,7 @@ static duet_status_t server_poll(duet_ctl_server_t *s, uint64_t deadline_ns, uin
             st = duet_ctl_status_from_nng(rv);
             break;
         }
-        keeper_touch(&s->keep);
+        keeper_touch(&s->keep, nng_aio_get_msg(s->recv_aio));
         server_serve(s, nng_aio_get_msg(s->recv_aio));
         served++;
     }
@@ -756,6 +984,7 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
     }
     if (close_bounded(s->sock, s->c.url) != 0)
         return; /* left behind: NNG may still complete our aios */
+    keeper_stop(&s->keep);
     nng_aio_free(s->recv_aio);
     nng_aio_free(s->send_aio);
     free(s);
@@ -779,6 +1008,10 @@ struct duet_ctl_client {
     int n_pool, cap_pool;
     atomic_int n_pipes; /* connections to the server now (0 or 1 with one dialer) */
     atomic_int was_up;  /* a connection was up once: the server was there */
+    atomic_uint pipe_id;       /* the connection now, 0: none */
+    _Atomic uint64_t pipe_up_ns; /* since when it is up */
+    atomic_uint answered_pipe; /* the last connection a reply came on */
+    int ipc;
 };
 
 /* The client's connections, counted from NNG's pipe events: a call while the server's
@@ -789,13 +1022,43 @@ struct duet_ctl_client {
 #define CTL_SEND_SLICE_MS 50
 static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
-    (void)pipe;
     duet_ctl_client_t *c = arg;
     if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_store(&c->pipe_up_ns, duet_time_ns());
+        atomic_store(&c->pipe_id, nng_pipe_id(pipe));
         atomic_fetch_add(&c->n_pipes, 1);
         atomic_store(&c->was_up, 1);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
+        uint32_t id = (uint32_t)nng_pipe_id(pipe);
+        atomic_compare_exchange_strong(&c->pipe_id, &id, 0);
         atomic_fetch_sub(&c->n_pipes, 1);
+    }
+}
+
+/* A connection on which no reply has ever come, and a call timed out after it was up for
+ * CTL_SILENT_PIPE_MS, is closed over ipc, and the dialer dials again: a server's listener that
+ * libnng 1.5.2 stopped (above) completes the handshake of the connections it took and never
+ * hands them to the server, so a client that dialed just then would wait for ever on a
+ * connection that looks up, while the path already leads to a new listener.  (On a healthy
+ * server the same rule only ends a connection whose first call the server never answered.) */
+#define CTL_SILENT_PIPE_MS 2000
+static atomic_ulong g_client_redials;
+
+unsigned long duet_ctl_client_redials(void) { return atomic_load(&g_client_redials); }
+
+static void client_drop_silent(duet_ctl_client_t *c)
+{
+    uint32_t id = atomic_load(&c->pipe_id);
+    if (!c->ipc || !id || id == atomic_load(&c->answered_pipe) ||
+        duet_time_ns() - atomic_load(&c->pipe_up_ns) < (uint64_t)CTL_SILENT_PIPE_MS * 1000000u)
+        return;
+    if (atomic_compare_exchange_strong(&c->pipe_id, &id, 0)) {
+        nng_pipe p = NNG_PIPE_INITIALIZER;
+        p.id = id;
+        nng_pipe_close(p);
+        if (atomic_fetch_add(&g_client_redials, 1) == 0)
+            duet_warn("ctl %s: no reply ever came on the connection: closed, dialing again (later ones counted)",
+                      c->c.url);
     }
 }
 
@@ -856,6 +1119,7 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
         st = nng_fail(err, rv, c->c.url, "cannot set up the req socket");
         goto err_close;
     }
+    c->ipc = strncmp(c->c.url, "ipc://", 6) == 0;
     if ((rv = nng_dial(c->sock, c->c.url, NULL, NNG_FLAG_NONBLOCK))) {
         st = nng_fail(err, rv, c->c.url, "cannot dial");
         goto err_close;
@@ -917,10 +1181,13 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         goto err_ctx;
     }
     if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_recv, &ctx))) {
+        if (rv == NNG_ETIMEDOUT)
+            client_drop_silent(c);
         st = nng_fail(err, rv, c->c.url, "no reply");
         goto err_ctx;
     }
     m = nng_aio_get_msg(aio);
+    atomic_store(&c->answered_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
     st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &c->c.lim, &rep, err);
     nng_msg_free(m);
     if (st) {
@@ -1014,6 +1281,15 @@ struct duet_ctl_pusher {
     nng_aio *inflight;   /* the delivery's aio while one is running (under mu) */
     nng_ctx ctx;         /* the delivery thread's context, kept until the socket closes */
     int have_ctx;
+    /* the connection, as the client tracks it (client_drop_silent): a delivery that waits a second
+     * on one that never answered closes it and goes again */
+    atomic_uint pipe_id;
+    _Atomic uint64_t pipe_up_ns;
+    atomic_uint answered_pipe;
+    int ipc;
+    pthread_mutex_t dmu; /* an operation's end (pusher_aio_done) */
+    pthread_cond_t dcv;  /* monotonic clock */
+    int ddone;
 };
 
 struct duet_ctl_puller {
@@ -1027,12 +1303,52 @@ struct duet_ctl_puller {
     size_t n_pend, i_pend;
 };
 
+static void pusher_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    duet_ctl_pusher_t *p = arg;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_store(&p->pipe_up_ns, duet_time_ns());
+        atomic_store(&p->pipe_id, nng_pipe_id(pipe));
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        uint32_t id = (uint32_t)nng_pipe_id(pipe);
+        atomic_compare_exchange_strong(&p->pipe_id, &id, 0);
+    }
+}
+
+static void pusher_aio_done(void *arg)
+{
+    duet_ctl_pusher_t *p = arg;
+    pthread_mutex_lock(&p->dmu);
+    p->ddone = 1;
+    pthread_cond_signal(&p->dcv);
+    pthread_mutex_unlock(&p->dmu);
+}
+
+/* The connection the delivery waits on, closed when no answer ever came on it and it has been up
+ * CTL_SILENT_PIPE_MS (a puller's stopped listener took it); 1 when it was. */
+static int pusher_drop_silent(duet_ctl_pusher_t *p)
+{
+    uint32_t id = atomic_load(&p->pipe_id);
+    if (!p->ipc || !id || id == atomic_load(&p->answered_pipe) ||
+        duet_time_ns() - atomic_load(&p->pipe_up_ns) < (uint64_t)CTL_SILENT_PIPE_MS * 1000000u ||
+        !atomic_compare_exchange_strong(&p->pipe_id, &id, 0))
+        return 0;
+    nng_pipe pp = NNG_PIPE_INITIALIZER;
+    pp.id = id;
+    nng_pipe_close(pp);
+    if (atomic_fetch_add(&g_client_redials, 1) == 0)
+        duet_warn("ctl %s: no answer ever came on the connection: closed, dialing again (later ones counted)",
+                  p->c.url);
+    return 1;
+}
+
 /* Start one operation of a delivery unless the pusher is stopping, then
  * wait for it.  Starting under the mutex orders it against destroy, which
  * lets a running operation end (or cancels it after a grace) before it
  * closes the socket: libnng 1.5.2 can hang in nng_close() when a context
- * operation is still pending. */
-static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, nng_aio *), nng_ctx *ctx)
+ * operation is still pending.  *silent: a receive whose connection was
+ * closed by pusher_drop_silent. */
+static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, nng_aio *), nng_ctx *ctx, int *silent)
 {
     pthread_mutex_lock(&p->mu);
     if (p->stopping) {
@@ -1042,17 +1358,32 @@ static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, n
     /* no timeout: the send waits for a connection, the receive for the
      * puller to take the event; destroy cancels either */
     nng_aio_set_timeout(aio, NNG_DURATION_INFINITE);
+    pthread_mutex_lock(&p->dmu);
+    p->ddone = 0;
+    pthread_mutex_unlock(&p->dmu);
     start(ctx, aio);
     pthread_mutex_unlock(&p->mu);
-    nng_aio_wait(aio);
+    pthread_mutex_lock(&p->dmu);
+    while (!p->ddone) {
+        uint64_t at = duet_deadline_after_ms(CTL_LISTEN_CHECK_MS);
+        struct timespec ts = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)};
+        if (pthread_cond_timedwait(&p->dcv, &p->dmu, &ts) == ETIMEDOUT && silent && !*silent && !p->ddone) {
+            pthread_mutex_unlock(&p->dmu);
+            *silent = pusher_drop_silent(p);
+            pthread_mutex_lock(&p->dmu);
+        }
+    }
+    pthread_mutex_unlock(&p->dmu);
     return nng_aio_result(aio);
 }
 
-/* Deliver one event (consumed) and wait for the puller's answer. */
+/* Deliver one event (consumed) and wait for the puller's answer.  On a connection that never
+ * answered, a copy is kept: if the connection is closed as silent (pusher_drop_silent), the
+ * puller never took the event, and it goes again on the next connection (twice at most). */
 static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
 {
     nng_aio *aio;
-    int rv = nng_aio_alloc(&aio, NULL, NULL);
+    int rv = nng_aio_alloc(&aio, pusher_aio_done, p);
     if (rv) {
         nng_msg_free(m);
         return rv;
@@ -1067,19 +1398,34 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
     pthread_mutex_lock(&p->mu);
     p->inflight = aio;
     pthread_mutex_unlock(&p->mu);
-    nng_aio_set_msg(aio, m);
-    if ((rv = pusher_op(p, aio, start_ctx_send, &ctx))) {
-        nng_msg_free(nng_aio_get_msg(aio));
-    } else if ((rv = pusher_op(p, aio, start_ctx_recv, &ctx)) == 0) {
-        nng_msg *r = nng_aio_get_msg(aio);
-        duet_envelope_t *reply = NULL;
-        duet_err_t err = {0};
-        if (duet_msg_decode(nng_msg_body(r), nng_msg_len(r), &p->c.lim, &reply, &err) != DUET_OK)
-            duet_warn("ctl %s: the puller's answer does not decode: %s", p->c.url, duet_err_text(&err));
-        else if (duet_ctl_reply_status(reply, &err) != DUET_OK)
-            duet_warn("ctl %s: the puller refused an event: %s", p->c.url, duet_err_text(&err));
-        duet_envelope_free(&reply);
-        nng_msg_free(r);
+    for (int attempt = 0;; attempt++) {
+        nng_msg *copy = NULL;
+        uint32_t pid = atomic_load(&p->pipe_id); /* 0: none yet (the send waits for one) */
+        if (p->ipc && attempt < 2 && (!pid || pid != atomic_load(&p->answered_pipe)) && nng_msg_dup(&copy, m) != 0)
+            copy = NULL;
+        int silent = 0;
+        nng_aio_set_msg(aio, m);
+        if ((rv = pusher_op(p, aio, start_ctx_send, &ctx, NULL))) {
+            nng_msg_free(nng_aio_get_msg(aio));
+        } else if ((rv = pusher_op(p, aio, start_ctx_recv, &ctx, &silent)) == 0) {
+            nng_msg *r = nng_aio_get_msg(aio);
+            atomic_store(&p->answered_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(r)));
+            duet_envelope_t *reply = NULL;
+            duet_err_t err = {0};
+            if (duet_msg_decode(nng_msg_body(r), nng_msg_len(r), &p->c.lim, &reply, &err) != DUET_OK)
+                duet_warn("ctl %s: the puller's answer does not decode: %s", p->c.url, duet_err_text(&err));
+            else if (duet_ctl_reply_status(reply, &err) != DUET_OK)
+                duet_warn("ctl %s: the puller refused an event: %s", p->c.url, duet_err_text(&err));
+            duet_envelope_free(&reply);
+            nng_msg_free(r);
+        }
+        if (rv && silent && copy && rv != NNG_ECLOSED && rv != NNG_ECANCELED) {
+            m = copy; /* the silent connection's event, again */
+            continue;
+        }
+        if (copy)
+            nng_msg_free(copy);
+        break;
     }
     pthread_mutex_lock(&p->mu);
     p->inflight = NULL;
@@ -1197,7 +1543,9 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
         goto err_queue;
     }
     if ((rv = nng_socket_set_ms(p->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
-        (rv = set_recv_limit(p->sock, &p->c.lim)) || (rv = set_reconnect(p->sock, o))) {
+        (rv = set_recv_limit(p->sock, &p->c.lim)) || (rv = set_reconnect(p->sock, o)) ||
+        (rv = nng_pipe_notify(p->sock, NNG_PIPE_EV_ADD_POST, pusher_pipe_event, p)) ||
+        (rv = nng_pipe_notify(p->sock, NNG_PIPE_EV_REM_POST, pusher_pipe_event, p))) {
         st = nng_fail(err, rv, p->c.url, "cannot set up the event socket");
         goto err_close;
     }
@@ -1207,7 +1555,10 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
     }
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    p->ipc = strncmp(p->c.url, "ipc://", 6) == 0;
     pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->dmu, NULL);
+    pthread_cond_init(&p->dcv, &ca);
     pthread_cond_init(&p->room, &ca);
     pthread_cond_init(&p->idle, &ca);
     pthread_cond_init(&p->work, NULL);
@@ -1223,6 +1574,8 @@ err_sync:
     pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->idle);
     pthread_cond_destroy(&p->room);
+    pthread_cond_destroy(&p->dcv);
+    pthread_mutex_destroy(&p->dmu);
     pthread_mutex_destroy(&p->mu);
 err_close:
     nng_close(p->sock);
@@ -1311,6 +1664,8 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     pthread_cond_destroy(&p->work);
     pthread_cond_destroy(&p->idle);
     pthread_cond_destroy(&p->room);
+    pthread_cond_destroy(&p->dcv);
+    pthread_mutex_destroy(&p->dmu);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -1433,8 +1788,8 @@ duet_status_t duet_ctl_puller_recv(duet_ctl_puller_t *p, uint64_t deadline_ns, d
         st = nng_fail(err, rv, p->c.url, "no event");
         goto out;
     }
-    keeper_touch(&p->keep);
     nng_msg *m = nng_aio_get_msg(aio);
+    keeper_touch(&p->keep, m);
     size_t len = nng_msg_len(m);
     duet_msg_origin_t o = {p->c.sender_id, NULL, 0};
     const uint8_t *body = nng_msg_body(m);
@@ -1490,6 +1845,7 @@ void duet_ctl_puller_destroy(duet_ctl_puller_t **pp)
         return;
     *pp = NULL;
     if (close_bounded(p->sock, p->c.url) == 0) {
+        keeper_stop(&p->keep);
         for (size_t i = p->i_pend; i < p->n_pend; i++)
             duet_envelope_free(&p->pend[i]);
         free(p->pend);

@@ -76,9 +76,15 @@ duet_status_t duet_ctl_status_from_nng(int nng_rv);
  * was.  0 on a healthy run. */
 unsigned long duet_ctl_timeouts_rescued(void);
 
-/* ipc listeners of this process restarted after libnng 1.5.2 stopped them (a client that left
- * during the handshake); 0 on a healthy run. */
+/* ipc listeners of this process replaced because libnng 1.5.2 may have stopped them (a client
+ * that left during the handshake): new clients reach a new listener, the old one serves its
+ * connections until they are idle.  0 on a healthy run. */
 unsigned long duet_ctl_listener_restarts(void);
+
+/* ipc connections of this process's clients closed (and dialed again) because no reply ever came
+ * on them and a call timed out a second or more after they came up (a server's stopped listener
+ * took them).  0 on a healthy run. */
+unsigned long duet_ctl_client_redials(void);
 
 /* For tests: a receive that nothing answers and NNG never times out, left to the watchdog at
  * watch_ms; TIMEOUT when the watchdog ended it (*took_ns: how long it ran). */

@@ -274,11 +274,12 @@ int duet_worker_net_heartbeat_due(duet_worker_net_t *n, const duet_worker_opts_t
 
 void duet_worker_net_close(duet_worker_net_t *n)
 {
-    unsigned long restarts = duet_ctl_listener_restarts(), rescued = duet_ctl_timeouts_rescued();
-    if (restarts || rescued)
-        duet_warn("ctl: %lu listener restart(s) after libnng stopped one, %lu operation(s) cancelled past a "
-                  "timeout libnng missed (docs/PROTOCOL.md)",
-                  restarts, rescued);
+    unsigned long restarts = duet_ctl_listener_restarts(), rescued = duet_ctl_timeouts_rescued(),
+                  redials = duet_ctl_client_redials();
+    if (restarts || rescued || redials)
+        duet_warn("ctl: %lu listener(s) replaced that libnng may have stopped, %lu operation(s) cancelled past a "
+                  "timeout libnng missed, %lu silent connection(s) dialed again (docs/PROTOCOL.md)",
+                  restarts, rescued, redials);
     duet_ctl_server_destroy(&n->srv);
     /* the routers' pushers close side by side (each may take its grace), --events here */
     for (int i = 0; i < DUET_WORKER_MAX_SINKS; i++)

@@ -90,6 +90,8 @@ class Cluster:
                 "--abort-seed", str(abort_seed), "--timeout-ms", str(timeout_ms), "--wait-ms", str(wait_ms)]
         argv += list(extra)
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_ms / 1000 + 60, env=self.env)
+        with open(out + ".stderr", "w") as f:  # the driver's log, beside its results
+            f.write(p.stderr)
         results = {}
         if os.path.exists(out):
             for line in open(out):
