@@ -435,17 +435,20 @@ duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *er
  * recovered by itself, and for clients that connect and leave at once after the handshake; such a
  * listener is replaced all the same, which costs nothing but the swap. */
 #define CTL_LISTEN_CHECK_MS 250
+#define CTL_SILENT_PIPE_MS 2000 /* client_drop_silent, pusher_drop_silent */
 #define CTL_LISTEN_IDLE_MS 500
 #define CTL_LISTENERS 8 /* the current listener and retired ones still holding connections */
 
-static atomic_ulong g_listener_restarts;
+static atomic_ulong g_listener_restarts, g_listener_probes_alive;
+
+unsigned long duet_ctl_listener_errors_survived(void) { return atomic_load(&g_listener_probes_alive); }
 
 unsigned long duet_ctl_listener_restarts(void) { return atomic_load(&g_listener_restarts); }
 
 typedef struct {
     atomic_int id;      /* nng_listener_id, 0: a free slot */
-    atomic_int pipes;   /* connections this listener made, still attached */
     nng_listener l;
+    uint64_t retired_ns; /* when it was replaced */
     uint64_t active_ns; /* the last request (or event) taken from one of them */
 } keeper_slot_t;
 
@@ -478,14 +481,6 @@ static void keeper_touch(keeper_t *k, nng_msg *m)
         sl->active_ns = duet_time_ns();
 }
 
-static void keeper_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
-{
-    keeper_t *k = arg;
-    keeper_slot_t *sl = keeper_slot_of(k, nng_listener_id(nng_pipe_listener(pipe)));
-    if (sl)
-        atomic_fetch_add(&sl->pipes, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
-}
-
 /* The child of scope st named name, or NULL. */
 static nng_stat *stat_child_named(nng_stat *st, const char *name)
 {
@@ -513,15 +508,17 @@ static nng_stat *stat_find_listener(nng_stat *st, int id)
     return NULL;
 }
 
-/* The listener's "other" error count, or -1 when NNG keeps no statistics for it. */
-static int64_t listener_other_errors(nng_listener l)
+/* A counter of the listener's statistics ("other": its errors of no known kind; "pipes": the
+ * connections it made that are open), or -1 when NNG keeps none.  (Counting connections from pipe
+ * events instead does not work: NNG clears a pipe's listener before its removal event.) */
+static int64_t listener_stat(nng_listener l, const char *name)
 {
     nng_stat *root = NULL;
     int64_t v = -1;
     if (nng_stats_get(&root) != 0 || !root)
         return -1;
     nng_stat *ls = stat_find_listener(root, nng_listener_id(l));
-    nng_stat *o = ls ? stat_child_named(ls, "other") : NULL;
+    nng_stat *o = ls ? stat_child_named(ls, name) : NULL;
     if (o)
         v = (int64_t)nng_stat_value(o);
     nng_stats_free(root);
@@ -548,35 +545,50 @@ static const char *base_name(const char *path)
  * header): a connection closed before it is what stops a libnng 1.5.2 listener.  (Even so the
  * listener may count an error for it, and be replaced: harmless.) */
 #define CTL_PROBE_MS 2000
-static int unix_live(const char *path)
+#define CTL_PROBE_ACCEPT_MS 100
+/* A connection to the unix socket at path with the SP handshake done as a req peer (up to
+ * CTL_PROBE_MS for the server's header): the descriptor, -2 when nothing accepts there, -1 when
+ * something does but the handshake did not complete. */
+static int unix_handshake(const char *path)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof a.sun_path)
-        return 0;
+        return -2;
     memcpy(a.sun_path, path, strlen(path) + 1);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return 0;
-    int live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    if (live) {
-        static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* SP, version 0, req0 (48) */
-        uint8_t got[8];
-        size_t have = 0;
-        uint64_t until = duet_deadline_after_ms(CTL_PROBE_MS);
-        if (send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr)
-            while (have < sizeof got && duet_time_ns() < until) {
-                struct pollfd pf = {.fd = fd, .events = POLLIN};
-                if (poll(&pf, 1, 20) < 0 && errno != EINTR)
-                    break;
-                ssize_t n = pf.revents ? recv(fd, got + have, sizeof got - have, MSG_DONTWAIT) : 0;
-                if (n == 0 && pf.revents)
-                    break; /* closed */
-                if (n > 0)
-                    have += (size_t)n;
-            }
+        return -2;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -2;
     }
+    static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* SP, version 0, req0 (48) */
+    uint8_t got[8];
+    size_t have = 0;
+    uint64_t until = duet_deadline_after_ms(CTL_PROBE_MS);
+    if (send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr)
+        while (have < sizeof got && duet_time_ns() < until) {
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            if (poll(&pf, 1, 20) < 0 && errno != EINTR)
+                break;
+            ssize_t n = pf.revents ? recv(fd, got + have, sizeof got - have, MSG_DONTWAIT) : 0;
+            if (n == 0 && pf.revents)
+                break; /* closed */
+            if (n > 0)
+                have += (size_t)n;
+        }
+    if (have == sizeof got)
+        return fd;
     close(fd);
-    return live;
+    return -1;
+}
+
+static int unix_live(const char *path)
+{
+    int fd = unix_handshake(path);
+    if (fd >= 0)
+        close(fd);
+    return fd != -2;
 }
 
 /* Listen in slot i: on k->url, or (relay) on listener n's name. */
@@ -595,7 +607,6 @@ static int keeper_listen(keeper_t *k, int i, unsigned n)
     }
     if ((rv = nng_listener_create(&sl->l, k->sock, url)))
         return rv;
-    atomic_store(&sl->pipes, 0);
     sl->active_ns = duet_time_ns();
     atomic_store(&sl->id, nng_listener_id(sl->l)); /* before any connection can come */
     if ((rv = nng_listener_start(sl->l, 0)) != 0) {
@@ -664,10 +675,8 @@ static int keeper_start(keeper_t *k, nng_socket sock, const char *url)
         snprintf(k->path, sizeof k->path, "%s", url + 6);
         k->relay = 1;
     }
-    int rv = nng_pipe_notify(sock, NNG_PIPE_EV_ADD_POST, keeper_pipe_event, k);
-    if (rv == 0)
-        rv = nng_pipe_notify(sock, NNG_PIPE_EV_REM_POST, keeper_pipe_event, k);
-    if (rv == 0 && k->relay)
+    int rv = 0;
+    if (k->relay)
         rv = relay_claim(k);
     if (rv == 0)
         rv = keeper_listen(k, 0, 0);
@@ -691,6 +700,28 @@ static void keeper_stop(keeper_t *k)
     }
 }
 
+/* Whether the current listener still hands connections to the socket: a connection to its own
+ * file, the handshake done, counted by its "accept" statistic within CTL_PROBE_ACCEPT_MS.  The
+ * "other" statistic also counts errors NNG recovers from (a client that leaves just after the
+ * handshake, or during it but after the listener's header went out); those listeners are kept.
+ * A few milliseconds on a live listener; a stopped one costs the wait. */
+static int keeper_accepts(keeper_t *k)
+{
+    char name[sizeof k->path + 16];
+    nng_listener l = k->slot[k->cur].l;
+    int64_t before = listener_stat(l, "accept");
+    if (before < 0 || relay_name(k, k->gen, name, sizeof name))
+        return 0;
+    int fd = unix_handshake(name), alive = 0;
+    if (fd < 0)
+        return 0;
+    uint64_t until = duet_deadline_after_ms(CTL_PROBE_ACCEPT_MS);
+    while (!(alive = listener_stat(l, "accept") > before) && duet_time_ns() < until)
+        nng_msleep(1);
+    close(fd); /* after the accept: an ordinary connection's end */
+    return alive;
+}
+
 /* From the one thread that serves the socket. */
 static void keeper_check(keeper_t *k)
 {
@@ -703,10 +734,13 @@ static void keeper_check(keeper_t *k)
         keeper_slot_t *sl = &k->slot[i];
         if (i == k->cur)
             continue;
-        if (atomic_load(&sl->id) != 0 && atomic_load(&sl->pipes) > 0) {
+        if (atomic_load(&sl->id) != 0 &&
+            (listener_stat(sl->l, "pipes") != 0 /* -1: cannot tell, kept */ ||
+             now - sl->retired_ns < (uint64_t)(CTL_SILENT_PIPE_MS + 1000) * 1000000u)) {
             if (idlest < 0 || sl->active_ns < k->slot[idlest].active_ns)
                 idlest = i;
-            continue; /* retired, its clients still connected */
+            continue; /* retired: its clients still connected, or those that dialed it while it was
+                         stopped not yet gone on their own (client_drop_silent) */
         }
         if (atomic_load(&sl->id) != 0) {
             nng_listener_close(sl->l);
@@ -715,13 +749,18 @@ static void keeper_check(keeper_t *k)
         if (free_slot < 0)
             free_slot = i;
     }
-    int64_t other = listener_other_errors(k->slot[k->cur].l);
+    int64_t other = listener_stat(k->slot[k->cur].l, "other");
     if (other <= (int64_t)k->other_seen)
         return;
+    if (keeper_accepts(k)) { /* an error NNG went on from */
+        k->other_seen = (uint64_t)other;
+        atomic_fetch_add(&g_listener_probes_alive, 1);
+        return;
+    }
     if (free_slot < 0 && idlest >= 0 && now - k->slot[idlest].active_ns >= (uint64_t)CTL_LISTEN_IDLE_MS * 1000000u) {
         keeper_slot_t *sl = &k->slot[idlest]; /* room for the new one: the retired one idle longest */
-        duet_warn("ctl %s: closing a retired listener with %d idle connection(s) to make room", k->url,
-                  atomic_load(&sl->pipes));
+        duet_warn("ctl %s: closing a retired listener with %lld idle connection(s) to make room", k->url,
+                  (long long)listener_stat(sl->l, "pipes"));
         nng_listener_close(sl->l);
         atomic_store(&sl->id, 0);
         free_slot = idlest;
@@ -744,10 +783,11 @@ static void keeper_check(keeper_t *k)
                    k->url, nng_strerror(rv));
         return;
     }
-    duet_warn("ctl %s: the listener may have stopped accepting (libnng's accept loop ends on a client that leaves "
-              "during its handshake): new clients reach a new one; the old one serves its %d connection(s) until "
-              "they close",
-              k->url, atomic_load(&k->slot[k->cur].pipes));
+    duet_warn("ctl %s: the listener stopped accepting (libnng's accept loop ends on a client that leaves during "
+              "its handshake): new clients reach a new one; the old one serves its %d connection(s) until they "
+              "close",
+              k->url, (int)listener_stat(k->slot[k->cur].l, "pipes"));
+    k->slot[k->cur].retired_ns = now;
     k->cur = free_slot;
     k->gen++;
     k->other_seen = 0;
@@ -1007,11 +1047,13 @@ struct duet_ctl_client {
     nng_ctx *pool;
     int n_pool, cap_pool;
     atomic_int n_pipes; /* connections to the server now (0 or 1 with one dialer) */
-    atomic_int was_up;  /* a connection was up once: the server was there */
+    atomic_int was_up;  /* a reply came once: the server was there (a connection a stopped listener
+                           took, closed before it answered, is not a server that went away) */
     atomic_uint pipe_id;       /* the connection now, 0: none */
     _Atomic uint64_t pipe_up_ns; /* since when it is up */
     atomic_uint answered_pipe; /* the last connection a reply came on */
     int ipc;
+    uint64_t created_ns;
 };
 
 /* The client's connections, counted from NNG's pipe events: a call while the server's
@@ -1027,7 +1069,6 @@ static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
         atomic_store(&c->pipe_up_ns, duet_time_ns());
         atomic_store(&c->pipe_id, nng_pipe_id(pipe));
         atomic_fetch_add(&c->n_pipes, 1);
-        atomic_store(&c->was_up, 1);
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         uint32_t id = (uint32_t)nng_pipe_id(pipe);
         atomic_compare_exchange_strong(&c->pipe_id, &id, 0);
@@ -1041,10 +1082,20 @@ static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
  * hands them to the server, so a client that dialed just then would wait for ever on a
  * connection that looks up, while the path already leads to a new listener.  (On a healthy
  * server the same rule only ends a connection whose first call the server never answered.) */
-#define CTL_SILENT_PIPE_MS 2000
 static atomic_ulong g_client_redials;
 
 unsigned long duet_ctl_client_redials(void) { return atomic_load(&g_client_redials); }
+
+/* A client or pusher closed just after it was made may close its connection during the SP
+ * handshake, which is what stops a libnng 1.5.2 ipc listener: a fresh one (under
+ * CTL_FRESH_CLOSE_MS old) first waits, that long at most, for its connection to come up. */
+#define CTL_FRESH_CLOSE_MS 300
+static void wait_fresh_connection(int ipc, uint64_t created_ns, atomic_uint *pipe_id)
+{
+    uint64_t until = created_ns + (uint64_t)CTL_FRESH_CLOSE_MS * 1000000u;
+    while (ipc && !atomic_load(pipe_id) && duet_time_ns() < until)
+        nng_msleep(2);
+}
 
 static void client_drop_silent(duet_ctl_client_t *c)
 {
@@ -1120,6 +1171,7 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
         goto err_close;
     }
     c->ipc = strncmp(c->c.url, "ipc://", 6) == 0;
+    c->created_ns = duet_time_ns();
     if ((rv = nng_dial(c->sock, c->c.url, NULL, NNG_FLAG_NONBLOCK))) {
         st = nng_fail(err, rv, c->c.url, "cannot dial");
         goto err_close;
@@ -1188,6 +1240,7 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
     }
     m = nng_aio_get_msg(aio);
     atomic_store(&c->answered_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
+    atomic_store(&c->was_up, 1);
     st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &c->c.lim, &rep, err);
     nng_msg_free(m);
     if (st) {
@@ -1242,6 +1295,7 @@ void duet_ctl_client_destroy(duet_ctl_client_t **cp)
     if (!c)
         return;
     *cp = NULL;
+    wait_fresh_connection(c->ipc, c->created_ns, &c->pipe_id);
     if (close_bounded(c->sock, c->c.url) == 0) { /* closes the pooled contexts too */
         free(c->pool);
         pthread_mutex_destroy(&c->mu);
@@ -1287,6 +1341,7 @@ struct duet_ctl_pusher {
     _Atomic uint64_t pipe_up_ns;
     atomic_uint answered_pipe;
     int ipc;
+    uint64_t created_ns;
     pthread_mutex_t dmu; /* an operation's end (pusher_aio_done) */
     pthread_cond_t dcv;  /* monotonic clock */
     int ddone;
@@ -1556,6 +1611,7 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     p->ipc = strncmp(p->c.url, "ipc://", 6) == 0;
+    p->created_ns = duet_time_ns();
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->dmu, NULL);
     pthread_cond_init(&p->dcv, &ca);
@@ -1656,6 +1712,7 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     if (p->thread_started)
         pthread_join(p->thread, NULL);
     *pp = NULL;
+    wait_fresh_connection(p->ipc, p->created_ns, &p->pipe_id);
     if (close_bounded(p->sock, p->c.url) != 0)
         return; /* left behind */
     for (uint32_t i = 0; i < p->n; i++)
