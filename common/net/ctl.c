@@ -431,22 +431,20 @@ duet_status_t duet_ctl_reply_status(const duet_envelope_t *reply, duet_err_t *er
  * CTL_LISTENERS are taken is the one whose connections have brought no request (an event, for a
  * puller) for longest closed, if that is CTL_LISTEN_IDLE_MS.  A client that dialed the stopped
  * listener has a connection that is never read: clients and pushers close such a connection
- * themselves (client_drop_silent, pusher_drop_silent).  The error is also counted when NNG
- * recovered by itself, and for clients that connect and leave at once after the handshake; such a
- * listener is replaced all the same, which costs nothing but the swap. */
+ * themselves (conn_drop_silent).  The error is also counted when NNG recovered by itself, and for
+ * clients that connect and leave at once after the handshake: a listener with a new one is
+ * replaced only when a probe finds that it no longer accepts (keeper_accepts). */
 #define CTL_LISTEN_CHECK_MS 250
-#define CTL_SILENT_PIPE_MS 2000 /* client_drop_silent, pusher_drop_silent */
+#define CTL_SILENT_PIPE_MS 2000 /* conn_drop_silent */
 #define CTL_LISTEN_IDLE_MS 500
 #define CTL_LISTENERS 8 /* the current listener and retired ones still holding connections */
 
-static atomic_ulong g_listener_restarts, g_listener_probes_alive;
-
-unsigned long duet_ctl_listener_errors_survived(void) { return atomic_load(&g_listener_probes_alive); }
+static atomic_ulong g_listener_restarts;
 
 unsigned long duet_ctl_listener_restarts(void) { return atomic_load(&g_listener_restarts); }
 
 typedef struct {
-    atomic_int id;      /* nng_listener_id, 0: a free slot */
+    int id;              /* nng_listener_id, 0: a free slot (the serving thread's alone) */
     nng_listener l;
     uint64_t retired_ns; /* when it was replaced */
     uint64_t active_ns; /* the last request (or event) taken from one of them */
@@ -468,7 +466,7 @@ typedef struct {
 static keeper_slot_t *keeper_slot_of(keeper_t *k, int id)
 {
     for (int i = 0; i < CTL_LISTENERS; i++)
-        if (id > 0 && atomic_load(&k->slot[i].id) == id)
+        if (id > 0 && k->slot[i].id == id)
             return &k->slot[i];
     return NULL;
 }
@@ -540,16 +538,12 @@ static const char *base_name(const char *path)
     return b ? b + 1 : path;
 }
 
-/* Whether something accepts connections on the unix socket at path (a live server).  The probe
- * completes the SP handshake as a req peer before it closes (up to CTL_PROBE_MS for the server's
- * header): a connection closed before it is what stops a libnng 1.5.2 listener.  (Even so the
- * listener may count an error for it, and be replaced: harmless.) */
-#define CTL_PROBE_MS 2000
-#define CTL_PROBE_ACCEPT_MS 100
-/* A connection to the unix socket at path with the SP handshake done as a req peer (up to
- * CTL_PROBE_MS for the server's header): the descriptor, -2 when nothing accepts there, -1 when
- * something does but the handshake did not complete. */
-static int unix_handshake(const char *path)
+#define CTL_PROBE_MS 2000       /* unix_live: the server's header, at start */
+#define CTL_PROBE_ACCEPT_MS 100 /* keeper_accepts: the header, then the accept (the serving thread waits) */
+/* A connection to the unix socket at path with the SP handshake done as a req peer (up to ms for
+ * the server's header): the descriptor, -2 when nothing accepts there, -1 when something does but
+ * the handshake did not complete. */
+static int unix_handshake(const char *path, uint64_t ms)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof a.sun_path)
@@ -565,7 +559,7 @@ static int unix_handshake(const char *path)
     static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* SP, version 0, req0 (48) */
     uint8_t got[8];
     size_t have = 0;
-    uint64_t until = duet_deadline_after_ms(CTL_PROBE_MS);
+    uint64_t until = duet_deadline_after_ms(ms);
     if (send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) == (ssize_t)sizeof hdr)
         while (have < sizeof got && duet_time_ns() < until) {
             struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -583,9 +577,12 @@ static int unix_handshake(const char *path)
     return -1;
 }
 
+/* Whether something accepts connections on the unix socket at path (a live server).  The probe
+ * completes the handshake before it closes: a connection closed before it is what stops a libnng
+ * 1.5.2 listener. */
 static int unix_live(const char *path)
 {
-    int fd = unix_handshake(path);
+    int fd = unix_handshake(path, CTL_PROBE_MS);
     if (fd >= 0)
         close(fd);
     return fd != -2;
@@ -608,10 +605,10 @@ static int keeper_listen(keeper_t *k, int i, unsigned n)
     if ((rv = nng_listener_create(&sl->l, k->sock, url)))
         return rv;
     sl->active_ns = duet_time_ns();
-    atomic_store(&sl->id, nng_listener_id(sl->l)); /* before any connection can come */
+    sl->id = nng_listener_id(sl->l); /* before any connection can come */
     if ((rv = nng_listener_start(sl->l, 0)) != 0) {
         nng_listener_close(sl->l);
-        atomic_store(&sl->id, 0);
+        sl->id = 0;
     }
     return rv;
 }
@@ -704,7 +701,8 @@ static void keeper_stop(keeper_t *k)
  * file, the handshake done, counted by its "accept" statistic within CTL_PROBE_ACCEPT_MS.  The
  * "other" statistic also counts errors NNG recovers from (a client that leaves just after the
  * handshake, or during it but after the listener's header went out); those listeners are kept.
- * A few milliseconds on a live listener; a stopped one costs the wait. */
+ * A few milliseconds on a live listener; a stopped one costs the wait (CTL_PROBE_ACCEPT_MS for
+ * the header and the accept together). */
 static int keeper_accepts(keeper_t *k)
 {
     char name[sizeof k->path + 16];
@@ -712,10 +710,10 @@ static int keeper_accepts(keeper_t *k)
     int64_t before = listener_stat(l, "accept");
     if (before < 0 || relay_name(k, k->gen, name, sizeof name))
         return 0;
-    int fd = unix_handshake(name), alive = 0;
+    uint64_t until = duet_deadline_after_ms(CTL_PROBE_ACCEPT_MS);
+    int fd = unix_handshake(name, CTL_PROBE_ACCEPT_MS), alive = 0;
     if (fd < 0)
         return 0;
-    uint64_t until = duet_deadline_after_ms(CTL_PROBE_ACCEPT_MS);
     while (!(alive = listener_stat(l, "accept") > before) && duet_time_ns() < until)
         nng_msleep(1);
     close(fd); /* after the accept: an ordinary connection's end */
@@ -734,17 +732,16 @@ static void keeper_check(keeper_t *k)
         keeper_slot_t *sl = &k->slot[i];
         if (i == k->cur)
             continue;
-        if (atomic_load(&sl->id) != 0 &&
-            (listener_stat(sl->l, "pipes") != 0 /* -1: cannot tell, kept */ ||
-             now - sl->retired_ns < (uint64_t)(CTL_SILENT_PIPE_MS + 1000) * 1000000u)) {
+        if (sl->id != 0 && (now - sl->retired_ns < (uint64_t)(CTL_SILENT_PIPE_MS + 1000) * 1000000u ||
+                            listener_stat(sl->l, "pipes") != 0 /* -1: cannot tell, kept */)) {
             if (idlest < 0 || sl->active_ns < k->slot[idlest].active_ns)
                 idlest = i;
             continue; /* retired: its clients still connected, or those that dialed it while it was
-                         stopped not yet gone on their own (client_drop_silent) */
+                         stopped not yet gone on their own (conn_drop_silent) */
         }
-        if (atomic_load(&sl->id) != 0) {
+        if (sl->id != 0) {
             nng_listener_close(sl->l);
-            atomic_store(&sl->id, 0);
+            sl->id = 0;
         }
         if (free_slot < 0)
             free_slot = i;
@@ -754,7 +751,6 @@ static void keeper_check(keeper_t *k)
         return;
     if (keeper_accepts(k)) { /* an error NNG went on from */
         k->other_seen = (uint64_t)other;
-        atomic_fetch_add(&g_listener_probes_alive, 1);
         return;
     }
     if (free_slot < 0 && idlest >= 0 && now - k->slot[idlest].active_ns >= (uint64_t)CTL_LISTEN_IDLE_MS * 1000000u) {
@@ -762,7 +758,7 @@ static void keeper_check(keeper_t *k)
         duet_warn("ctl %s: closing a retired listener with %lld idle connection(s) to make room", k->url,
                   (long long)listener_stat(sl->l, "pipes"));
         nng_listener_close(sl->l);
-        atomic_store(&sl->id, 0);
+        sl->id = 0;
         free_slot = idlest;
     }
     if (free_slot < 0) {
@@ -776,7 +772,7 @@ static void keeper_check(keeper_t *k)
     int rv = keeper_listen(k, free_slot, k->gen + 1);
     if (rv == 0 && (rv = relay_point(k, k->gen + 1)) != 0) {
         nng_listener_close(k->slot[free_slot].l);
-        atomic_store(&k->slot[free_slot].id, 0);
+        k->slot[free_slot].id = 0;
     }
     if (rv) {
         duet_error("ctl %s: the listener may have stopped accepting and a new one did not start: %s; trying again",
@@ -1040,6 +1036,83 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
  * request and a late reply to it is discarded. */
 #define CTL_CTX_POOL_MAX 1024
 
+/* What a client or pusher keeps of its one connection (its dialer makes one at a time).  A
+ * connection on which no reply has ever come is closed over ipc, and the dialer dials again, when
+ * a call times out (a delivery waits) after it was up for CTL_SILENT_PIPE_MS: a server's listener
+ * that libnng 1.5.2 stopped (above) completes the handshake of the connections it took and never
+ * hands them to the server, so a client that dialed just then would wait for ever on a connection
+ * that looks up, while the path already leads to a new listener.  (On a healthy server the same
+ * rule only ends a connection whose first call the server never answered.) */
+typedef struct {
+    atomic_uint pipe_id;      /* the connection now, 0: none */
+    _Atomic uint64_t up_ns;   /* since when it is up */
+    atomic_uint answered;     /* the last connection a reply came on */
+    int ipc;
+    uint64_t created_ns;
+} conn_watch_t;
+
+static atomic_ulong g_client_redials;
+
+unsigned long duet_ctl_client_redials(void) { return atomic_load(&g_client_redials); }
+
+static void conn_watch_init(conn_watch_t *w, const char *url)
+{
+    w->ipc = strncmp(url, "ipc://", 6) == 0;
+    w->created_ns = duet_time_ns();
+}
+
+/* From the socket's pipe events (NNG's threads). */
+static void conn_watch_event(conn_watch_t *w, nng_pipe pipe, nng_pipe_ev ev)
+{
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_store(&w->up_ns, duet_time_ns());
+        atomic_store(&w->pipe_id, nng_pipe_id(pipe));
+    } else if (ev == NNG_PIPE_EV_REM_POST) {
+        uint32_t id = (uint32_t)nng_pipe_id(pipe);
+        atomic_compare_exchange_strong(&w->pipe_id, &id, 0);
+    }
+}
+
+/* A reply (an answer) came in m. */
+static void conn_watch_answered(conn_watch_t *w, nng_msg *m)
+{
+    atomic_store(&w->answered, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
+}
+
+/* Whether the connection now is not one that answered before (none yet counts). */
+static int conn_unproven(conn_watch_t *w)
+{
+    uint32_t id = atomic_load(&w->pipe_id);
+    return !id || id != atomic_load(&w->answered);
+}
+
+/* The rule above; 1 when it closed the connection. */
+static int conn_drop_silent(conn_watch_t *w, const char *url)
+{
+    uint32_t id = atomic_load(&w->pipe_id);
+    if (!w->ipc || !id || id == atomic_load(&w->answered) ||
+        duet_time_ns() - atomic_load(&w->up_ns) < (uint64_t)CTL_SILENT_PIPE_MS * 1000000u ||
+        !atomic_compare_exchange_strong(&w->pipe_id, &id, 0))
+        return 0;
+    nng_pipe p = NNG_PIPE_INITIALIZER;
+    p.id = id;
+    nng_pipe_close(p);
+    if (atomic_fetch_add(&g_client_redials, 1) == 0)
+        duet_warn("ctl %s: no reply ever came on the connection: closed, dialing again (later ones counted)", url);
+    return 1;
+}
+
+/* A client or pusher closed just after it was made may close its connection during the SP
+ * handshake, which is what stops a libnng 1.5.2 ipc listener: a fresh one (under
+ * CTL_FRESH_CLOSE_MS old) first waits, that long at most, for its connection to come up. */
+#define CTL_FRESH_CLOSE_MS 300
+static void conn_wait_fresh(conn_watch_t *w)
+{
+    uint64_t until = w->created_ns + (uint64_t)CTL_FRESH_CLOSE_MS * 1000000u;
+    while (w->ipc && !atomic_load(&w->pipe_id) && duet_time_ns() < until)
+        nng_msleep(2);
+}
+
 struct duet_ctl_client {
     common_t c;
     nng_socket sock;
@@ -1049,11 +1122,7 @@ struct duet_ctl_client {
     atomic_int n_pipes; /* connections to the server now (0 or 1 with one dialer) */
     atomic_int was_up;  /* a reply came once: the server was there (a connection a stopped listener
                            took, closed before it answered, is not a server that went away) */
-    atomic_uint pipe_id;       /* the connection now, 0: none */
-    _Atomic uint64_t pipe_up_ns; /* since when it is up */
-    atomic_uint answered_pipe; /* the last connection a reply came on */
-    int ipc;
-    uint64_t created_ns;
+    conn_watch_t watch;
 };
 
 /* The client's connections, counted from NNG's pipe events: a call while the server's
@@ -1065,52 +1134,11 @@ struct duet_ctl_client {
 static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     duet_ctl_client_t *c = arg;
-    if (ev == NNG_PIPE_EV_ADD_POST) {
-        atomic_store(&c->pipe_up_ns, duet_time_ns());
-        atomic_store(&c->pipe_id, nng_pipe_id(pipe));
+    conn_watch_event(&c->watch, pipe, ev);
+    if (ev == NNG_PIPE_EV_ADD_POST)
         atomic_fetch_add(&c->n_pipes, 1);
-    } else if (ev == NNG_PIPE_EV_REM_POST) {
-        uint32_t id = (uint32_t)nng_pipe_id(pipe);
-        atomic_compare_exchange_strong(&c->pipe_id, &id, 0);
+    else if (ev == NNG_PIPE_EV_REM_POST)
         atomic_fetch_sub(&c->n_pipes, 1);
-    }
-}
-
-/* A connection on which no reply has ever come, and a call timed out after it was up for
- * CTL_SILENT_PIPE_MS, is closed over ipc, and the dialer dials again: a server's listener that
- * libnng 1.5.2 stopped (above) completes the handshake of the connections it took and never
- * hands them to the server, so a client that dialed just then would wait for ever on a
- * connection that looks up, while the path already leads to a new listener.  (On a healthy
- * server the same rule only ends a connection whose first call the server never answered.) */
-static atomic_ulong g_client_redials;
-
-unsigned long duet_ctl_client_redials(void) { return atomic_load(&g_client_redials); }
-
-/* A client or pusher closed just after it was made may close its connection during the SP
- * handshake, which is what stops a libnng 1.5.2 ipc listener: a fresh one (under
- * CTL_FRESH_CLOSE_MS old) first waits, that long at most, for its connection to come up. */
-#define CTL_FRESH_CLOSE_MS 300
-static void wait_fresh_connection(int ipc, uint64_t created_ns, atomic_uint *pipe_id)
-{
-    uint64_t until = created_ns + (uint64_t)CTL_FRESH_CLOSE_MS * 1000000u;
-    while (ipc && !atomic_load(pipe_id) && duet_time_ns() < until)
-        nng_msleep(2);
-}
-
-static void client_drop_silent(duet_ctl_client_t *c)
-{
-    uint32_t id = atomic_load(&c->pipe_id);
-    if (!c->ipc || !id || id == atomic_load(&c->answered_pipe) ||
-        duet_time_ns() - atomic_load(&c->pipe_up_ns) < (uint64_t)CTL_SILENT_PIPE_MS * 1000000u)
-        return;
-    if (atomic_compare_exchange_strong(&c->pipe_id, &id, 0)) {
-        nng_pipe p = NNG_PIPE_INITIALIZER;
-        p.id = id;
-        nng_pipe_close(p);
-        if (atomic_fetch_add(&g_client_redials, 1) == 0)
-            duet_warn("ctl %s: no reply ever came on the connection: closed, dialing again (later ones counted)",
-                      c->c.url);
-    }
 }
 
 static int client_ctx_get(duet_ctl_client_t *c, nng_ctx *ctx)
@@ -1170,8 +1198,7 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
         st = nng_fail(err, rv, c->c.url, "cannot set up the req socket");
         goto err_close;
     }
-    c->ipc = strncmp(c->c.url, "ipc://", 6) == 0;
-    c->created_ns = duet_time_ns();
+    conn_watch_init(&c->watch, c->c.url);
     if ((rv = nng_dial(c->sock, c->c.url, NULL, NNG_FLAG_NONBLOCK))) {
         st = nng_fail(err, rv, c->c.url, "cannot dial");
         goto err_close;
@@ -1234,12 +1261,12 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
     }
     if ((rv = aio_run(aio, ms_until(deadline_ns), start_ctx_recv, &ctx))) {
         if (rv == NNG_ETIMEDOUT)
-            client_drop_silent(c);
+            conn_drop_silent(&c->watch, c->c.url);
         st = nng_fail(err, rv, c->c.url, "no reply");
         goto err_ctx;
     }
     m = nng_aio_get_msg(aio);
-    atomic_store(&c->answered_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
+    conn_watch_answered(&c->watch, m);
     atomic_store(&c->was_up, 1);
     st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &c->c.lim, &rep, err);
     nng_msg_free(m);
@@ -1295,7 +1322,7 @@ void duet_ctl_client_destroy(duet_ctl_client_t **cp)
     if (!c)
         return;
     *cp = NULL;
-    wait_fresh_connection(c->ipc, c->created_ns, &c->pipe_id);
+    conn_wait_fresh(&c->watch);
     if (close_bounded(c->sock, c->c.url) == 0) { /* closes the pooled contexts too */
         free(c->pool);
         pthread_mutex_destroy(&c->mu);
@@ -1335,13 +1362,7 @@ struct duet_ctl_pusher {
     nng_aio *inflight;   /* the delivery's aio while one is running (under mu) */
     nng_ctx ctx;         /* the delivery thread's context, kept until the socket closes */
     int have_ctx;
-    /* the connection, as the client tracks it (client_drop_silent): a delivery that waits a second
-     * on one that never answered closes it and goes again */
-    atomic_uint pipe_id;
-    _Atomic uint64_t pipe_up_ns;
-    atomic_uint answered_pipe;
-    int ipc;
-    uint64_t created_ns;
+    conn_watch_t watch;  /* a delivery that waits on a connection that never answered: conn_drop_silent */
     pthread_mutex_t dmu; /* an operation's end (pusher_aio_done) */
     pthread_cond_t dcv;  /* monotonic clock */
     int ddone;
@@ -1361,13 +1382,7 @@ struct duet_ctl_puller {
 static void pusher_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     duet_ctl_pusher_t *p = arg;
-    if (ev == NNG_PIPE_EV_ADD_POST) {
-        atomic_store(&p->pipe_up_ns, duet_time_ns());
-        atomic_store(&p->pipe_id, nng_pipe_id(pipe));
-    } else if (ev == NNG_PIPE_EV_REM_POST) {
-        uint32_t id = (uint32_t)nng_pipe_id(pipe);
-        atomic_compare_exchange_strong(&p->pipe_id, &id, 0);
-    }
+    conn_watch_event(&p->watch, pipe, ev);
 }
 
 static void pusher_aio_done(void *arg)
@@ -1379,30 +1394,12 @@ static void pusher_aio_done(void *arg)
     pthread_mutex_unlock(&p->dmu);
 }
 
-/* The connection the delivery waits on, closed when no answer ever came on it and it has been up
- * CTL_SILENT_PIPE_MS (a puller's stopped listener took it); 1 when it was. */
-static int pusher_drop_silent(duet_ctl_pusher_t *p)
-{
-    uint32_t id = atomic_load(&p->pipe_id);
-    if (!p->ipc || !id || id == atomic_load(&p->answered_pipe) ||
-        duet_time_ns() - atomic_load(&p->pipe_up_ns) < (uint64_t)CTL_SILENT_PIPE_MS * 1000000u ||
-        !atomic_compare_exchange_strong(&p->pipe_id, &id, 0))
-        return 0;
-    nng_pipe pp = NNG_PIPE_INITIALIZER;
-    pp.id = id;
-    nng_pipe_close(pp);
-    if (atomic_fetch_add(&g_client_redials, 1) == 0)
-        duet_warn("ctl %s: no answer ever came on the connection: closed, dialing again (later ones counted)",
-                  p->c.url);
-    return 1;
-}
-
 /* Start one operation of a delivery unless the pusher is stopping, then
  * wait for it.  Starting under the mutex orders it against destroy, which
  * lets a running operation end (or cancels it after a grace) before it
  * closes the socket: libnng 1.5.2 can hang in nng_close() when a context
  * operation is still pending.  *silent: a receive whose connection was
- * closed by pusher_drop_silent. */
+ * closed by conn_drop_silent. */
 static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, nng_aio *), nng_ctx *ctx, int *silent)
 {
     pthread_mutex_lock(&p->mu);
@@ -1424,7 +1421,7 @@ static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, n
         struct timespec ts = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)};
         if (pthread_cond_timedwait(&p->dcv, &p->dmu, &ts) == ETIMEDOUT && silent && !*silent && !p->ddone) {
             pthread_mutex_unlock(&p->dmu);
-            *silent = pusher_drop_silent(p);
+            *silent = conn_drop_silent(&p->watch, p->c.url);
             pthread_mutex_lock(&p->dmu);
         }
     }
@@ -1433,7 +1430,7 @@ static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, n
 }
 
 /* Deliver one event (consumed) and wait for the puller's answer.  On a connection that never
- * answered, a copy is kept: if the connection is closed as silent (pusher_drop_silent), the
+ * answered, a copy is kept: if the connection is closed as silent (conn_drop_silent), the
  * puller never took the event, and it goes again on the next connection (twice at most). */
 static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
 {
@@ -1455,8 +1452,7 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
     pthread_mutex_unlock(&p->mu);
     for (int attempt = 0;; attempt++) {
         nng_msg *copy = NULL;
-        uint32_t pid = atomic_load(&p->pipe_id); /* 0: none yet (the send waits for one) */
-        if (p->ipc && attempt < 2 && (!pid || pid != atomic_load(&p->answered_pipe)) && nng_msg_dup(&copy, m) != 0)
+        if (p->watch.ipc && attempt < 2 && conn_unproven(&p->watch) && nng_msg_dup(&copy, m) != 0)
             copy = NULL;
         int silent = 0;
         nng_aio_set_msg(aio, m);
@@ -1464,7 +1460,7 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
             nng_msg_free(nng_aio_get_msg(aio));
         } else if ((rv = pusher_op(p, aio, start_ctx_recv, &ctx, &silent)) == 0) {
             nng_msg *r = nng_aio_get_msg(aio);
-            atomic_store(&p->answered_pipe, (uint32_t)nng_pipe_id(nng_msg_get_pipe(r)));
+            conn_watch_answered(&p->watch, r);
             duet_envelope_t *reply = NULL;
             duet_err_t err = {0};
             if (duet_msg_decode(nng_msg_body(r), nng_msg_len(r), &p->c.lim, &reply, &err) != DUET_OK)
@@ -1610,8 +1606,7 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
     }
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    p->ipc = strncmp(p->c.url, "ipc://", 6) == 0;
-    p->created_ns = duet_time_ns();
+    conn_watch_init(&p->watch, p->c.url);
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->dmu, NULL);
     pthread_cond_init(&p->dcv, &ca);
@@ -1712,7 +1707,7 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     if (p->thread_started)
         pthread_join(p->thread, NULL);
     *pp = NULL;
-    wait_fresh_connection(p->ipc, p->created_ns, &p->pipe_id);
+    conn_wait_fresh(&p->watch);
     if (close_bounded(p->sock, p->c.url) != 0)
         return; /* left behind */
     for (uint32_t i = 0; i < p->n; i++)

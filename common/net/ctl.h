@@ -81,10 +81,6 @@ unsigned long duet_ctl_timeouts_rescued(void);
  * connections until they are idle.  0 on a healthy run. */
 unsigned long duet_ctl_listener_restarts(void);
 
-/* Errors of an ipc listener after which a probe found it still accepting (NNG went on by itself:
- * a client that left just after the handshake); the listener was kept. */
-unsigned long duet_ctl_listener_errors_survived(void);
-
 /* ipc connections of this process's clients closed (and dialed again) because no reply ever came
  * on them and a call timed out a second or more after they came up (a server's stopped listener
  * took them).  0 on a healthy run. */
