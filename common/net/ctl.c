@@ -1047,6 +1047,7 @@ typedef struct {
     atomic_uint pipe_id;      /* the connection now, 0: none */
     _Atomic uint64_t up_ns;   /* since when it is up */
     atomic_uint answered;     /* the last connection a reply came on */
+    atomic_uint dropped;      /* the last one conn_drop_silent closed */
     int ipc;
     uint64_t created_ns;
 } conn_watch_t;
@@ -1073,10 +1074,15 @@ static void conn_watch_event(conn_watch_t *w, nng_pipe pipe, nng_pipe_ev ev)
     }
 }
 
-/* A reply (an answer) came in m. */
-static void conn_watch_answered(conn_watch_t *w, nng_msg *m)
+/* A reply (an answer) came in m; 0 when it came on a connection conn_drop_silent has closed
+ * (closing is not at once: a slow server's reply can still come on it), which does not count. */
+static int conn_watch_answered(conn_watch_t *w, nng_msg *m)
 {
-    atomic_store(&w->answered, (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)));
+    uint32_t id = (uint32_t)nng_pipe_id(nng_msg_get_pipe(m));
+    if (id == atomic_load(&w->dropped))
+        return 0;
+    atomic_store(&w->answered, id);
+    return 1;
 }
 
 /* Whether the connection now is not one that answered before (none yet counts). */
@@ -1094,6 +1100,7 @@ static int conn_drop_silent(conn_watch_t *w, const char *url)
         duet_time_ns() - atomic_load(&w->up_ns) < (uint64_t)CTL_SILENT_PIPE_MS * 1000000u ||
         !atomic_compare_exchange_strong(&w->pipe_id, &id, 0))
         return 0;
+    atomic_store(&w->dropped, id);
     nng_pipe p = NNG_PIPE_INITIALIZER;
     p.id = id;
     nng_pipe_close(p);
@@ -1266,8 +1273,8 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         goto err_ctx;
     }
     m = nng_aio_get_msg(aio);
-    conn_watch_answered(&c->watch, m);
-    atomic_store(&c->was_up, 1);
+    if (conn_watch_answered(&c->watch, m))
+        atomic_store(&c->was_up, 1);
     st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &c->c.lim, &rep, err);
     nng_msg_free(m);
     if (st) {
@@ -1460,7 +1467,7 @@ static int pusher_deliver(duet_ctl_pusher_t *p, nng_msg *m)
             nng_msg_free(nng_aio_get_msg(aio));
         } else if ((rv = pusher_op(p, aio, start_ctx_recv, &ctx, &silent)) == 0) {
             nng_msg *r = nng_aio_get_msg(aio);
-            conn_watch_answered(&p->watch, r);
+            (void)conn_watch_answered(&p->watch, r);
             duet_envelope_t *reply = NULL;
             duet_err_t err = {0};
             if (duet_msg_decode(nng_msg_body(r), nng_msg_len(r), &p->c.lim, &reply, &err) != DUET_OK)
