@@ -991,6 +991,13 @@ static void group_matmul(ck_t *ck)
     case_matmul_wide(ck, 4096, 8192, 0, 4096, 4096);   /* wo_b */
     case_matmul_wide(ck, 1000, 1024, 64, 1000, 130);   /* rows past a block's end, a partial token tile */
     case_matmul_wide(ck, 2048, 4096, 128, 2048, 128);  /* one tile; f32-free ue8m0 scales on a row range */
+    /* fp8 at a decode step's sizes (17-32 tokens) through the same entry: on sm_90 the kernel of a
+     * loading warp and computing warpgroups (four, two or one a block), the decode kernel's bits */
+    case_matmul_wide(ck, 32768, 1024, 0, 32768, 32);   /* wq_b: four warpgroups */
+    case_matmul_wide(ck, 4096, 8192, 0, 4096, 32);     /* wo_b: four, eight chunks along the columns */
+    case_matmul_wide(ck, 4096, 2048, 0, 4096, 32);     /* the shared expert's w2: one, two chunks */
+    case_matmul_wide(ck, 16384, 1024, 16, 16360, 29);  /* two; rows off the grid, a partial block and tile */
+    case_matmul_wide(ck, 4096, 1152, 0, 4096, 17);     /* one; nine units: a chunk of one */
 }
 
 /* Several weights times one x in one launch (duet_cuda_matmul_multi): each part against the
@@ -1090,6 +1097,9 @@ static void group_matmul_multi(ck_t *ck)
     /* prefill sizes: fp8 parts on a 64-row boundary take the wide tiles, x split once for them */
     case_matmul_multi(ck, DUET_DT_F8_E4M3, 4096, 7, r7, z7, r7, 300);
     case_matmul_multi(ck, DUET_DT_F8_E4M3, 512, 3, rr, rb, re, 200); /* one part on the decode kernel */
+    /* a decode step's size: the large part on the loading-warp kernel, the small one on the decode kernel */
+    static const int rw[2] = {16384, 256}, zw[2] = {0};
+    case_matmul_multi(ck, DUET_DT_F8_E4M3, 1024, 2, rw, zw, rw, 32);
 }
 
 static void group_matmul_lt(ck_t *ck)

@@ -15,6 +15,8 @@
  * fp8 activations (duet_cuda_matmul_fp8_act): quantize x per 1×128, then
  * cuBLASLt's block-scaled e4m3 GEMM. */
 #include <type_traits>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "exact.cuh"
 #include "common.cuh"
@@ -2832,6 +2834,439 @@ static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group
     return wide_kernel_launch<WT_F8, true>(c, grid, a, g, img, xsc, npad);
 }
 
+/* ---- dense fp8 launches of a decode step's size: a loading warp and computing warpgroups ----
+ *
+ * The decode kernel's blocks (one warpgroup, 128 rows) each split x again every unit and walk a
+ * chain of copy wait, barrier, split, conversion, MMAs and their wait, two blocks an SM: at 32
+ * tokens its fp8 launches read their weights at a third of copy bandwidth, waiting on that
+ * chain (docs/PERF.md, "x split once and multicast to a cluster of blocks").  Here x is split
+ * once ahead (wide_split: the same h16_split, so the same bits), and a block's roles are apart:
+ * one thread of a loading warp only copies (the tensor memory accelerator: a unit's rows of the
+ * block as one 2D box of a tensor map, the tile's split x image as another, its scales as a
+ * bulk copy, all counted by the stage's full barrier; a copy of 128 bytes a row measured three
+ * times slower than the decode kernel, each copy an instruction of the copy unit); warpgroups of
+ * 64 TC_WS_MT rows each only compute, each on its own, with no barrier across the block: a
+ * warpgroup waits for a stage's full barrier, converts its rows to fp16 operands, issues the
+ * unit's MMAs (wgmma m64n32k16, B from the stage's image) and arrives at the stage's empty
+ * barrier once they are done.  TC_WS_STAGES stages are in flight.  A block takes one chunk of
+ * TC_CHUNK_UNITS units (a launch of more columns is split along them), so it keeps no running
+ * total past the chunk's.  The arithmetic is the decode kernel's, in its order (a unit's
+ * partial over k-steps and parts, times the block scale and the token's x scale into the
+ * chunk's; the chunks' partials added in order to 0), so every output has the decode kernel's
+ * bits.  n from TC_WS_MIN_N to 32 tokens (one tile of 32; 0: never), sm_90a. */
+#ifndef TC_WS_MIN_N
+#define TC_WS_MIN_N 17
+#endif
+#ifndef TC_WS_STAGES
+#define TC_WS_STAGES 4
+#endif
+/* m64 row tiles a warpgroup: 1 (four warpgroups a block, 96 registers) or 2 (two warpgroups,
+ * 168 registers); a build setting, for timing variants */
+#ifndef TC_WS_MT
+#define TC_WS_MT 1
+#endif
+/* The forms a launch may take: WS_WGS_MAX warpgroups a block, or half, or a quarter; the most
+ * whose blocks number at least TC_WS_MIN_FILL percent of the SMs.  A launch that no form fills
+ * that far keeps the decode kernel. */
+#ifndef TC_WS_MIN_FILL
+#define TC_WS_MIN_FILL 90
+#endif
+#ifndef TC_WS_WGS_MAX
+#define TC_WS_WGS_MAX (4 / TC_WS_MT)
+#endif
+#define WS_WGS_MAX TC_WS_WGS_MAX
+#define WS_TOK 32 /* tokens a tile: wgmma's N */
+static_assert(TC_WS_STAGES >= 2 && TC_WS_STAGES <= 8 && (TC_WS_MT == 1 || TC_WS_MT == 2) &&
+                  (WS_WGS_MAX == 1 || WS_WGS_MAX == 2 || WS_WGS_MAX * TC_WS_MT == 4),
+              "two to eight stages; one or two row tiles a warpgroup, at most 256 rows a block");
+template <int WGS> struct ws_form {
+    static constexpr int ROWS = 64 * TC_WS_MT * WGS, THREADS = 128 * WGS + 32;
+    static constexpr int WB = ROWS * 128;       /* a stage's weights: its rows' unit, 128 bytes each */
+    static constexpr int BB = 32 * WS_TOK * 16; /* the unit's split x: 32 runs of the tile's tokens */
+    static constexpr int SB = WS_TOK * 4;       /* the tokens' x scales */
+    static constexpr int STAGE = WB + BB + SB;
+    static constexpr int SMEM = 256 + TC_WS_STAGES * STAGE; /* barriers first, stages from a 128-byte boundary */
+    static_assert(ROWS <= 256 && STAGE % 128 == 0 && WB % 128 == 0 && BB % 128 == 0, "a box, stages on 128 bytes");
+};
+static_assert(ws_form<WS_WGS_MAX>::SMEM <= 227 * 1024, "the largest form's stages fit an SM");
+
+__device__ __forceinline__ void mb_init(uint32_t b, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_expect(uint32_t b, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t b)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
+}
+/* Wait for the phase of parity `parity` of barrier b to complete.  Bounded: a phase that has
+ * not completed after 4 s of waiting traps (the launch fails and the host reports the lost
+ * GPU) where it would otherwise hold the SM forever. */
+__device__ __forceinline__ void mb_wait(uint32_t b, unsigned parity)
+{
+    unsigned long long t0 = 0;
+    for (unsigned i = 1;; i++) {
+        uint32_t ok;
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok)
+                     : "r"(b), "r"(parity)
+                     : "memory");
+        if (ok)
+            return;
+        if ((i & 1023) == 0) {
+            unsigned long long now;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            if (!t0)
+                t0 = now;
+            else if (now - t0 > 4000000000ull)
+                __trap();
+        }
+    }
+}
+/* box (c0, c1) of 2D tensor map tm to shared dst (128-byte aligned), counted on barrier bar */
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3}], [%4];" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+/* bytes (a multiple of 16) from global src to shared dst, counted on barrier bar */
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, unsigned bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+template <int WGS>
+__global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
+    gemv_ws_kernel(gemv_args a, tc_split sp, const __grid_constant__ CUtensorMap wmap,
+                   const __grid_constant__ CUtensorMap xmap, const float *xsc_all, int npad)
+{
+#if TC_HAVE_WGMMA
+    using F = ws_form<WGS>;
+    constexpr int S = TC_WS_STAGES, MT = TC_WS_MT;
+    extern __shared__ __align__(128) uint8_t wsm_[];
+    /* full[s] at 8 s, empty[s] at 8 (S + s), the reduction's flag at 8 * 2 S; the stages from the
+     * next 128-byte boundary on */
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(wsm_);
+    const uint32_t st0 = (bar0 + 128 + 127) & ~127u;
+    uint8_t *const stg = wsm_ + (st0 - bar0);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int units = a.cols / 128, ub = blockIdx.z * TC_CHUNK_UNITS, nu = min(TC_CHUNK_UNITS, units - ub);
+    const int rb = a.row_begin + blockIdx.x * F::ROWS, p0 = blockIdx.y * WS_TOK, m = min(a.n - p0, WS_TOK);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            mb_init(bar0 + 8 * s, 1);
+            mb_init(bar0 + 8 * (S + s), 4 * WGS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == 4 * WGS) {
+        /* the loading warp's first lane: a unit's rows of the block (rows past the weight's range
+         * arrive as zeros), then the unit's runs of the split x and the tile's scales */
+        if (lane != 0)
+            duet_pdl_wait();
+        else {
+            auto weights = [&](int u, uint32_t st, uint32_t full) { tma_2d(st, &wmap, 128 * u, rb, full); };
+            auto xpart = [&](int u, uint32_t st, uint32_t full) {
+                tma_2d(st + F::WB, &xmap, 2 * p0, 32 * u, full);
+                bulk_g2s(st + F::WB + F::BB, xsc_all + (size_t)u * npad + p0, F::SB, full);
+            };
+            /* the first stages' weights before the wait for the kernel ahead (no operation writes
+             * them), their split x after it */
+            const int pre = min(S, nu);
+            for (int i = 0; i < pre; i++) {
+                mb_expect(bar0 + 8 * i, F::STAGE);
+                weights(ub + i, st0 + i * F::STAGE, bar0 + 8 * i);
+            }
+            duet_pdl_wait();
+            for (int i = 0; i < pre; i++)
+                xpart(ub + i, st0 + i * F::STAGE, bar0 + 8 * i);
+            for (int i = pre; i < nu; i++) {
+                int s = i % S;
+                uint32_t st = st0 + s * F::STAGE, full = bar0 + 8 * s;
+                mb_wait(bar0 + 8 * (S + s), (unsigned)(i / S - 1) & 1u);
+                mb_expect(full, F::STAGE);
+                weights(ub + i, st, full);
+                xpart(ub + i, st, full);
+            }
+        }
+    } else {
+        duet_pdl_wait(); /* y may be read by the kernels ahead */
+        /* warpgroup wg's row tiles mt, warp wq's 16 rows of each: the lane's rows rg[mt], rg[mt] + 8 */
+        const int wg = warp >> 2, wq = warp & 3, gr = lane >> 2, tq = lane & 3, odd = gr & 1;
+        int rg[MT];
+        size_t sc0[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            rg[mt] = 64 * (MT * wg + mt) + 16 * wq + gr;
+            sc0[mt] = (size_t)(min(rb + rg[mt], a.row_end - 1) / 128) * a.scale_cols; /* its 128-row block's scales */
+        }
+        float part[MT][4][4], pc[MT][4][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    part[mt][t][e] = pc[mt][t][e] = 0.0f;
+        for (int i = 0; i < nu; i++) {
+            const int u = ub + i, s = i % S;
+            float ws[MT];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ws[mt] = scale_load(a.scale, a.scale_f32, sc0[mt] + u);
+            mb_wait(bar0 + 8 * s, (unsigned)(i / S) & 1u);
+            const uint8_t *st = stg + s * F::STAGE;
+            uint32_t wa[MT][8][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                /* the rows' 16-byte chunks tq and 4 + tq; odd rows read the second first, so that a
+                 * quarter warp's two rows fall on distinct banks */
+                const uint8_t *r0 = st + 128 * rg[mt] + 16 * tq, *r1 = r0 + 128 * 8;
+                uint4 a0 = *reinterpret_cast<const uint4 *>(r0 + 64 * odd);
+                uint4 b0 = *reinterpret_cast<const uint4 *>(r0 + 64 * (odd ^ 1));
+                uint4 a1 = *reinterpret_cast<const uint4 *>(r1 + 64 * odd);
+                uint4 b1 = *reinterpret_cast<const uint4 *>(r1 + 64 * (odd ^ 1));
+                uint4 w0[2] = {odd ? b0 : a0, odd ? a0 : b0}, w1[2] = {odd ? b1 : a1, odd ? a1 : b1};
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        uint32_t x0 = u4_word(w0[j], q), x1 = u4_word(w1[j], q);
+                        int ks = 4 * j + q;
+                        wa[mt][ks][0] = f8_pair_h16(x0 & 0xffffu);
+                        wa[mt][ks][1] = f8_pair_h16(x1 & 0xffffu);
+                        wa[mt][ks][2] = f8_pair_h16(x0 >> 16);
+                        wa[mt][ks][3] = f8_pair_h16(x1 >> 16);
+                    }
+            }
+            const uint32_t bbase = st0 + s * F::STAGE + F::WB;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        wg_keep(part[mt][t][e]);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < 8; ks++)
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    uint32_t addr = bbase + (ks * 2 + p) * 2 * (WS_TOK * 16);
+                    uint64_t desc = (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)((WS_TOK * 16) >> 4) << 16 |
+                                    (uint64_t)(8 * 16 >> 4) << 32;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+                        wg_mma<WT_F8>(part[mt], wa[mt][ks], desc);
+                }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        wg_keep(part[mt][t][e]);
+#pragma unroll
+                for (int ks = 0; ks < 8; ks++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        wg_keep(wa[mt][ks][r]);
+            }
+            const float *xsc = reinterpret_cast<const float *>(st + F::WB + F::BB);
+            float xa[4], xb[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                xa[t] = xsc[8 * t + 2 * tq];
+                xb[t] = xsc[8 * t + 2 * tq + 1];
+            }
+            __syncwarp();
+            if (lane == 0)
+                mb_arrive(bar0 + 8 * (S + s));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        pc[mt][t][e] = fmaf(part[mt][t][e], ws[mt] * ((e & 1) ? xb[t] : xa[t]), pc[mt][t][e]);
+                        part[mt][t][e] = 0.0f;
+                    }
+        }
+        /* the chunk's total (the decode kernel's running total, from 0), to y, or when the launch is
+         * split along the columns to the chunk's partial */
+        int m_out = a.row_end - a.row_begin;
+        float *dst = sp.chunks <= 1 ? a.y : sp.part + blockIdx.z * (size_t)a.n * m_out;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int row = rb + rg[mt] + 8 * (e >> 1), tok = 8 * t + 2 * tq + (e & 1);
+                    if (row < a.row_end && tok < m)
+                        dst[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = fmaf(pc[mt][t][e], 1.0f, 0.0f);
+                }
+    }
+    if (sp.chunks <= 1)
+        return;
+    /* the tile's last block to finish adds the chunks' partials in order: a thread a row */
+    __threadfence();
+    __syncthreads();
+    int *last = reinterpret_cast<int *>(wsm_ + 16 * S);
+    const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0)
+        *last = atomicAdd(sp.count + tile_id, 1) == sp.chunks - 1;
+    __syncthreads();
+    if (!*last)
+        return;
+    __threadfence();
+    int m_out = a.row_end - a.row_begin;
+    size_t plane = (size_t)a.n * m_out;
+    /* a thread a row and half of the tile's tokens (the other half in a second pass) */
+    constexpr int H = WS_TOK / 2;
+    for (int r = threadIdx.x; r < 2 * F::ROWS; r += F::THREADS) {
+        int row = rb + r % F::ROWS, k0 = H * (r / F::ROWS);
+        if (row >= a.row_end || k0 >= m)
+            continue;
+        size_t o = (size_t)(p0 + k0) * m_out + (row - a.row_begin);
+        float v[H];
+#pragma unroll
+        for (int k = 0; k < H; k++)
+            v[k] = 0.0f;
+#pragma unroll 2
+        for (int z = 0; z < sp.chunks; z++) {
+            const float *pz = sp.part + z * plane + o;
+            float p[H];
+#pragma unroll
+            for (int k = 0; k < H; k++)
+                p[k] = k0 + k < m ? __ldcg(pz + (size_t)k * m_out) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < H; k++)
+                v[k] += p[k];
+        }
+#pragma unroll
+        for (int k = 0; k < H; k++)
+            if (k0 + k < m)
+                a.y[o + (size_t)k * m_out] = v[k];
+    }
+    if (threadIdx.x == 0)
+        sp.count[tile_id] = 0;
+#endif
+}
+
+/* cuTensorMapEncodeTiled from the driver, looked up once (NULL where the driver has none) */
+static PFN_cuTensorMapEncodeTiled_v12000 ws_encoder()
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        (void)cudaGetLastError();
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+
+/* DUET_CUDA_WS=0 in the environment keeps the decode kernel for these launches (timing variants) */
+static bool ws_env_on()
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DUET_CUDA_WS");
+        on = !(e && e[0] == '0');
+    }
+    return on != 0;
+}
+
+/* The warpgroups a block of a launch of `rows` rows over `cols` columns takes (0: the launch keeps
+ * the decode kernel); every launch of more than a chunk is split along the chunks */
+static int ws_plan(const duet_cuda_t *c, int rows, int cols)
+{
+    long chunks = duet_cdiv((size_t)(cols / 128), TC_CHUNK_UNITS);
+    int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    for (int wgs = WS_WGS_MAX; wgs >= 1; wgs /= 2)
+        if ((long)duet_cdiv((size_t)rows, (size_t)(64 * TC_WS_MT * wgs)) * chunks * 100 >= (long)sms * TC_WS_MIN_FILL)
+            return wgs;
+    return 0;
+}
+
+/* fp8 weights in the checkpoint's layout at TC_WS_MIN_N to 32 tokens, sm_90 */
+static bool ws_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n)
+{
+    return TC_WS_MIN_N > 0 && n >= TC_WS_MIN_N && n <= WS_TOK && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
+           wide_arch(c) && w->cols % 128 == 0 && row_begin % 16 == 0 && (uintptr_t)x % 16 == 0 &&
+           (uintptr_t)w->data % 16 == 0 && ws_env_on() && row_end > row_begin &&
+           ws_plan(c, row_end - row_begin, w->cols) > 0 && ws_encoder();
+}
+
+/* A 2D tensor map of `d1` rows of `d0` elements (`esize` bytes each) `stride` bytes apart, boxes of
+ * b0 x b1; elements past its end read as zeros */
+static duet_status_t ws_map(duet_cuda_t *c, CUtensorMap *m, const void *base, CUtensorMapDataType type, uint64_t d0,
+                            uint64_t d1, uint64_t stride, uint32_t b0, uint32_t b1)
+{
+    cuuint64_t dims[2] = {d0, d1}, strides[1] = {stride};
+    cuuint32_t box[2] = {b0, b1}, es[2] = {1, 1};
+    CUresult r = ws_encoder()(m, type, 2, const_cast<void *>(base), dims, strides, box, es,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return duet_cuda_failf(c, DUET_ERR_CUDA, "matmul: tensor map of %llu x %llu (stride %llu, box %u x %u): error %d",
+                               (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)stride, b0, b1,
+                               (int)r);
+    return DUET_OK;
+}
+
+template <int WGS>
+static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const uint8_t *img, const float *xsc, int npad)
+{
+    using F = ws_form<WGS>;
+    DUET_TRY(tc_smem(c, gemv_ws_kernel<WGS>, F::SMEM, WIDE_SMEM_BIT + 4 + (WGS == 4 ? 2 : WGS == 2 ? 1 : 0)));
+    int rows = a.row_end - a.row_begin, units = a.cols / 128;
+    int chunks = (int)duet_cdiv((size_t)units, TC_CHUNK_UNITS);
+    /* the weight's rows 0 .. row_end - 1 (boxes of a unit's 128 bytes by the block's rows); the
+     * split x as [unit][run] rows of npad positions' 16 bytes (boxes of 32 positions by 32 runs) */
+    CUtensorMap wmap, xmap;
+    DUET_TRY(ws_map(c, &wmap, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, (uint64_t)a.cols, (uint64_t)a.row_end, a.row_bytes,
+                    128, F::ROWS));
+    DUET_TRY(ws_map(c, &xmap, img, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2 * (uint64_t)npad, 32 * (uint64_t)units,
+                    16 * (uint64_t)npad, 2 * WS_TOK, 32));
+    unsigned row_blocks = duet_cdiv((size_t)rows, F::ROWS);
+    tc_split sp = tc_split{NULL, NULL, 1};
+    if (chunks > 1) {
+        DUET_TRY(tc_split_buffers(c, sizeof(float) * (size_t)chunks * a.n * rows, (int)row_blocks, &sp));
+        sp.chunks = chunks;
+    }
+    dim3 grid(row_blocks, duet_cdiv((size_t)a.n, WS_TOK), chunks);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_ws_kernel<WGS>, grid, dim3(F::THREADS), F::SMEM, a, sp, wmap, xmap,
+                                        xsc, npad));
+    return DUET_OK;
+}
+
+/* A launch on x split by wide_split<WT_F8> (ws_ok's shapes) */
+static duet_status_t ws_run(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n,
+                            float *y, const uint8_t *img, const float *xsc, int npad)
+{
+    gemv_args a;
+    gemv_args_of(w, row_begin, row_end, x, n, y, &a);
+    switch (ws_plan(c, row_end - row_begin, w->cols)) {
+    case 4: return ws_launch_form<WS_WGS_MAX == 4 ? 4 : 1>(c, a, img, xsc, npad);
+    case 2: return ws_launch_form<2>(c, a, img, xsc, npad);
+    default: return ws_launch_form<1>(c, a, img, xsc, npad);
+    }
+}
+
 extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x)
 {
     if (weight_kind(w) < 0)
@@ -2847,6 +3282,14 @@ extern "C" duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_w
     if (c->exact)
         return duet_cuda_exact_matmul(c, w, row_begin, row_end, x, n, y);
     if (duet_cuda_matmul_invariant_tc(w, row_begin, x)) {
+        if (ws_ok(c, w, row_begin, row_end, x, n)) {
+            DUET_TRY(check_args(c, w, row_begin, row_end, n));
+            const uint8_t *img = NULL;
+            const float *xsc = NULL;
+            int npad = 0;
+            DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, w->cols, &img, &xsc, &npad));
+            return ws_run(c, w, row_begin, row_end, x, n, y, img, xsc, npad);
+        }
         if (wide_ok(c, w, row_begin, x, n)) {
             DUET_TRY(check_args(c, w, row_begin, row_end, n));
             return wide_launch<WT_F8>(c, w, row_begin, row_end, x, n, y);
@@ -2890,21 +3333,27 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
         DUET_TRY(check_args(c, parts[i].w, parts[i].row_begin, parts[i].row_end, n));
     if (n == 0)
         return DUET_OK;
-    /* the parts that the wide tiles take (fp8 at prefill sizes) there, x split once for them all:
-     * each part's bits are those of its own launch either way */
+    /* the parts that the wide tiles take (fp8 at prefill sizes) or the loading-warp kernel (fp8 at
+     * a decode step's) there, x split once for them all: each part's bits are those of its own
+     * launch either way */
     duet_cuda_mm_part_t rest[DUET_CUDA_MULTI_MAX];
     int n_rest = 0;
     const uint8_t *img = NULL;
     const float *xsc = NULL;
     int npad = 0;
     for (int i = 0; i < n_parts; i++) {
-        if (!wide_ok(c, parts[i].w, parts[i].row_begin, x, n)) {
+        bool ws = ws_ok(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n);
+        if (!ws && !wide_ok(c, parts[i].w, parts[i].row_begin, x, n)) {
             rest[n_rest++] = parts[i];
             continue;
         }
         if (!img)
             DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, parts[i].w->cols, &img, &xsc, &npad));
-        DUET_TRY(wide_run<WT_F8>(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc, npad));
+        if (ws)
+            DUET_TRY(ws_run(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc, npad));
+        else
+            DUET_TRY(
+                wide_run<WT_F8>(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n, parts[i].y, img, xsc, npad));
     }
     if (n_rest == 0)
         return DUET_OK;
