@@ -1097,8 +1097,10 @@ static void group_matmul_multi(ck_t *ck)
     /* prefill sizes: fp8 parts on a 64-row boundary take the wide tiles, x split once for them */
     case_matmul_multi(ck, DUET_DT_F8_E4M3, 4096, 7, r7, z7, r7, 300);
     case_matmul_multi(ck, DUET_DT_F8_E4M3, 512, 3, rr, rb, re, 200); /* one part on the decode kernel */
-    /* a decode step's size: the large part on the loading-warp kernel, the small one on the decode kernel */
-    static const int rw[2] = {16384, 256}, zw[2] = {0};
+    /* a decode step's size: both parts on the loading-warp kernel (the shared expert's w1 and w3);
+     * one part it would take beside one it would not: both on the decode kernel */
+    static const int rw[2] = {16384, 256}, zw[2] = {0}, rs[2] = {2048, 2048};
+    case_matmul_multi(ck, DUET_DT_F8_E4M3, 4096, 2, rs, z2, rs, 32);
     case_matmul_multi(ck, DUET_DT_F8_E4M3, 1024, 2, rw, zw, rw, 32);
 }
 

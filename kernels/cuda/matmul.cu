@@ -3341,8 +3341,13 @@ extern "C" duet_status_t duet_cuda_matmul_multi(duet_cuda_t *c, const duet_cuda_
     const uint8_t *img = NULL;
     const float *xsc = NULL;
     int npad = 0;
+    /* the loading-warp kernel only where it takes every part: beside a decode-kernel launch for
+     * the rest it measured slower than one launch for all (docs/PERF.md) */
+    bool all_ws = true;
+    for (int i = 0; i < n_parts; i++)
+        all_ws = all_ws && ws_ok(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n);
     for (int i = 0; i < n_parts; i++) {
-        bool ws = ws_ok(c, parts[i].w, parts[i].row_begin, parts[i].row_end, x, n);
+        bool ws = all_ws;
         if (!ws && !wide_ok(c, parts[i].w, parts[i].row_begin, x, n)) {
             rest[n_rest++] = parts[i];
             continue;
