@@ -1120,6 +1120,7 @@ static void conn_wait_fresh(conn_watch_t *w)
         nng_msleep(2);
 }
 
+#define CTL_CLIENT_PIPES 8 /* connections a client tracks by id */
 struct duet_ctl_client {
     common_t c;
     nng_socket sock;
@@ -1127,6 +1128,7 @@ struct duet_ctl_client {
     nng_ctx *pool;
     int n_pool, cap_pool;
     atomic_int n_pipes; /* connections to the server now (0 or 1 with one dialer) */
+    atomic_uint pipe_ids[CTL_CLIENT_PIPES]; /* their ids (0: a free slot) */
     atomic_int was_up;  /* a reply came once: the server was there (a connection a stopped listener
                            took, closed before it answered, is not a server that went away) */
     conn_watch_t watch;
@@ -1138,14 +1140,27 @@ struct duet_ctl_client {
  * pipe to go to (a router's Abort to a worker that ended held its call thread the full deadline).
  * The dialer keeps redialling; a server back on the address takes calls again. */
 #define CTL_SEND_SLICE_MS 50
+/* A connection counts from its ADD_POST to its REM_POST.  libnng 1.5.2 also runs REM_POST for a
+ * connection that closed between ADD_PRE and ADD_POST (a handshake cut short: common on a loaded
+ * host), so the count goes by the ids that came up: a REM_POST of any other id is not one of
+ * ours, where decrementing for it left the count at 0 with a live connection and every call
+ * failing at once with PEER. */
 static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     duet_ctl_client_t *c = arg;
+    unsigned id = (unsigned)nng_pipe_id(pipe);
     conn_watch_event(&c->watch, pipe, ev);
-    if (ev == NNG_PIPE_EV_ADD_POST)
+    if (id == 0 || (ev != NNG_PIPE_EV_ADD_POST && ev != NNG_PIPE_EV_REM_POST))
+        return;
+    for (int i = 0; i < CTL_CLIENT_PIPES; i++) {
+        unsigned want = ev == NNG_PIPE_EV_ADD_POST ? 0 : id;
+        if (atomic_compare_exchange_strong(&c->pipe_ids[i], &want, ev == NNG_PIPE_EV_ADD_POST ? id : 0)) {
+            atomic_fetch_add(&c->n_pipes, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
+            return;
+        }
+    }
+    if (ev == NNG_PIPE_EV_ADD_POST) /* more connections than slots (one dialer makes one at a time) */
         atomic_fetch_add(&c->n_pipes, 1);
-    else if (ev == NNG_PIPE_EV_REM_POST)
-        atomic_fetch_sub(&c->n_pipes, 1);
 }
 
 static int client_ctx_get(duet_ctl_client_t *c, nng_ctx *ctx)

@@ -873,6 +873,7 @@ static void test_puller_garbage(void **state)
     nng_socket raw;
     assert_int_equal(nng_req0_open(&raw), 0);
     assert_int_equal(nng_socket_set_ms(raw, NNG_OPT_RECVTIMEO, 3000), 0);
+    assert_int_equal(nng_socket_set_ms(raw, NNG_OPT_SENDTIMEO, 3000), 0); /* no send waits for ever */
     assert_int_equal(nng_dial(raw, url, NULL, 0), 0);
     duet_envelope_t *e = NULL;
     duet_err_t err = {0};
