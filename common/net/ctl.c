@@ -542,19 +542,22 @@ static const char *base_name(const char *path)
 #define CTL_PROBE_ACCEPT_MS 100 /* keeper_accepts: the header, then the accept (the serving thread waits) */
 /* A connection to the unix socket at path with the SP handshake done as a req peer (up to ms for
  * the server's header): the descriptor, -2 when nothing accepts there, -1 when something does but
- * the handshake did not complete. */
+ * the handshake did not complete (or its queue of connections is full). */
 static int unix_handshake(const char *path, uint64_t ms)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof a.sun_path)
         return -2;
     memcpy(a.sun_path, path, strlen(path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* non-blocking: a connect to a listener whose queue is full (one that stopped accepting,
+     * with clients redialling it) would otherwise wait until it has room, which may be never */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return -2;
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        int e = errno;
         close(fd);
-        return -2;
+        return e == EAGAIN || e == EWOULDBLOCK ? -1 : -2; /* a full queue: there, not accepting */
     }
     static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* SP, version 0, req0 (48) */
     uint8_t got[8];

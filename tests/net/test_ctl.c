@@ -530,6 +530,36 @@ static void test_listener_address(void **state)
     struct stat st;
     assert_int_not_equal(lstat(stale, &st), 0); /* removed */
     duet_ctl_server_destroy(&s);
+
+    /* a link to a listener that never accepts and whose queue is full (a process whose listener
+     * stopped, its clients redialling): a start refuses the address (its owner holds it) at once
+     * instead of waiting in connect(2) for room that never comes */
+    unlink(path); /* the link the server left, if any */
+    unlink(stale);
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 0), 0);
+    int q[4], nq = 0;
+    for (; nq < 4; nq++) { /* fill its queue */
+        q[nq] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (connect(q[nq], (struct sockaddr *)&a, sizeof a) != 0) {
+            assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+            close(q[nq]);
+            break;
+        }
+    }
+    assert_true(nq >= 1 && nq < 4);
+    assert_int_equal(symlink(strrchr(stale, '/') + 1, path), 0);
+    duet_ctl_opts_t o2 = {.url = url};
+    uint64_t t0 = duet_time_ns();
+    assert_int_equal(duet_ctl_server_create(&o2, worker_handler, NULL, &s2, &err), DUET_ERR_BUSY);
+    assert_true(elapsed_ms(t0) < 3000);
+    for (int i = 0; i < nq; i++)
+        close(q[i]);
+    close(lfd); /* the owner gone: the address is free again */
+    s = start_server(url, NULL);
+    assert_true(fresh_client_answered(url, 3000));
+    duet_ctl_server_destroy(&s);
 }
 
 /* The server, in a child process. */
