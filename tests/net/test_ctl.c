@@ -314,6 +314,7 @@ static void test_malformed_requests(void **state)
 typedef struct {
     const char *url;
     int n_ok;
+    char first_err[200]; /* the first failed call's error */
 } poll_client_t;
 
 static void *poll_client_main(void *arg)
@@ -323,9 +324,13 @@ static void *poll_client_main(void *arg)
     for (int i = 0; i < 20; i++) {
         duet_envelope_t *req = sample_msg(DUET__V1__ENVELOPE__BODY_RESERVE), *rep = NULL;
         duet_err_t err = {0};
-        if (duet_ctl_client_call(c, req, duet_deadline_after_ms(3000), &rep, &err) == DUET_OK &&
-            rep->body_case == DUET__V1__ENVELOPE__BODY_RESERVED)
+        uint64_t t0 = duet_time_ns();
+        duet_status_t st = duet_ctl_client_call(c, req, duet_deadline_after_ms(3000), &rep, &err);
+        if (st == DUET_OK && rep->body_case == DUET__V1__ENVELOPE__BODY_RESERVED)
             pc->n_ok++;
+        else if (!pc->first_err[0])
+            snprintf(pc->first_err, sizeof pc->first_err, "call %d after %llu ms: %s", i,
+                     (unsigned long long)elapsed_ms(t0), st ? duet_err_text(&err) : "another reply");
         duet_envelope_free(&rep);
         duet_envelope_free(&req);
     }
@@ -357,7 +362,7 @@ static void test_poll_mode(void **state)
     assert_int_equal(duet_ctl_server_poll(s, duet_deadline_after_ms(100), &n), DUET_OK);
     assert_true(elapsed_ms(t0) >= 90 && elapsed_ms(t0) < 100 + SLACK_MS);
 
-    poll_client_t pc = {url, 0};
+    poll_client_t pc = {url, 0, ""};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, poll_client_main, &pc), 0);
     uint32_t total = 0;
@@ -368,8 +373,10 @@ static void test_poll_mode(void **state)
     }
     pthread_join(th, NULL);
     if (total != 20 || pc.n_ok != 20)
-        fail_msg("served %u, answered %d of 20 (listener restarts %lu, client redials %lu, timeouts rescued %lu)",
-                 total, pc.n_ok, duet_ctl_listener_restarts(), duet_ctl_client_redials(), duet_ctl_timeouts_rescued());
+        fail_msg("served %u, answered %d of 20 (listener restarts %lu, client redials %lu, timeouts rescued %lu); "
+                 "first failure: %s",
+                 total, pc.n_ok, duet_ctl_listener_restarts(), duet_ctl_client_redials(), duet_ctl_timeouts_rescued(),
+                 pc.first_err);
 
     /* a threaded server cannot also be polled */
     assert_int_equal(duet_ctl_server_start_thread(s, &err), DUET_OK);
