@@ -1131,7 +1131,10 @@ struct duet_ctl_client {
     nng_ctx *pool;
     int n_pool, cap_pool;
     atomic_int n_pipes; /* connections to the server now (0 or 1 with one dialer) */
-    atomic_uint pipe_ids[CTL_CLIENT_PIPES]; /* their ids (0: a free slot) */
+    pthread_mutex_t pmu; /* guards the ids below */
+    unsigned pipe_ids[CTL_CLIENT_PIPES]; /* the connections counted (0: a free slot) */
+    unsigned gone_ids[CTL_CLIENT_PIPES]; /* the last ones that closed, a ring */
+    unsigned gone_next;
     atomic_int was_up;  /* a reply came once: the server was there (a connection a stopped listener
                            took, closed before it answered, is not a server that went away) */
     conn_watch_t watch;
@@ -1143,27 +1146,50 @@ struct duet_ctl_client {
  * pipe to go to (a router's Abort to a worker that ended held its call thread the full deadline).
  * The dialer keeps redialling; a server back on the address takes calls again. */
 #define CTL_SEND_SLICE_MS 50
-/* A connection counts from its ADD_POST to its REM_POST.  libnng 1.5.2 also runs REM_POST for a
- * connection that closed between ADD_PRE and ADD_POST (a handshake cut short: common on a loaded
- * host), so the count goes by the ids that came up: a REM_POST of any other id is not one of
- * ours, where decrementing for it left the count at 0 with a live connection and every call
- * failing at once with PEER. */
+/* A connection counts from its ADD_POST, or from the first reply that came on it, to its
+ * REM_POST.  libnng 1.5.2 runs REM_POST for every connection whose ADD_PRE ran, also one that
+ * closed before its ADD_POST (a handshake cut short: common on a loaded host), and runs ADD_POST
+ * on the thread that started the connection, which a loaded host may hold while requests and
+ * replies already go over it.  A plain counter of the two events therefore read 0 under a live
+ * connection (every call then failing at once with PEER), so the count goes by ids: an id that
+ * came up once (by its event or a reply on it) and has not closed. */
+static void client_pipe_up(duet_ctl_client_t *c, unsigned id)
+{
+    if (id == 0)
+        return;
+    pthread_mutex_lock(&c->pmu);
+    int seen = 0, free_at = -1;
+    for (int i = 0; i < CTL_CLIENT_PIPES; i++) {
+        seen |= c->pipe_ids[i] == id || c->gone_ids[i] == id;
+        if (free_at < 0 && c->pipe_ids[i] == 0)
+            free_at = i;
+    }
+    if (!seen) {
+        if (free_at >= 0) /* with one dialer there are one or two at a time */
+            c->pipe_ids[free_at] = id;
+        atomic_fetch_add(&c->n_pipes, 1);
+    }
+    pthread_mutex_unlock(&c->pmu);
+}
+
 static void client_pipe_event(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     duet_ctl_client_t *c = arg;
     unsigned id = (unsigned)nng_pipe_id(pipe);
     conn_watch_event(&c->watch, pipe, ev);
-    if (id == 0 || (ev != NNG_PIPE_EV_ADD_POST && ev != NNG_PIPE_EV_REM_POST))
-        return;
-    for (int i = 0; i < CTL_CLIENT_PIPES; i++) {
-        unsigned want = ev == NNG_PIPE_EV_ADD_POST ? 0 : id;
-        if (atomic_compare_exchange_strong(&c->pipe_ids[i], &want, ev == NNG_PIPE_EV_ADD_POST ? id : 0)) {
-            atomic_fetch_add(&c->n_pipes, ev == NNG_PIPE_EV_ADD_POST ? 1 : -1);
-            return;
-        }
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        client_pipe_up(c, id);
+    } else if (ev == NNG_PIPE_EV_REM_POST && id != 0) {
+        pthread_mutex_lock(&c->pmu);
+        c->gone_ids[c->gone_next++ % CTL_CLIENT_PIPES] = id;
+        for (int i = 0; i < CTL_CLIENT_PIPES; i++)
+            if (c->pipe_ids[i] == id) {
+                c->pipe_ids[i] = 0;
+                atomic_fetch_sub(&c->n_pipes, 1);
+                break;
+            }
+        pthread_mutex_unlock(&c->pmu);
     }
-    if (ev == NNG_PIPE_EV_ADD_POST) /* more connections than slots (one dialer makes one at a time) */
-        atomic_fetch_add(&c->n_pipes, 1);
 }
 
 static int client_ctx_get(duet_ctl_client_t *c, nng_ctx *ctx)
@@ -1207,6 +1233,7 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
     if (!c)
         return duet_err_set(err, DUET_ERR_NOMEM, "ctl client: out of memory");
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->pmu, NULL);
     if ((st = common_init(&c->c, o, err)))
         goto err_free;
     if ((rv = nng_req0_open(&c->sock))) {
@@ -1291,8 +1318,10 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         goto err_ctx;
     }
     m = nng_aio_get_msg(aio);
-    if (conn_watch_answered(&c->watch, m))
+    if (conn_watch_answered(&c->watch, m)) {
+        client_pipe_up(c, (unsigned)nng_pipe_id(nng_msg_get_pipe(m))); /* before its ADD_POST, maybe */
         atomic_store(&c->was_up, 1);
+    }
     st = duet_msg_decode(nng_msg_body(m), nng_msg_len(m), &c->c.lim, &rep, err);
     nng_msg_free(m);
     if (st) {
@@ -1351,6 +1380,7 @@ void duet_ctl_client_destroy(duet_ctl_client_t **cp)
     if (close_bounded(c->sock, c->c.url) == 0) { /* closes the pooled contexts too */
         free(c->pool);
         pthread_mutex_destroy(&c->mu);
+        pthread_mutex_destroy(&c->pmu);
         free(c);
     }
 }
