@@ -2860,14 +2860,18 @@ static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group
 #ifndef TC_WS_STAGES
 #define TC_WS_STAGES 4
 #endif
-/* m64 row tiles a warpgroup: 1 (four warpgroups a block, 96 registers) or 2 (two warpgroups,
- * 168 registers); a build setting, for timing variants */
+/* m64 row tiles a warpgroup: 1 (four warpgroups a block, 96 registers: a block's 17 warps put
+ * five on one scheduler, whose quarter of the register file holds them) or 2 (two warpgroups,
+ * 151 registers; on the H200 the same for wq_b, 8% slower for wo_b, docs/PERF.md); a build
+ * setting, for timing variants */
 #ifndef TC_WS_MT
 #define TC_WS_MT 1
 #endif
 /* The forms a launch may take: WS_WGS_MAX warpgroups a block, or half, or a quarter; the most
  * whose blocks number at least TC_WS_MIN_FILL percent of the SMs.  A launch that no form fills
- * that far keeps the decode kernel. */
+ * that far keeps the decode kernel (at 40% the small projections of a layer came here too, and
+ * their multi launch took 44 us instead of 23; at most two or one warpgroups a block measured
+ * 8-9% slower on wq_b and wo_b). */
 #ifndef TC_WS_MIN_FILL
 #define TC_WS_MIN_FILL 90
 #endif
