@@ -2871,7 +2871,7 @@ static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group
  * whose blocks number at least TC_WS_MIN_FILL percent of the SMs.  A launch that no form fills
  * that far keeps the decode kernel (at 40% the small projections of a layer came here too, and
  * their multi launch took 44 us instead of 23; at most two or one warpgroups a block measured
- * 8-9% slower on wq_b and wo_b). */
+ * 5-9% slower on wq_b and wo_b). */
 #ifndef TC_WS_MIN_FILL
 #define TC_WS_MIN_FILL 90
 #endif
