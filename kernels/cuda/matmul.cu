@@ -2946,6 +2946,19 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, unsigned
                  : "memory");
 }
 
+/* f(mt, j, k) over a warpgroup's [MT][J][4] values (an accumulator's [row tile][8-token tile][4],
+ * or the A operands' [row tile][k-step][4]) */
+template <int MT, int J = 4, class F> __device__ __forceinline__ void ws_each(F &&f)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < J; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                f(mt, j, k);
+}
+
 template <int WGS>
 __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
     gemv_ws_kernel(gemv_args a, tc_split sp, const __grid_constant__ CUtensorMap wmap,
@@ -3013,13 +3026,7 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
             sc0[mt] = (size_t)(min(rb + rg[mt], a.row_end - 1) / 128) * a.scale_cols; /* its 128-row block's scales */
         }
         float part[MT][4][4], pc[MT][4][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int t = 0; t < 4; t++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    part[mt][t][e] = pc[mt][t][e] = 0.0f;
+        ws_each<MT>([&](int mt, int t, int e) { part[mt][t][e] = pc[mt][t][e] = 0.0f; });
         for (int i = 0; i < nu; i++) {
             const int u = ub + i, s = i % S;
             float ws[MT];
@@ -3052,13 +3059,7 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
                     }
             }
             const uint32_t bbase = st0 + s * F::STAGE + F::WB;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int t = 0; t < 4; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        wg_keep(part[mt][t][e]);
+            ws_each<MT>([&](int mt, int t, int e) { wg_keep(part[mt][t][e]); });
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < 8; ks++)
@@ -3073,19 +3074,8 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
                 }
             wg_commit();
             wg_wait0();
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-                for (int t = 0; t < 4; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        wg_keep(part[mt][t][e]);
-#pragma unroll
-                for (int ks = 0; ks < 8; ks++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        wg_keep(wa[mt][ks][r]);
-            }
+            ws_each<MT>([&](int mt, int t, int e) { wg_keep(part[mt][t][e]); });
+            ws_each<MT, 8>([&](int mt, int ks, int r) { wg_keep(wa[mt][ks][r]); });
             const float *xsc = reinterpret_cast<const float *>(st + F::WB + F::BB);
             float xa[4], xb[4];
 #pragma unroll
@@ -3096,30 +3086,20 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
             __syncwarp();
             if (lane == 0)
                 mb_arrive(bar0 + 8 * (S + s));
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int t = 0; t < 4; t++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        pc[mt][t][e] = fmaf(part[mt][t][e], ws[mt] * ((e & 1) ? xb[t] : xa[t]), pc[mt][t][e]);
-                        part[mt][t][e] = 0.0f;
-                    }
+            ws_each<MT>([&](int mt, int t, int e) {
+                pc[mt][t][e] = fmaf(part[mt][t][e], ws[mt] * ((e & 1) ? xb[t] : xa[t]), pc[mt][t][e]);
+                part[mt][t][e] = 0.0f;
+            });
         }
         /* the chunk's total (the decode kernel's running total, from 0), to y, or when the launch is
          * split along the columns to the chunk's partial */
         int m_out = a.row_end - a.row_begin;
         float *dst = sp.chunks <= 1 ? a.y : sp.part + blockIdx.z * (size_t)a.n * m_out;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int t = 0; t < 4; t++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = rb + rg[mt] + 8 * (e >> 1), tok = 8 * t + 2 * tq + (e & 1);
-                    if (row < a.row_end && tok < m)
-                        dst[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = fmaf(pc[mt][t][e], 1.0f, 0.0f);
-                }
+        ws_each<MT>([&](int mt, int t, int e) {
+            int row = rb + rg[mt] + 8 * (e >> 1), tok = 8 * t + 2 * tq + (e & 1);
+            if (row < a.row_end && tok < m)
+                dst[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = fmaf(pc[mt][t][e], 1.0f, 0.0f);
+        });
     }
     if (sp.chunks <= 1)
         return;
