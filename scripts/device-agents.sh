@@ -34,7 +34,8 @@
 # Time on the H200: on 2026-11-29 each run's load took about 175 s and its 310-odd references
 # (duet-generate --device cuda, about 2.3 s each, 8 at a time) about 90 s, so the two encodings
 # did not fit one 10-minute run on the GPU machine; on 2026-11-30 a run took about 80 s in all
-# (the load 2 s, the references about 70 s), each encoding still given its own call there.
+# (the load 2 s, the references about 70 s); on 2026-12-03 both encodings in one call took 162 s
+# (--encodings "bf16 fp8").
 # Exit status 0 when every run was clean.
 set -uo pipefail
 

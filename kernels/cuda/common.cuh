@@ -163,6 +163,17 @@ __device__ __forceinline__ void duet_pdl_wait()
 #endif
 }
 
+/* Let the kernel after this one in the stream (a dependent launch) be scheduled once every block
+ * of this one has run this, instead of at their exits.  Only for a short kernel of few blocks
+ * ahead of a long one that has reads to issue before its duet_pdl_wait (the weights of the
+ * matmul after x's split): the dependent's wait still waits for this kernel's completion. */
+__device__ __forceinline__ void duet_pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* duet_cuda_launch with the grid's blocks in clusters of `cluster` along x (0: no cluster
  * dimension; the grid's x a multiple of it). */
 template <typename... P, typename... A>

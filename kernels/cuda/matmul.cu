@@ -2353,6 +2353,21 @@ template <int WT, bool GROUPED> __host__ __device__ constexpr int wide_stage()
     return wide_w_stage<WT, GROUPED>() + wide_b_unit<WT>() + (WT == WT_BF16 ? 0 : WIDE_TOK * 4);
 }
 
+/* x's split runs as a dependent launch: it waits for the kernel that wrote x (and for every
+ * earlier reader of the record buffer it overwrites) first thing, and with WIDE_SPLIT_EARLY lets
+ * the matmul after it be placed at once, so that the matmul's blocks issue their first weight
+ * loads while the split runs (they wait for the split's end before reading its records). */
+#ifndef WIDE_SPLIT_EARLY
+#define WIDE_SPLIT_EARLY 1
+#endif
+__device__ __forceinline__ void wide_split_start()
+{
+#if WIDE_SPLIT_EARLY
+    duet_pdl_launch_dependents();
+#endif
+    duet_pdl_wait();
+}
+
 /* A warp a unit of a few positions (a position's 4 FG items in consecutive lanes, h16_split's
  * arrangement): position p reads x row xrow[p] (p when xrow is NULL); its words go to their
  * places in each run of unit u, its scale to xsc[u][p]. */
@@ -2362,6 +2377,7 @@ __global__ void wide_split_kernel(const float *x, const int32_t *xrow, int npos,
 {
     constexpr int FG = h16_traits<WT>::FG, GC = h16_traits<WT>::GC, KPG = h16_traits<WT>::KPG;
     constexpr int PPW = 32 / (4 * FG); /* positions a warp */
+    wide_split_start();
     int units = cols / 128, lane = threadIdx.x & 31;
     size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int u = (int)(gw % units);
@@ -2402,6 +2418,7 @@ __global__ void wide_split_kernel(const float *x, const int32_t *xrow, int npos,
  * 4 tq: the k-slots the tiled records' A operands hold for those columns. */
 __global__ void wide_split_bf16_kernel(const float *x, const int32_t *xrow, int npos, int npad, int cols, uint8_t *img)
 {
+    wide_split_start();
     int units = cols / 128, lane = threadIdx.x & 31;
     size_t gw = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int u = (int)(gw % units);
@@ -2759,13 +2776,14 @@ static duet_status_t wide_split(duet_cuda_t *c, const float *x, const int32_t *x
     float *xsc = WT == WT_BF16 ? NULL : (float *)(img + img_bytes);
     if constexpr (WT == WT_BF16) { /* a warp a position and unit */
         size_t threads = (size_t)npos * units * 32;
-        wide_split_bf16_kernel<<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, xrow, npos, npad, cols, img);
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, wide_split_bf16_kernel, dim3(duet_cdiv(threads, 256)), dim3(256), 0, x,
+                                            xrow, npos, npad, cols, img));
     } else {
         constexpr int PPW = 32 / (4 * h16_traits<WT>::FG);
         size_t threads = (size_t)duet_cdiv(npos, PPW) * units * 32;
-        wide_split_kernel<WT><<<duet_cdiv(threads, 256), 256, 0, c->stream>>>(x, xrow, npos, npad, cols, img, xsc);
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, wide_split_kernel<WT>, dim3(duet_cdiv(threads, 256)), dim3(256), 0, x,
+                                            xrow, npos, npad, cols, img, xsc));
     }
-    DUET_CUDA_CHECK_LAUNCH(c);
     *img_out = img;
     *xsc_out = xsc;
     *npad_out = npad;
