@@ -689,6 +689,33 @@ struct tc_split {
     int chunks;   /* 1: no split */
 };
 
+/* The split launch's last block of a tile: one row's K consecutive outputs (those k with ok(k)),
+ * m_out floats apart from offset o, the chunks' partials added in chunk order (two chunks' loads
+ * in flight at once; four measured no faster: docs/PERF.md) */
+template <int K, class OK>
+__device__ __forceinline__ void splitk_sum(const tc_split &sp, size_t plane, size_t o, int m_out, float *y, OK ok)
+{
+    float v[K];
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        v[k] = 0.0f;
+#pragma unroll 2
+    for (int z = 0; z < sp.chunks; z++) {
+        const float *pz = sp.part + z * plane + o;
+        float p[K];
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            p[k] = ok(k) ? __ldcg(pz + (size_t)k * m_out) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            v[k] += p[k];
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (ok(k))
+            y[o + (size_t)k * m_out] = v[k];
+}
+
 template <int WT, int NT, bool PRE, class TM>
 __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, int rb0, int t0, const tc_split &sp,
                                              int tile_id)
@@ -1233,30 +1260,11 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         return;
     __threadfence();
     /* a thread a row (blockDim is TC_BLOCK_ROWS), all the tile's tokens side by side: each
-     * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k); two
-     * chunks' at once (four measured no faster: docs/PERF.md) */
+     * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k) */
     int row = rb0 + threadIdx.x;
     if (row < a.row_end) {
         size_t o = tm.yrow(t0) * m_out + (row - a.row_begin);
-        float v[8 * NT];
-#pragma unroll
-        for (int k = 0; k < 8 * NT; k++)
-            v[k] = 0.0f;
-#pragma unroll 2
-        for (int z = 0; z < sp.chunks; z++) {
-            const float *pz = sp.part + z * plane + o;
-            float p[8 * NT];
-#pragma unroll
-            for (int k = 0; k < 8 * NT; k++)
-                p[k] = tm.ok(t0 + k) ? __ldcg(pz + (size_t)k * m_out) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8 * NT; k++)
-                v[k] += p[k];
-        }
-#pragma unroll
-        for (int k = 0; k < 8 * NT; k++)
-            if (tm.ok(t0 + k))
-                a.y[o + (size_t)k * m_out] = v[k];
+        splitk_sum<8 * NT>(sp, plane, o, m_out, a.y, [&](int k) { return tm.ok(t0 + k); });
     }
     if (threadIdx.x == 0)
         sp.count[tile_id] = 0;
@@ -3141,25 +3149,7 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
         if (row >= a.row_end || k0 >= m)
             continue;
         size_t o = (size_t)(p0 + k0) * m_out + (row - a.row_begin);
-        float v[H];
-#pragma unroll
-        for (int k = 0; k < H; k++)
-            v[k] = 0.0f;
-#pragma unroll 2
-        for (int z = 0; z < sp.chunks; z++) {
-            const float *pz = sp.part + z * plane + o;
-            float p[H];
-#pragma unroll
-            for (int k = 0; k < H; k++)
-                p[k] = k0 + k < m ? __ldcg(pz + (size_t)k * m_out) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < H; k++)
-                v[k] += p[k];
-        }
-#pragma unroll
-        for (int k = 0; k < H; k++)
-            if (k0 + k < m)
-                a.y[o + (size_t)k * m_out] = v[k];
+        splitk_sum<H>(sp, plane, o, m_out, a.y, [&](int k) { return k0 + k < m; });
     }
     if (threadIdx.x == 0)
         sp.count[tile_id] = 0;
