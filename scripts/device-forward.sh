@@ -35,8 +35,9 @@
 # --ops-bench, --batches LIST (default 1,32,128), --long-ctx N (default 32768; 0: none),
 # --prompts N, --tokens N, --phases (the slice at 4k, batches 1 and 32, again with the
 # forward call's GPU time split by phase: duet-check-forward --phases), --kernels (one decode step
-# at 4k at each of the batches --kernel-batches LIST names, default 1,32, under Nsight Compute: every
-# kernel's duration, their sum against the step's time, scripts/kernel-times.py), --moe-host (time the slice a second time with
+# at each of the batches --kernel-batches LIST names, default 1,32, and each context --kernel-ctx LIST
+# names, default 4096 (the first also the context of --stalls), under Nsight Compute: every kernel's
+# duration, their sum against the step's time, scripts/kernel-times.py), --moe-host (time the slice a second time with
 # DUET_MOE_HOST=1: the per-expert MoE path with routing on the host), --stalls SPEC[,SPEC...] (each
 # SPEC REGEX:SKIP:COUNT: the launches SKIP .. SKIP+COUNT-1 of the kernels whose function name matches
 # REGEX, counted over one decode step at batch 1 then one at batch 32 (4k context), under Nsight
@@ -58,7 +59,7 @@ RES="${OUT:-$BUILD/device-forward}"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-prompts=20 tokens=256 bench=1 ops=1 ops_only="" exact_bench=0 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
+prompts=20 tokens=256 bench=1 ops=1 ops_only="" exact_bench=0 moe_host=0 phases=0 kernels=0 ops_bench=0 batches=1,32,128 kernel_batches=1,32 kernel_ctx=4096 long_ctx=32768 stalls="" stalls_prefill=0 stalls_base=function ops_bench_list="matmul moe reads"
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -83,10 +84,11 @@ while [ $# -gt 0 ]; do
     --ops-bench-ops) ops_bench=1; ops_bench_list="$2"; shift ;;
     --batches) batches="$2"; shift ;;
     --kernel-batches) kernel_batches="$2"; shift ;;
+    --kernel-ctx) kernel_ctx="$2"; shift ;;
     --long-ctx) long_ctx="$2"; shift ;;
     --prompts) prompts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
-    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-only LIST] [--exact-bench] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
+    *) echo "usage: scripts/device-forward.sh [--prepare] [--quick] [--no-bench] [--no-ops] [--ops-only LIST] [--exact-bench] [--ops-bench] [--ops-bench-ops LIST] [--moe-host] [--phases] [--kernels] [--stalls SPECS] [--stalls-prefill] [--stalls-name-base BASE] [--batches LIST] [--kernel-batches LIST] [--kernel-ctx LIST] [--long-ctx N] [--prompts N] [--tokens N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -228,21 +230,28 @@ if [ -n "$slice_pid" ]; then
     echo "[slice kernels, stalls] no ncu on this machine" | tee -a "$SUM"
   fi
   if [ "$kernels" = 1 ] && [ -n "$ncu" ]; then
-    timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
-      --print-kernel-base function --cache-control none --clock-control none \
-      "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx 4096 --batches "$kernel_batches" \
-      >"$RES/kernels-slice.csv" 2>>"$LOG"
-    rc=$?
-    steps=""
-    IFS=, read -ra kbs <<<"$kernel_batches"
-    for kb in "${kbs[@]}"; do
-      st="$(grep "^bench decode batch $kb at" "$RES/bench-slice.txt" | awk '{for(i=1;i<=NF;i++) if($i=="ms/step,") print $(i-1)}' | head -1)"
-      steps="${steps:+$steps,}${st:-0}"
+    IFS=, read -ra kctxs <<<"$kernel_ctx"
+    for kc in "${kctxs[@]}"; do
+      csv="$RES/kernels-slice-ctx$kc.csv"
+      timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
+        --print-kernel-base function --cache-control none --clock-control none \
+        "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx "$kc" --batches "$kernel_batches" \
+        >"$csv" 2>>"$LOG"
+      rc=$?
+      # the step times from the slice bench of the same context
+      bench_out="$RES/bench-slice.txt"
+      [ "$kc" = 4096 ] || bench_out="$RES/bench-slice-long.txt"
+      steps=""
+      IFS=, read -ra kbs <<<"$kernel_batches"
+      for kb in "${kbs[@]}"; do
+        st="$(grep "^bench decode batch $kb at" "$bench_out" 2>/dev/null | awk '{for(i=1;i<=NF;i++) if($i=="ms/step,") print $(i-1)}' | head -1)"
+        steps="${steps:+$steps,}${st:-0}"
+      done
+      { echo "[slice kernels, ncu, context $kc] exit $rc (step times from the slice bench: $steps ms)"
+        python3 "$ROOT/scripts/kernel-times.py" "$csv" --labels "$kernel_batches" --step-ms "$steps" --top 30 --launches 0; } \
+        | tee -a "$SUM"
+      [ "$rc" = 0 ] || fail=1
     done
-    { echo "[slice kernels, ncu] exit $rc (step times from the slice bench: $steps ms)"
-      python3 "$ROOT/scripts/kernel-times.py" "$RES/kernels-slice.csv" --labels "$kernel_batches" --step-ms "$steps" --top 30 --launches 0; } \
-      | tee -a "$SUM"
-    [ "$rc" = 0 ] || fail=1
   fi
   if [ -n "$stalls" ] && [ -n "$ncu" ]; then
     i=0
@@ -256,7 +265,7 @@ if [ -n "$slice_pid" ]; then
         --cache-control none --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section InstructionStats --section SourceCounters -f -o "$rep" \
-        "$BIN/duet-check-forward" --model "$FIX/slice" --bench $stalls_run --ctx 4096 --batches 1,32 \
+        "$BIN/duet-check-forward" --model "$FIX/slice" --bench $stalls_run --ctx "${kernel_ctx%%,*}" --batches 1,32 \
         >>"$LOG" 2>&1
       rc=$?
       { echo "[stalls $spec] exit $rc"
