@@ -2641,6 +2641,7 @@ static void group_topk(ck_t *ck)
     case_topk(ck, "moe", 128, 256, 6, 0);
     case_topk(ck, "ties-moe", 128, 256, 8, 1);
     case_topk(ck, "long", 2, 262144, 2048, 0);
+    case_topk(ck, "ties-long", 2, 100000, 2048, 1); /* past the keys kept in shared memory: runs of 32 steps */
     case_topk(ck, "128k ctx", 32, 32768, 512, 0);
 }
 

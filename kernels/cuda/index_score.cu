@@ -19,6 +19,7 @@
  * chunk and stored transposed after it. */
 #include "exact.cuh"
 #include "cache_codec.cuh"
+#include "wgmma.cuh"
 
 #define IS_KT 64
 #define IS_HT 64
@@ -218,14 +219,21 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
  * scores never depend on the other rows or on T (each key's whole sum is one tile's). */
 #define IST_KT 64
 #define IST_WARPS 4
-#define IST_STR 136 /* a staged key's stride in bf16 values: 68 words, the B loads of a warp hit 32 banks */
+/* A staged tile: piece-major, [16-byte piece pc: dims 8 pc .. 8 pc + 7][key][8 bf16 values]: each
+ * k-step's two pieces are wgmma's K-major B without swizzle (8-key groups 128 bytes apart, the k
+ * halves a piece apart), and mma.sync's B words of a warp (key 8 nt + g, word tq) hit 32 banks. */
+#define IST_PIECE (IST_KT * 8) /* bf16 values a piece of the tile */
 #define IST_MAX_DIM 128
-#define IST_MAX_T 8 /* tiles a block at most: their keys' entries found at its start */
-/* blocks an SM the registers are held to (q's 96 words of fragments a lane) */
+#define IST_MAX_T 16 /* tiles a block at most: their keys' entries found at its start */
+/* q's parts: 3 (hi, mid, lo: fp32's 24 bits) or 2 (hi, mid: 16 bits, each product within 2^-17 of
+ * q's value; a build setting, for timing variants) */
+#ifndef IST_PARTS
+#define IST_PARTS 3
+#endif
+/* blocks an SM the registers are held to (q's 32 IST_PARTS words of fragments a lane) */
 #ifndef IST_MIN_BLOCKS
 #define IST_MIN_BLOCKS 3
 #endif
-/* 0: the pools' scores on the fp32 form (a build setting, for timing variants) */
 #ifndef IS_TC
 #define IS_TC 1
 #endif
@@ -262,16 +270,18 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
     w1 = __byte_perm(__float_as_uint(fb.x), __float_as_uint(fb.y), 0x7632);
 }
 
-/* A tile's 64 keys into shared memory, in flight (cp.async): bf16 entries straight into their
- * staged rows, fp8 entries' e4m3 bytes into a raw buffer (widened after they land); keys past the
- * row's count as zeros. */
+/* A tile's 64 keys into shared memory, in flight (cp.async), a key's pieces read by adjacent
+ * threads: bf16 entries straight into their staged pieces, fp8 entries' e4m3 bytes into a raw
+ * buffer of the same order ([16-value piece][key], widened after they land); keys past the row's
+ * count as zeros. */
 template <int KS>
 __device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
 {
     for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
         int kk = c / cpk, p = c - kk * cpk;
         const uint8_t *row = krow[kk];
-        void *dst = KS == 1 ? static_cast<void *>(kb + kk * IST_STR + 8 * p) : static_cast<void *>(raw + 16 * c);
+        void *dst = KS == 1 ? static_cast<void *>(kb + p * IST_PIECE + 8 * kk)
+                            : static_cast<void *>(raw + 16 * (p * IST_KT + kk));
         if (row)
             cp_async16(dst, row + 16 * p);
         else
@@ -290,7 +300,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
     static_assert(KS == 1 || KS == 2, "index-K pools only");
     /* bf16: two staged buffers (one multiplied, one landing); fp8: one, and two raw buffers */
     constexpr int NB = KS == 1 ? 2 : 1;
-    __shared__ __align__(16) uint16_t kb[NB][IST_KT * IST_STR];
+    __shared__ __align__(128) uint16_t kb[NB][IST_KT * IST_MAX_DIM];
     __shared__ __align__(16) uint8_t raw[KS == 2 ? 2 : 1][KS == 2 ? IST_KT * IST_MAX_DIM : 16];
     __shared__ const uint8_t *krow[IST_MAX_T * IST_KT];
     __shared__ float kscale[KS == 2 ? IST_MAX_T * IST_KT : 1];
@@ -322,7 +332,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
     }
     /* q of the lane's heads h_lo, h_hi as its A fragments: a0 (h_lo, dims 2tq, 2tq+1), a1 (h_hi, the
      * same), a2 (h_lo, 2tq+8, +9), a3 (h_hi, the same) of each k-step; 0 past the heads and dims */
-    uint32_t qa[IST_MAX_DIM / 16][3][4];
+    uint32_t qa[IST_MAX_DIM / 16][IST_PARTS][4];
     const float *qb = q + (size_t)b * n_heads * dim;
 #pragma unroll
     for (int k = 0; k < IST_MAX_DIM / 16; k++)
@@ -332,11 +342,19 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
             float2 v = make_float2(0.0f, 0.0f);
             if (k < nks && h < n_heads)
                 v = *reinterpret_cast<const float2 *>(qb + (size_t)h * dim + c);
-            ist_split3(v, qa[k][0][r], qa[k][1][r], qa[k][2][r]);
+            uint32_t lo;
+            ist_split3(v, qa[k][0][r], qa[k][1][r], lo);
+            if constexpr (IST_PARTS == 3)
+                qa[k][IST_PARTS - 1][r] = lo;
         }
     float w_lo = h_lo < n_heads ? w[(size_t)b * n_heads + h_lo] : 0.0f;
     float w_hi = h_hi < n_heads ? w[(size_t)b * n_heads + h_hi] : 0.0f;
     const int cpk = KS == 1 ? dim / 8 : dim / 16; /* 16-byte pieces of a key's entry */
+    /* the staged pieces past the dims, zeros once (never written after) */
+    for (int c = (dim / 8) * IST_PIECE + 8 * t; c < IST_KT * IST_MAX_DIM; c += 8 * IST_WARPS * 32)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            *reinterpret_cast<uint4 *>(kb[j] + c) = make_uint4(0, 0, 0, 0);
     __syncthreads();
     ist_issue<KS>(krow, cpk, kb[0], raw[0]);
     for (int i = 0; i < ntiles; i++) {
@@ -348,42 +366,82 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
         else
             cp_commit();
         cp_wait<1>();
+        wg_fence_proxy(); /* the landed bytes, read by wgmma's proxy */
         __syncthreads();
         const uint16_t *kt = kb[i % NB];
-        if constexpr (KS == 2) { /* this thread's own pieces of the tile, widened */
+        if constexpr (KS == 2) { /* a piece of the tile a thread, adjacent keys on adjacent threads */
             for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
-                int kk = c / cpk, p = c - kk * cpk;
+                int kk = c % IST_KT, p = c / IST_KT;
                 uint4 v = *reinterpret_cast<const uint4 *>(raw[i & 1] + 16 * c), lo, hi;
                 ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
                 ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
                 ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
                 ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
-                *reinterpret_cast<uint4 *>(kb[0] + kk * IST_STR + 16 * p) = lo;
-                *reinterpret_cast<uint4 *>(kb[0] + kk * IST_STR + 16 * p + 8) = hi;
+                *reinterpret_cast<uint4 *>(kb[0] + 2 * p * IST_PIECE + 8 * kk) = lo;
+                *reinterpret_cast<uint4 *>(kb[0] + (2 * p + 1) * IST_PIECE + 8 * kk) = hi;
             }
+            wg_fence_proxy();
             __syncthreads();
         }
-        if (has) {
-            float acc[IST_KT / 8][4];
+        /* every warp multiplies (wgmma takes the warpgroup; warps past the heads hold zeros) */
+        float acc[IST_KT / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[nt][e] = 0.0f;
+#if TC_HAVE_WGMMA
+        /* sm_90a: one wgmma m64n64k16 a k-step and part for the warpgroup's 64 heads and the
+         * tile's 64 keys, q from the registers (the same fragments, the same bits as mma.sync) */
+        {
+            uint32_t kaddr = (uint32_t)__cvta_generic_to_shared(kt);
 #pragma unroll
             for (int nt = 0; nt < IST_KT / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    acc[nt][e] = 0.0f;
-            const uint32_t *kw = reinterpret_cast<const uint32_t *>(kt) + g * (IST_STR / 2) + tq;
+                    wg_keep(acc[nt][e]);
+            wg_fence();
+            /* every k-step, with no branch between the MMAs: past the dims q's fragments and the
+             * staged pieces are zeros, whose products add nothing */
+#pragma unroll
+            for (int k = 0; k < IST_MAX_DIM / 16; k++)
+#pragma unroll
+                for (int p = 0; p < IST_PARTS; p++)
+                    wg_mma64<true>(acc, qa[k][p], wg_desc(kaddr + 2 * k * IST_PIECE * 2, IST_PIECE * 2, 8 * 16));
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    wg_keep(acc[nt][e]);
+        }
+#else
+        {
+            const uint32_t *kw = reinterpret_cast<const uint32_t *>(kt) + 4 * g + tq;
 #pragma unroll
             for (int k = 0; k < IST_MAX_DIM / 16; k++) {
                 if (k >= nks)
                     break;
+                /* the k-step's B fragments of all eight 8-key tiles first: key 8 nt + g, dims
+                 * 16 k + 2 tq (+1) (piece 2 k) and 16 k + 2 tq + 8 (+9) (piece 2 k + 1) */
+                uint32_t b0[IST_KT / 8], b1[IST_KT / 8];
 #pragma unroll
                 for (int nt = 0; nt < IST_KT / 8; nt++) {
-                    /* key 8 nt + g, dims 16 k + 2 tq (+1) and 16 k + 2 tq + 8 (+9) */
-                    uint32_t b0 = kw[nt * 8 * (IST_STR / 2) + 8 * k], b1 = kw[nt * 8 * (IST_STR / 2) + 8 * k + 4];
-#pragma unroll
-                    for (int p = 0; p < 3; p++)
-                        ist_mma(acc[nt], qa[k][p], b0, b1);
+                    b0[nt] = kw[2 * k * (IST_PIECE / 2) + 32 * nt];
+                    b1[nt] = kw[(2 * k + 1) * (IST_PIECE / 2) + 32 * nt];
                 }
+                /* then part by part across the tiles: each accumulator takes its k-steps and
+                 * parts in wgmma's order */
+#pragma unroll
+                for (int p = 0; p < IST_PARTS; p++)
+#pragma unroll
+                    for (int nt = 0; nt < IST_KT / 8; nt++)
+                        ist_mma(acc[nt], qa[k][p], b0[nt], b1[nt]);
             }
+        }
+#endif
+        if (has) {
             /* the lane's keys 8 nt + 2 tq + j: heads h_lo then h_hi, then the warp's other rows */
             const float *ksc = KS == 2 ? kscale + i * IST_KT : NULL;
 #pragma unroll
@@ -416,6 +474,41 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
         }
     }
     cp_wait<0>();
+}
+
+/* Tiles a block of the tensor-core kernel, from a model of the launch: an SM holding `occ` blocks
+ * (asked of CUDA once) and given `per` of them takes about max(per, occ) / occ times a block's
+ * time, a block about its tiles and half a tile for its start (q split, the keys' entries found).
+ * The fewest such units, the most tiles a block on a tie, the tiles then spread evenly over a
+ * row's blocks.  (At 32 rows of 8,193 keys the earlier rule, four blocks an SM in all, made 544
+ * blocks of 8 tiles for 396 places: a second wave, a launch of 16 tiles' time where 12 blocks a
+ * row of 11 tiles take 11.) */
+static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int fp8, int tiles, int n_rows, int *T)
+{
+    if (!c->ist_blocks[fp8]) {
+        int nb = 0;
+        if (fp8)
+            DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<2>,
+                                                                             IST_WARPS * 32, 0));
+        else
+            DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<1>,
+                                                                             IST_WARPS * 32, 0));
+        c->ist_blocks[fp8] = nb > 0 ? nb : 1;
+    }
+    long occ = c->ist_blocks[fp8], sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    long best = -1;
+    int best_t = 1;
+    for (int t = 1; t <= IST_MAX_T && t <= tiles; t++) {
+        long nb = (tiles + t - 1) / t, te = (tiles + nb - 1) / nb; /* a row's blocks, their tiles */
+        long per = (nb * n_rows + sms - 1) / sms;
+        long cost = (per > occ ? per : occ) * (2 * te + 1); /* in units of occ / 2 tiles */
+        if (best < 0 || cost < best || (cost == best && te > best_t)) {
+            best = cost;
+            best_t = (int)te;
+        }
+    }
+    *T = best_t;
+    return DUET_OK;
 }
 
 template <int KS>
@@ -480,11 +573,9 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
         ks.g.entry_data_bytes % 16 == 0 && (uintptr_t)base % 16 == 0 && n_rows > 0 && max_keys > 0) {
         if (n_rows > 65535)
             return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
-        /* tiles a block: about four blocks an SM in all, at most IST_MAX_T */
-        long tiles = duet_cdiv(max_keys, IST_KT), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-        long per = (tiles * n_rows + 4 * sms - 1) / (4 * sms);
-        int T = (int)(per < 1 ? 1 : per > IST_MAX_T ? IST_MAX_T : per);
-        dim3 grid((unsigned)duet_cdiv((int)tiles, T), (unsigned)n_rows);
+        int T = 1;
+        DUET_TRY(ist_tiles_per_block(c, ks.g.mode == 0 ? 0 : 1, duet_cdiv(max_keys, IST_KT), n_rows, &T));
+        dim3 grid((unsigned)duet_cdiv(duet_cdiv(max_keys, IST_KT), T), (unsigned)n_rows);
         if (ks.g.mode == 0)
             DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32), 0, q, w,
                                                 n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));

@@ -20,6 +20,7 @@
 
 #include "exact.cuh"
 #include "common.cuh"
+#include "wgmma.cuh"
 
 enum { WT_BF16 = 0, WT_F8, WT_F4, WT_F32 };
 enum { LT_BF16 = 1, LT_F32, LT_FP8_BLK, LT_FP8_BLK_D16 };
@@ -470,11 +471,6 @@ __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint
 #ifndef TC_WGMMA
 #define TC_WGMMA 1
 #endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TC_HAVE_WGMMA 1
-#else
-#define TC_HAVE_WGMMA 0
-#endif
 template <int WT, int NT, bool PRE> __device__ constexpr bool tc_wg()
 {
     return TC_WGMMA && TC_HAVE_WGMMA && NT == 4 && !PRE && (WT == WT_F8 || WT == WT_BF16);
@@ -499,12 +495,6 @@ __device__ __forceinline__ uint64_t wg_b_desc(const void *xs, int parts, int ks,
         (uint32_t)__cvta_generic_to_shared(reinterpret_cast<const char *>(xs) + (ks * parts + s) * 2 * WG_B_KC);
     return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WG_B_KC >> 4) << 16 | (uint64_t)(8 * WG_B_ROW >> 4) << 32;
 }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-/* keeps the compiler from moving a register's uses across the wgmma issue and wait */
-__device__ __forceinline__ void wg_keep(float &r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void wg_keep(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 /* d (a warp's m16 row tile by 32 tokens: [n tile][4], mma.sync's accumulator layout) += A B */
 template <int WT> __device__ __forceinline__ void wg_mma(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc)
 {
@@ -2444,32 +2434,6 @@ __global__ void wide_split_bf16_kernel(const float *x, const int32_t *xrow, int 
         *reinterpret_cast<uint32_t *>(base + ((ks * 3 + s) * 2 + 0) * run) = q[s].x;
         *reinterpret_cast<uint32_t *>(base + ((ks * 3 + s) * 2 + 1) * run) = q[s].y;
     }
-}
-
-/* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B; BF: bf16
- * operands, else fp16 */
-template <bool BF> __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc)
-{
-#if TC_HAVE_WGMMA
-#define WG_D64                                                                                                         \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),           \
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),       \
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),       \
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),       \
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-#define WG_MMA64(T)                                                                                                    \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"      \
-                 "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                  \
-                 "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;"                                                                 \
-                 : WG_D64                                                                                              \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
-    if constexpr (BF)
-        WG_MMA64("bf16");
-    else
-        WG_MMA64("f16");
-#undef WG_MMA64
-#undef WG_D64
-#endif
 }
 
 /* wgmma m64n64k16 of run pairs (k-step ks, part s) of the stage's B image into d, the A

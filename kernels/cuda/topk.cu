@@ -6,11 +6,17 @@
  * elements equal to T belong in the result (r); a last pass walks the row in
  * index order and keeps every key > T and the first r keys == T, writing
  * indices in ascending order: the CPU's set (value desc, then index asc),
- * in the CPU's output order.  Rows up to min(max_n, 32768) values are keyed
- * once into shared memory, so the five passes read global memory once. */
+ * in the CPU's output order.  That pass counts each warp's keys above and at
+ * T a step, scans the counts once and then places every kept key, three
+ * barriers a run of 32 steps (a scan of its flags at every step took six a
+ * step).  Rows up to min(max_n, 32768) values are keyed once into shared
+ * memory, so the five passes read global memory once. */
 #include "common.cuh"
 
 #define TOPK_THREADS 1024
+#ifndef TOPK_STEPS
+#define TOPK_STEPS 2 /* steps of a radix pass taken together */
+#endif
 #define TOPK_SMEM_KEYS 32768 /* rows up to this length are keyed once into shared memory (128 KB) */
 
 __device__ __forceinline__ uint32_t topk_key(float f)
@@ -23,31 +29,50 @@ __device__ __forceinline__ uint32_t topk_key(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Exclusive prefix count of a 0/1 flag over the block in thread order, and the total. */
-__device__ __forceinline__ void block_scan01(int flag, uint32_t *excl, uint32_t *tot, uint32_t *wsum)
+/* Exclusive prefix sums of two counts over the block in thread order, and their totals. */
+__device__ __forceinline__ void block_scan2(uint32_t a, uint32_t b, uint32_t *a_ex, uint32_t *b_ex, uint32_t *a_tot,
+                                            uint32_t *b_tot, uint32_t (*wsum)[2])
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    uint32_t bal = __ballot_sync(0xffffffffu, flag);
-    uint32_t in_warp = __popc(bal & ((1u << lane) - 1u));
-    __syncthreads();
-    if (lane == 0)
-        wsum[warp] = __popc(bal);
-    __syncthreads();
-    if (warp == 0) {
-        uint32_t v = lane < nw ? wsum[lane] : 0, incl = v;
+    uint32_t ia = a, ib = b;
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o)
-                incl += t;
+    for (int o = 1; o < 32; o <<= 1) {
+        uint32_t ta = __shfl_up_sync(0xffffffffu, ia, o), tb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+            ia += ta;
+            ib += tb;
         }
-        wsum[lane] = incl - v;
-        if (lane == 31)
-            wsum[32] = incl;
+    }
+    if (lane == 31) {
+        wsum[warp][0] = ia;
+        wsum[warp][1] = ib;
     }
     __syncthreads();
-    *excl = wsum[warp] + in_warp;
-    *tot = wsum[32];
+    if (warp == 0) {
+        uint32_t va = lane < nw ? wsum[lane][0] : 0, vb = lane < nw ? wsum[lane][1] : 0, xa = va, xb = vb;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            uint32_t ta = __shfl_up_sync(0xffffffffu, xa, o), tb = __shfl_up_sync(0xffffffffu, xb, o);
+            if (lane >= o) {
+                xa += ta;
+                xb += tb;
+            }
+        }
+        __syncwarp();
+        if (lane < nw) {
+            wsum[lane][0] = xa - va;
+            wsum[lane][1] = xb - vb;
+        }
+        if (lane == 31) {
+            wsum[32][0] = xa;
+            wsum[32][1] = xb;
+        }
+    }
+    __syncthreads();
+    *a_ex = wsum[warp][0] + ia - a;
+    *b_ex = wsum[warp][1] + ib - b;
+    *a_tot = wsum[32][0];
+    *b_tot = wsum[32][1];
 }
 
 __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, const int32_t *off, const int32_t *nn,
@@ -56,7 +81,8 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
     duet_pdl_wait();
     extern __shared__ uint32_t ks[]; /* [cap] */
     __shared__ uint32_t hist[256];
-    __shared__ uint32_t wsum[33];
+    __shared__ uint32_t wsum[33][2];
+    __shared__ uint32_t cgt[TOPK_THREADS], ceq[TOPK_THREADS]; /* the last pass's counts a (step, warp) */
     __shared__ uint32_t s_prefix, s_remaining;
     int tid = threadIdx.x, bd = blockDim.x, lane = tid & 31, warp = tid >> 5;
     const float *x = v + off[blockIdx.x];
@@ -89,17 +115,21 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
         for (int i = tid; i < 256; i += bd)
             hist[i] = 0;
         __syncthreads();
-        for (int start = 0; start < n; start += bd) {
-            int i = start + tid;
-            uint32_t key = i < n ? KEY_AT(i) : 0;
-            int in = i < n && (key & mask) == prefix;
-            uint32_t bin = (key >> shift) & 255u;
-            /* lanes adding to the same bin add once (values share their top bits) */
-            uint32_t act = __ballot_sync(0xffffffffu, in);
-            if (in) {
-                uint32_t peers = __match_any_sync(act, bin);
-                if (lane == __ffs(peers) - 1)
-                    atomicAdd(&hist[bin], (uint32_t)__popc(peers));
+        /* two steps at a time (their loads and matches overlap); lanes adding to the same bin
+         * add once (values share their top bits); lanes out of the prefix match as bin 256 */
+        for (int start = 0; start < n; start += TOPK_STEPS * bd) {
+            uint32_t bin[TOPK_STEPS];
+#pragma unroll
+            for (int u = 0; u < TOPK_STEPS; u++) {
+                int i = start + u * bd + tid;
+                uint32_t key = i < n ? KEY_AT(i) : 0;
+                bin[u] = i < n && (key & mask) == prefix ? (key >> shift) & 255u : 256u;
+            }
+#pragma unroll
+            for (int u = 0; u < TOPK_STEPS; u++) {
+                uint32_t peers = __match_any_sync(0xffffffffu, bin[u]);
+                if (bin[u] < 256u && lane == __ffs(peers) - 1)
+                    atomicAdd(&hist[bin[u]], (uint32_t)__popc(peers));
             }
         }
         __syncthreads();
@@ -137,20 +167,48 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(const float *v, cons
         mask |= 255u << shift;
     }
 
-    /* prefix: the k-th best key; remaining: how many keys equal to it are taken */
-    uint32_t base_eq = 0, base_out = 0;
-    for (int start = 0; start < n && base_out < (uint32_t)kk; start += bd) {
-        int i = start + tid;
-        uint32_t key = i < n ? KEY_AT(i) : 0;
-        int gt = i < n && key > prefix, eq = i < n && key == prefix;
-        uint32_t eq_excl, eq_tot, sel_excl, sel_tot;
-        block_scan01(eq, &eq_excl, &eq_tot, wsum);
-        int sel = gt || (eq && base_eq + eq_excl < remaining);
-        block_scan01(sel, &sel_excl, &sel_tot, wsum);
-        if (sel)
-            out[base_out + sel_excl] = i;
-        base_eq += eq_tot;
-        base_out += sel_tot;
+    /* prefix: the k-th best key; remaining: how many keys equal to it are taken.  The selection
+     * in index order, a run of up to 32 steps of bd keys at a time: each warp's counts of the keys
+     * above the threshold and equal to it at each step (an entry a (step, warp): index order), one
+     * scan of those entries, then each key's place: the keys above it before it, plus the equal
+     * ones before it up to `remaining`.  Three barriers a run. */
+    int nw = bd >> 5;
+    uint32_t lt_mask = (1u << lane) - 1u, base_gt = 0, base_eq = 0;
+    for (int run = 0; run < n; run += 32 * bd) {
+        int steps = (n - run + bd - 1) / bd;
+        if (steps > 32)
+            steps = 32;
+        for (int s = 0; s < steps; s++) {
+            int i = run + s * bd + tid;
+            uint32_t key = i < n ? KEY_AT(i) : 0;
+            uint32_t bg = __ballot_sync(0xffffffffu, i < n && key > prefix);
+            uint32_t be = __ballot_sync(0xffffffffu, i < n && key == prefix);
+            if (lane == 0) {
+                cgt[s * nw + warp] = __popc(bg);
+                ceq[s * nw + warp] = __popc(be);
+            }
+        }
+        __syncthreads();
+        int ne = steps * nw; /* at most bd */
+        uint32_t g = tid < ne ? cgt[tid] : 0, e = tid < ne ? ceq[tid] : 0, g_ex, e_ex, g_tot, e_tot;
+        block_scan2(g, e, &g_ex, &e_ex, &g_tot, &e_tot, wsum);
+        if (tid < ne) {
+            cgt[tid] = base_gt + g_ex;
+            ceq[tid] = base_eq + e_ex;
+        }
+        __syncthreads();
+        for (int s = 0; s < steps; s++) {
+            int i = run + s * bd + tid;
+            uint32_t key = i < n ? KEY_AT(i) : 0;
+            bool gt = i < n && key > prefix, eq = i < n && key == prefix;
+            uint32_t bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
+            uint32_t gb = cgt[s * nw + warp] + __popc(bg & lt_mask), eb = ceq[s * nw + warp] + __popc(be & lt_mask);
+            if (gt || (eq && eb < remaining))
+                out[gb + (eb < remaining ? eb : remaining)] = i;
+        }
+        base_gt += g_tot;
+        base_eq += e_tot;
+        __syncthreads(); /* every read of this run's entries before the next run writes them */
     }
 #undef KEY_AT
 }
