@@ -202,18 +202,22 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
 
 /* ---- the tensor-core form (the index-K pools) ----
  *
- * index_score_tc_kernel: block (key tiles [x T, x T + T), row b), four warps; warp w owns the
- * heads [16 w, 16 w + 16) and keeps their q in its registers as the A operands of mma.sync
- * m16n8k16 bf16 for every k-step: each value split once into three bf16 parts (hi, mid, lo: its
- * 24 bits; bf16 keeps fp32's exponents, so no scaling).  The entry pointers (and fp8 scales) of
- * all the block's keys are found at its start; then per tile of 64 keys, the next tile's bytes in
- * flight (cp.async) meanwhile:
- *   1. the keys staged in shared memory as bf16: bf16 entries as they are, e4m3 values widened to
- *      bf16 by the thread that copied them (exact: 3 mantissa bits), the fp8 scale kept apart;
- *   2. each warp multiplies its 16 heads by the 64 keys (three MMAs a k-step and 8-key tile, one
- *      a part, fp32 accumulation), then relu(q.k (x the key's scale)) x scale x w[h] summed over
- *      the warp's heads (its two rows, then across the eight lanes of a column by shuffles), and
- *      the four warps' sums in warp order.
+ * index_score_tc_kernel: block (key tiles [x T, x T + T), row b), four warps (one warpgroup);
+ * warp w owns the heads [16 w, 16 w + 16) and keeps their q in its registers as A fragments
+ * (mma.sync m16n8k16's layout, which is also a warp's slice of wgmma's register A) for every
+ * k-step: each value split once into three bf16 parts (hi, mid, lo: its 24 bits; bf16 keeps
+ * fp32's exponents, so no scaling).  The entry pointers (and fp8 scales) of all the block's keys
+ * are found at its start; then per tile of 64 keys, the next tile's bytes in flight (cp.async)
+ * meanwhile:
+ *   1. the keys staged in shared memory as bf16, piece-major (below): bf16 entries as they are,
+ *      e4m3 values widened to bf16 a piece a thread (exact: 3 mantissa bits), the fp8 scale kept
+ *      apart;
+ *   2. the 64 heads times the 64 keys, fp32 accumulation: on sm_90a one wgmma m64n64k16 a k-step
+ *      and part for the whole warpgroup, elsewhere each warp three mma.sync a k-step and 8-key
+ *      column, the same k-steps and parts in the same order into each accumulator (the two give
+ *      the same bits); then relu(q.k (x the key's scale)) x scale x w[h] summed over the warp's
+ *      heads (its two rows, then across the eight lanes of a column by shuffles), and the four
+ *      warps' sums in warp order.
  * Against the fp32 form the products are the same to 2^-24 of q and the sums run in another
  * fixed order: the scores agree with the CPU to its rounding (checked at 1e-5), and a row's
  * scores never depend on the other rows or on T (each key's whole sum is one tile's). */
