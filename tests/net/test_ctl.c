@@ -987,11 +987,25 @@ static void test_puller_churn(void **state)
     churn_t c = {new_pusher(url, 64), 0, 0, 0};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, churn_pusher, &c), 0);
-    for (int round = 0; round < 10; round++) {
+    /* a failed round ends the loop; the pusher's thread is stopped before the test fails (a
+     * failure leaving it running crashed the process at its exit) */
+    int failed_round = -1;
+    char failed_verdict = 0;
+    for (int round = 0; round < 10 && failed_round < 0; round++) {
         int fds[2];
-        assert_int_equal(pipe(fds), 0);
+        if (pipe(fds) != 0) {
+            failed_round = round;
+            failed_verdict = 'p';
+            break;
+        }
         pid_t pid = fork();
-        assert_true(pid >= 0);
+        if (pid < 0) {
+            close(fds[0]);
+            close(fds[1]);
+            failed_round = round;
+            failed_verdict = 'f';
+            break;
+        }
         if (pid == 0) {
             dup2(fds[1], 1);
             execl(g_self, "test_ctl", "--pull", url, (char *)NULL);
@@ -1004,11 +1018,19 @@ static void test_puller_churn(void **state)
             verdict = '?';
         close(fds[0]);
         kill_child(pid);
-        if (verdict != 'k')
-            fail_msg("round %d: the puller child answered '%c' (k: 20 events in order)", round, verdict);
+        if (verdict != 'k') {
+            failed_round = round;
+            failed_verdict = verdict;
+        }
     }
     __atomic_store_n(&c.stop, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
+    if (failed_round >= 0) {
+        duet_ctl_pusher_destroy(&c.p);
+        fail_msg("round %d: the puller child answered '%c' (k: 20 events in order; t: none for 5 s; "
+                 "p, f: no pipe or fork here)",
+                 failed_round, failed_verdict);
+    }
     assert_int_equal(c.bad, 0);
     assert_true(c.sent >= 200);
     duet_ctl_pusher_destroy(&c.p);
@@ -1024,10 +1046,13 @@ static int pull_until_killed(const char *url)
     char verdict = 'k';
     if (duet_ctl_puller_create(&o, &q, &err) != DUET_OK)
         verdict = 'c';
+    uint64_t t0 = duet_time_ns();
     for (int k = 0, have = 0, last = 0; verdict == 'k' && k < 20; k++) {
         duet_envelope_t *e = NULL;
         if (duet_ctl_puller_recv(q, duet_deadline_after_ms(5000), &e, &err) != DUET_OK) {
             verdict = 't';
+            fprintf(stderr, "puller child: %d events, then none for 5 s (%.0f ms after it started): %s\n", k,
+                    (double)(duet_time_ns() - t0) / 1e6, duet_err_text(&err));
             break;
         }
         int idx = (int)e->token_chunk->first_index;
