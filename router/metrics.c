@@ -219,8 +219,13 @@ void duet_metrics_render(duet_metrics_t *m, duet_text_t *t)
                         "# HELP duet_router_ctl_client_redials_total ipc connections to workers closed and dialed "
                         "again: no reply ever came on them (a worker's stopped listener took them).\n"
                         "# TYPE duet_router_ctl_client_redials_total counter\n"
-                        "duet_router_ctl_client_redials_total %lu\n",
-                     duet_ctl_listener_restarts(), duet_ctl_timeouts_rescued(), duet_ctl_client_redials());
+                        "duet_router_ctl_client_redials_total %lu\n"
+                        "# HELP duet_router_ctl_dialer_revivals_total Dialers added after a second without a connection "
+                        "in which no dialer attempted (libnng's dialer stops for good after some failed attempts).\n"
+                        "# TYPE duet_router_ctl_dialer_revivals_total counter\n"
+                        "duet_router_ctl_dialer_revivals_total %lu\n",
+                     duet_ctl_listener_restarts(), duet_ctl_timeouts_rescued(), duet_ctl_client_redials(),
+                     duet_ctl_dialer_revivals());
     duet_text_printf(t, "# HELP duet_router_redis_dropped_total Redis writes dropped while Redis was down.\n"
                         "# TYPE duet_router_redis_dropped_total counter\nduet_router_redis_dropped_total %llu\n",
                      atomic_load(&m->redis_dropped));

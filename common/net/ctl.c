@@ -488,18 +488,19 @@ static nng_stat *stat_child_named(nng_stat *st, const char *name)
     return NULL;
 }
 
-/* The "listener" scope whose "id" is id, under st.  (libnng 1.5.2's nng_stat_find_listener
- * returns the first listener of the tree whatever its id: its search recurses by name only.) */
-static nng_stat *stat_find_listener(nng_stat *st, int id)
+/* The scope named scope ("listener", "dialer") whose "id" is id, under st.  (libnng 1.5.2's
+ * nng_stat_find_listener returns the first listener of the tree whatever its id: its search
+ * recurses by name only.) */
+static nng_stat *stat_find_scope(nng_stat *st, const char *scope, int id)
 {
     if (nng_stat_type(st) != NNG_STAT_SCOPE)
         return NULL;
-    if (strcmp(nng_stat_name(st), "listener") == 0) {
+    if (strcmp(nng_stat_name(st), scope) == 0) {
         nng_stat *i = stat_child_named(st, "id");
         return i && nng_stat_value(i) == (uint64_t)id ? st : NULL;
     }
     for (nng_stat *c = nng_stat_child(st); c; c = nng_stat_next(c)) {
-        nng_stat *r = stat_find_listener(c, id);
+        nng_stat *r = stat_find_scope(c, scope, id);
         if (r)
             return r;
     }
@@ -515,7 +516,7 @@ static int64_t listener_stat(nng_listener l, const char *name)
     int64_t v = -1;
     if (nng_stats_get(&root) != 0 || !root)
         return -1;
-    nng_stat *ls = stat_find_listener(root, nng_listener_id(l));
+    nng_stat *ls = stat_find_scope(root, "listener", nng_listener_id(l));
     nng_stat *o = ls ? stat_child_named(ls, name) : NULL;
     if (o)
         v = (int64_t)nng_stat_value(o);
@@ -1046,23 +1047,77 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
  * hands them to the server, so a client that dialed just then would wait for ever on a connection
  * that looks up, while the path already leads to a new listener.  (On a healthy server the same
  * rule only ends a connection whose first call the server never answered.) */
+/* The dialers of a client or pusher (conn_redial_stuck adds one when the others stopped). */
+#define CTL_MAX_DIALERS 4
+typedef struct {
+    nng_dialer d;
+    int64_t stat;        /* the sum of its counters at the last look (-1: none) */
+    uint64_t changed_ns; /* when that sum last moved (or the dialer was made) */
+} dialer_slot_t;
+
 typedef struct {
     atomic_uint pipe_id;      /* the connection now, 0: none */
     _Atomic uint64_t up_ns;   /* since when it is up */
+    _Atomic uint64_t down_ns; /* when the last connection went away (the watch's start at first) */
     atomic_uint answered;     /* the last connection a reply came on */
+    _Atomic uint64_t ans_ns;  /* when a reply last came */
     atomic_uint dropped;      /* the last one conn_drop_silent closed */
     int ipc;
     uint64_t created_ns;
+    /* the dialers (conn_redial_stuck) */
+    nng_socket sock;
+    const char *url;
+    pthread_mutex_t rmu; /* one look at a time; guards dl, n_dl */
+    dialer_slot_t dl[CTL_MAX_DIALERS];
+    int n_dl;
+    _Atomic uint64_t redial_ns; /* the last look */
+    uint64_t stuck_ns;          /* no connection this long: the dialers are looked at */
 } conn_watch_t;
 
-static atomic_ulong g_client_redials;
+static atomic_ulong g_client_redials, g_dialer_revivals;
 
 unsigned long duet_ctl_client_redials(void) { return atomic_load(&g_client_redials); }
+unsigned long duet_ctl_dialer_revivals(void) { return atomic_load(&g_dialer_revivals); }
 
-static void conn_watch_init(conn_watch_t *w, const char *url)
+/* No connection for this long (and at least four of the longest waits between redials) makes
+ * conn_redial_stuck look at the dialers. */
+#define CTL_DIALER_STUCK_MS 1000
+/* A dialer whose counters have not moved for this long is stopped for good: longer than libnng's
+ * 10 s bound on a connection's handshake, during which a live dialer's counters stay still too. */
+#define CTL_DIALER_DEAD_MS 12000
+
+static void conn_watch_init(conn_watch_t *w, nng_socket sock, const char *url, const duet_ctl_opts_t *o)
 {
     w->ipc = strncmp(url, "ipc://", 6) == 0;
     w->created_ns = duet_time_ns();
+    atomic_store(&w->down_ns, w->created_ns);
+    w->sock = sock;
+    w->url = url;
+    pthread_mutex_init(&w->rmu, NULL);
+    uint64_t rmax = o->reconnect_max_ms ? o->reconnect_max_ms : CTL_DEFAULT_RECONNECT_MAX_MS;
+    w->stuck_ns = (4 * rmax > CTL_DIALER_STUCK_MS ? 4 * rmax : CTL_DIALER_STUCK_MS) * 1000000ull;
+}
+
+/* A dialer more (non-blocking: it keeps redialling until a server is there); under rmu. */
+static int conn_watch_add_dialer(conn_watch_t *w)
+{
+    dialer_slot_t *s = &w->dl[w->n_dl];
+    int rv = nng_dial(w->sock, w->url, &s->d, NNG_FLAG_NONBLOCK);
+    if (rv == 0) {
+        s->stat = -1;
+        s->changed_ns = duet_time_ns();
+        w->n_dl++;
+    }
+    return rv;
+}
+
+/* The first dial. */
+static int conn_watch_dial(conn_watch_t *w)
+{
+    pthread_mutex_lock(&w->rmu);
+    int rv = conn_watch_add_dialer(w);
+    pthread_mutex_unlock(&w->rmu);
+    return rv;
 }
 
 /* From the socket's pipe events (NNG's threads). */
@@ -1074,7 +1129,95 @@ static void conn_watch_event(conn_watch_t *w, nng_pipe pipe, nng_pipe_ev ev)
     } else if (ev == NNG_PIPE_EV_REM_POST) {
         uint32_t id = (uint32_t)nng_pipe_id(pipe);
         atomic_compare_exchange_strong(&w->pipe_id, &id, 0);
+        if (!atomic_load(&w->pipe_id))
+            atomic_store(&w->down_ns, duet_time_ns());
     }
+}
+
+/* The sum of dialer d's counters in the snapshot root (its connections and each kind of failed
+ * attempt), or -1 when NNG keeps none for it (closed). */
+static int64_t dialer_stat_sum(nng_stat *root, nng_dialer d)
+{
+    nng_stat *ds = root ? stat_find_scope(root, "dialer", nng_dialer_id(d)) : NULL;
+    if (!ds)
+        return -1;
+    int64_t sum = 0;
+    for (nng_stat *c = nng_stat_child(ds); c; c = nng_stat_next(c))
+        if (nng_stat_type(c) == NNG_STAT_COUNTER)
+            sum += (int64_t)nng_stat_value(c);
+    return sum;
+}
+
+/* libnng 1.5.2's dialer stops for good when a connection attempt ends in NNG_ECLOSED
+ * (dialer_connect_cb: "No further action"), and over ipc a write of the SP header to a server
+ * whose process is ending fails with EPIPE, which NNG reads as NNG_ECLOSED: a client or pusher
+ * whose server restarted at that moment would never connect again (seen as a new puller that got
+ * no event for 5 s while its pusher waited for a connection, tests/net/test_ctl.c
+ * test_puller_churn under load).  When there has been no connection for stuck_ns (since the last
+ * one's end, the last reply, the last look or the watch's start), the dialers' counters are read
+ * (NNG's statistics): a live dialer's move with every attempt (one each 250 ms at most while no
+ * server is there).  If none moved for stuck_ns, a dialer is added (at most CTL_MAX_DIALERS).  A
+ * dialer is closed only once its counters have stood still for CTL_DIALER_DEAD_MS, past the 10 s
+ * that libnng gives a handshake: closing a dialer whose connection is in its handshake lets
+ * libnng 1.5.2 lock a freed mutex ("panic: pthread_mutex_lock: Invalid argument", seen when the
+ * first form of this closed the dialer after one second).  Called only where nothing of its own
+ * is in flight on a connection (there is none). */
+static void conn_redial_stuck(conn_watch_t *w)
+{
+    if (atomic_load(&w->pipe_id))
+        return;
+    uint64_t now = duet_time_ns(), since = atomic_load(&w->down_ns), r = atomic_load(&w->redial_ns),
+             u = atomic_load(&w->up_ns), a = atomic_load(&w->ans_ns);
+    if (r > since)
+        since = r;
+    if (u > since) /* a reply counts as a connection too: libnng 1.5.2 may run ADD_POST late */
+        since = u;
+    if (a > since)
+        since = a;
+    if (now - since < w->stuck_ns || pthread_mutex_trylock(&w->rmu) != 0)
+        return;
+    if (atomic_load(&w->pipe_id) || duet_time_ns() - atomic_load(&w->redial_ns) < w->stuck_ns) {
+        pthread_mutex_unlock(&w->rmu);
+        return;
+    }
+    nng_stat *root = NULL;
+    if (nng_stats_get(&root) != 0)
+        root = NULL;
+    now = duet_time_ns();
+    int alive = 0;
+    for (int i = 0; i < w->n_dl;) {
+        dialer_slot_t *s = &w->dl[i];
+        int64_t v = dialer_stat_sum(root, s->d);
+        if (v != s->stat) {
+            s->stat = v;
+            s->changed_ns = now;
+        }
+        if (now - s->changed_ns > (uint64_t)CTL_DIALER_DEAD_MS * 1000000u) {
+            nng_dialer_close(s->d); /* stopped for good: no handshake of its own can be running */
+            w->dl[i] = w->dl[--w->n_dl];
+            continue;
+        }
+        alive |= now - s->changed_ns < w->stuck_ns;
+        i++;
+    }
+    if (root)
+        nng_stats_free(root);
+    if (!alive && w->n_dl < CTL_MAX_DIALERS && conn_watch_add_dialer(w) == 0 &&
+        atomic_fetch_add(&g_dialer_revivals, 1) == 0)
+        duet_warn("ctl %s: no connection for %llu ms and no dialer attempting: one more dialer (later ones "
+                  "counted)",
+                  w->url, (unsigned long long)(w->stuck_ns / 1000000u));
+    atomic_store(&w->redial_ns, now);
+    pthread_mutex_unlock(&w->rmu);
+}
+
+/* For tests: the dialers stopped as libnng 1.5.2 stops one (closed). */
+static void conn_watch_test_stop_dialer(conn_watch_t *w)
+{
+    pthread_mutex_lock(&w->rmu);
+    for (int i = 0; i < w->n_dl; i++)
+        nng_dialer_close(w->dl[i].d);
+    pthread_mutex_unlock(&w->rmu);
 }
 
 /* A reply (an answer) came in m; 0 when it came on a connection conn_drop_silent has closed
@@ -1085,6 +1228,7 @@ static int conn_watch_answered(conn_watch_t *w, nng_msg *m)
     if (id == atomic_load(&w->dropped))
         return 0;
     atomic_store(&w->answered, id);
+    atomic_store(&w->ans_ns, duet_time_ns());
     return 1;
 }
 
@@ -1250,8 +1394,8 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
         st = nng_fail(err, rv, c->c.url, "cannot set up the req socket");
         goto err_close;
     }
-    conn_watch_init(&c->watch, c->c.url);
-    if ((rv = nng_dial(c->sock, c->c.url, NULL, NNG_FLAG_NONBLOCK))) {
+    conn_watch_init(&c->watch, c->sock, c->c.url, o);
+    if ((rv = conn_watch_dial(&c->watch))) {
         st = nng_fail(err, rv, c->c.url, "cannot dial");
         goto err_close;
     }
@@ -1278,6 +1422,7 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         nng_msg_free(m);
         return duet_err_set(err, DUET_ERR_TIMEOUT, "%s: deadline passed before the call", c->c.url);
     }
+    conn_redial_stuck(&c->watch);
     if (atomic_load(&c->was_up) && atomic_load(&c->n_pipes) <= 0) {
         nng_msg_free(m);
         return duet_err_set(err, DUET_ERR_PEER, "%s: the connection to the server closed and is not back", c->c.url);
@@ -1299,6 +1444,7 @@ static duet_status_t client_exchange(duet_ctl_client_t *c, nng_msg *m, const cha
         rv = aio_run(aio, left < CTL_SEND_SLICE_MS ? left : CTL_SEND_SLICE_MS, start_ctx_send, &ctx);
         if (rv != NNG_ETIMEDOUT || left <= CTL_SEND_SLICE_MS)
             break;
+        conn_redial_stuck(&c->watch);
         if (atomic_load(&c->was_up) && atomic_load(&c->n_pipes) <= 0) {
             nng_msg_free(nng_aio_get_msg(aio));
             st =
@@ -1381,6 +1527,7 @@ void duet_ctl_client_destroy(duet_ctl_client_t **cp)
         free(c->pool);
         pthread_mutex_destroy(&c->mu);
         pthread_mutex_destroy(&c->pmu);
+        pthread_mutex_destroy(&c->watch.rmu);
         free(c);
     }
 }
@@ -1474,9 +1621,12 @@ static int pusher_op(duet_ctl_pusher_t *p, nng_aio *aio, void (*start)(void *, n
     while (!p->ddone) {
         uint64_t at = duet_deadline_after_ms(CTL_LISTEN_CHECK_MS);
         struct timespec ts = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)};
-        if (pthread_cond_timedwait(&p->dcv, &p->dmu, &ts) == ETIMEDOUT && silent && !*silent && !p->ddone) {
+        if (pthread_cond_timedwait(&p->dcv, &p->dmu, &ts) == ETIMEDOUT && !p->ddone) {
             pthread_mutex_unlock(&p->dmu);
-            *silent = conn_drop_silent(&p->watch, p->c.url);
+            if (!silent) /* a send waiting for a connection: nothing of it is in flight */
+                conn_redial_stuck(&p->watch);
+            else if (!*silent)
+                *silent = conn_drop_silent(&p->watch, p->c.url);
             pthread_mutex_lock(&p->dmu);
         }
     }
@@ -1655,13 +1805,13 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
         st = nng_fail(err, rv, p->c.url, "cannot set up the event socket");
         goto err_close;
     }
-    if ((rv = nng_dial(p->sock, p->c.url, NULL, NNG_FLAG_NONBLOCK))) {
+    conn_watch_init(&p->watch, p->sock, p->c.url, o);
+    if ((rv = conn_watch_dial(&p->watch))) {
         st = nng_fail(err, rv, p->c.url, "cannot dial");
         goto err_close;
     }
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    conn_watch_init(&p->watch, p->c.url);
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->dmu, NULL);
     pthread_cond_init(&p->dcv, &ca);
@@ -1774,6 +1924,7 @@ void duet_ctl_pusher_destroy(duet_ctl_pusher_t **pp)
     pthread_cond_destroy(&p->dcv);
     pthread_mutex_destroy(&p->dmu);
     pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->watch.rmu);
     free(p);
 }
 
@@ -1960,3 +2111,7 @@ void duet_ctl_puller_destroy(duet_ctl_puller_t **pp)
         free(p);
     }
 }
+
+void duet_ctl_client_test_stop_dialer(duet_ctl_client_t *c) { conn_watch_test_stop_dialer(&c->watch); }
+
+void duet_ctl_pusher_test_stop_dialer(duet_ctl_pusher_t *p) { conn_watch_test_stop_dialer(&p->watch); }

@@ -85,6 +85,15 @@ unsigned long duet_ctl_listener_restarts(void);
  * on them and a call timed out a second or more after they came up (a server's stopped listener
  * took them).  0 on a healthy run. */
 unsigned long duet_ctl_client_redials(void);
+/* Dialers added (a client's or a pusher's) after a second without a connection in which no
+ * dialer of theirs attempted one: libnng 1.5.2's dialer stops for good when an attempt ends in
+ * NNG_ECLOSED (docs/PROTOCOL.md).  0 on a healthy run. */
+unsigned long duet_ctl_dialer_revivals(void);
+
+/* For tests: stop the dialers of a client or pusher the way libnng 1.5.2 stops one after an
+ * attempt that ends in NNG_ECLOSED (closed, with their connection), so that a new one is needed. */
+void duet_ctl_client_test_stop_dialer(duet_ctl_client_t *c);
+void duet_ctl_pusher_test_stop_dialer(duet_ctl_pusher_t *p);
 
 /* For tests: a receive that nothing answers and NNG never times out, left to the watchdog at
  * watch_ms; TIMEOUT when the watchdog ended it (*took_ns: how long it ran). */

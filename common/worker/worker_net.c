@@ -275,11 +275,12 @@ int duet_worker_net_heartbeat_due(duet_worker_net_t *n, const duet_worker_opts_t
 void duet_worker_net_close(duet_worker_net_t *n)
 {
     unsigned long restarts = duet_ctl_listener_restarts(), rescued = duet_ctl_timeouts_rescued(),
-                  redials = duet_ctl_client_redials();
-    if (restarts || rescued || redials)
+                  redials = duet_ctl_client_redials(), revivals = duet_ctl_dialer_revivals();
+    if (restarts || rescued || redials || revivals)
         duet_warn("ctl: %lu listener(s) replaced that libnng may have stopped, %lu operation(s) cancelled past a "
-                  "timeout libnng missed, %lu silent connection(s) dialed again (docs/PROTOCOL.md)",
-                  restarts, rescued, redials);
+                  "timeout libnng missed, %lu silent connection(s) dialed again, %lu dialer(s) added after a second "
+                  "without a connection or an attempt (docs/PROTOCOL.md)",
+                  restarts, rescued, redials, revivals);
     duet_ctl_server_destroy(&n->srv);
     /* the routers' pushers close side by side (each may take its grace), --events here */
     for (int i = 0; i < DUET_WORKER_MAX_SINKS; i++)

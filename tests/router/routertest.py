@@ -390,7 +390,8 @@ def sc_api(a, rep):
                      "duet_router_queue_time_seconds_bucket", "duet_router_aborts_total", "duet_router_dsml_errors_total",
                      "duet_router_requests{", "duet_router_oldest_waiting_for_input_seconds", "duet_router_workers{",
                      "duet_worker_pages{", "duet_router_ctl_listener_restarts_total",
-                     "duet_router_ctl_timeouts_rescued_total", "duet_router_ctl_client_redials_total"):
+                     "duet_router_ctl_timeouts_rescued_total", "duet_router_ctl_client_redials_total",
+                     "duet_router_ctl_dialer_revivals_total"):
             rep.check(name in m, f"/metrics has {name}")
         rep.check(c.metric("duet_router_aborts_total{reason=\"stop_string\"}") >= 2, "stop-string stops counted")
         # Redis records
