@@ -16,9 +16,9 @@
 # once (device copy, bf16 and fp8 GEMMs, fp32 FMA, pinned host copies), then
 # runs duet-check-ops once per operation (a crash or hang in one cannot hide the
 # others) with --bench: each case is checked against the CPU reference, then
-# timed.  The full table goes to $OUT/check-ops.txt ($OUT: the folder whose
-# contents come back from the GPU machine; elsewhere build-cuda/device-check/);
-# stdout ends with a compact table and the summary.
+# timed.  The full table goes to build-cuda/device-check/check-ops.txt (where $OUT,
+# the folder whose contents come back from the GPU machine, is set: copied there,
+# with device-check-files.tgz); stdout ends with a compact table and the summary.
 #
 # Options: --check-only (no timings), --op NAME (one operation), --seed N (other inputs), --prepare.
 # Exit status: 0 every case passed, 1 otherwise.
@@ -28,7 +28,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-cuda}"
 BIN="$BUILD/tools/duet-check-ops"
-RES="${OUT:-$BUILD/device-check}"
+duet_device_results "$BUILD/device-check" "check-ops.txt"
 PER_OP_TIMEOUT="${DUET_CHECK_TIMEOUT:-150}"
 BUDGET="${DUET_CHECK_BUDGET:-420}"  # seconds for the whole run (a run on the GPU machine may take at most 480)
 

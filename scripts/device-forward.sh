@@ -26,8 +26,9 @@
 #     (--batches) with a 32k context, each against its roofline;
 #   - with --ops-bench, duet-check-ops --bench for the matmul, MoE and weight-read groups
 #     (--ops-bench-ops LIST: those groups instead, e.g. 'index_score').
-# Prints one table at the end; full logs go to $OUT (elsewhere
-# build-fwd/device-forward/).  DUET_CUDA_BUILD names another build directory.
+# Prints one table at the end; full logs go to build-fwd/device-forward/ (where $OUT is set,
+# there also summary.txt, check-ops.txt, the kernel CSVs and device-forward-files.tgz: every file).
+# DUET_CUDA_BUILD names another build directory.
 #
 # Options: --prepare, --quick (4 prompts x 32 tokens), --no-bench, --no-ops, --ops-only LIST
 # (duet-check-ops for the groups LIST names, e.g. 'exact rope'), --exact-bench (the slice's decode
@@ -55,7 +56,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"   # sm_90 only: four binaries of ~6 MB travel
 BIN="$BUILD/tools"
-RES="${OUT:-$BUILD/device-forward}"
+duet_device_results "$BUILD/device-forward" "kernels-slice-*.csv check-ops.txt"
 TGZ="$BUILD/device-forward.tgz"
 TOOLS="tools/duet-check-forward tools/duet-check-ops tools/duet-mkmodel tools/duet-generate"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"

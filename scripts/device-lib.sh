@@ -26,6 +26,33 @@ duet_device_prepare() {
   ninja -C "$build" "$@" && "$ROOT/scripts/make-bundle.sh"
 }
 
+# Where a runner's files go: DIR ($1, under the build directory).  When $OUT is set (the GPU
+# machine's folder whose files come back, at most eight of them), at the script's exit $OUT gets
+# DIR's summary.txt, the files matching the globs ($2, relative to DIR; five at most) and all of
+# DIR but Nsight's binary reports as one tarball, NAME-files.tgz; a run that wrote its many logs
+# into $OUT itself lost its summary to the limit.  Sets RES.
+duet_device_results() {
+  RES="$1"
+  DUET_RESULTS_KEEP="${2:-}"
+  mkdir -p "$RES"
+  [ -n "${OUT:-}" ] && trap duet_device_pack_results EXIT
+  return 0
+}
+duet_device_pack_results() {
+  local n=0 pat f
+  [ -f "$RES/summary.txt" ] && cp "$RES/summary.txt" "$OUT/"
+  for pat in $DUET_RESULTS_KEEP; do
+    for f in "$RES"/$pat; do
+      if [ -f "$f" ] && [ "$n" -lt 5 ]; then
+        cp "$f" "$OUT/" && n=$((n + 1))
+      fi
+    done
+  done
+  tar -czf "$OUT/$(basename "$RES")-files.tgz" --exclude='*.ncu-rep' -C "$(dirname "$RES")" "$(basename "$RES")" \
+    2>/dev/null
+  return 0
+}
+
 # cuBLAS / cuBLASLt 13; NCCL (tensor parallelism loads it at run time).
 duet_cublas_dir() { duet_cuda_lib_dir libcublasLt.so.13 cublas; }
 duet_nccl_dir() { duet_cuda_lib_dir libnccl.so.2 nccl; }

@@ -23,7 +23,8 @@
 # GPU to GPU when run as  UCX_TLS=tcp,self,cuda_copy,cuda_ipc UCX_PROTO_ENABLE=y bash scripts/device-multi.sh
 # Options: --steps "machine tp xfer pd" (default all), --tp N (default 2); environment TP_ENCODINGS
 # ("bf16 fp8"), TP_LENS (prompt lengths), PD_CONFIGS ("0,1/1 0/0,1": prefill GPUs/decode GPUs).
-# $OUT gets device-multi.log and the bench JSON; the summary is printed last.  Exit 0 when
+# Logs in build-fwd/device-multi (where $OUT is set, there also the bench JSON and
+# device-multi-files.tgz); the summary is printed last.  Exit 0 when
 # every check passed.
 set -uo pipefail
 
@@ -41,7 +42,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 WORK=/tmp/duet-multi
-RES="${OUT:-$BUILD/device-multi}"
+duet_device_results "$BUILD/device-multi" "*.json"
 mkdir -p "$RES" "$WORK"
 LOG="$RES/device-multi.log"
 SUM="$WORK/summary.txt"

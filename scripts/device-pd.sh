@@ -25,7 +25,8 @@
 #     caches), then `abort-storm`: both workers on
 #     the one GPU, every output equal to `duet-generate --device cuda`;
 #   - pdtest `decode-rate`: 32 requests x 128 tokens on tiny and on the slice.
-# Prints one table at the end; logs go to $OUT (elsewhere build-fwd/device-pd/).
+# Prints one table at the end; logs go to build-fwd/device-pd/ (where $OUT is set, there also
+# summary.txt, the bench JSON and device-pd-files.tgz: every file).
 # DUET_CUDA_BUILD names another build directory.
 #
 #   - pdtest `hicache`: the prefix cache on the GPU (device and host tiers, two write
@@ -43,7 +44,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/device-lib.sh"
 BUILD="${DUET_CUDA_BUILD:-$ROOT/build-fwd}"
-RES="${OUT:-$BUILD/device-pd}"
+duet_device_results "$BUILD/device-pd" "pd-*.json"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 BINS="prefill/duet-prefill decode/duet-decode tools/duet-driver tools/duet-generate tools/duet-mkmodel tools/duet-check-forward"
 # The binaries may also travel as scripts/device-agents.sh's tarball (copied there instead of the six files).

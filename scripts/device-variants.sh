@@ -23,8 +23,8 @@
 # reported and not timed), duet-check-ops --bench for the matmul and moe groups, then the
 # slice fixture's decode step (duet-check-forward --bench --decode-only), the variants
 # interleaved and repeated (A B A B) so that drift shows.  Prints one table, a row per case
-# and a column per variant (microseconds; the slice rows in ms a step); logs in $OUT
-# (elsewhere build-var/results).
+# and a column per variant (microseconds; the slice rows in ms a step); logs in
+# build-var/results (where $OUT is set, there also summary.txt and results-files.tgz).
 #
 # Options there: --cases SUBSTR (only the matmul cases whose shape contains SUBSTR),
 # --batches LIST (default 1,32), --ctx N (default 4096), --reps N (default 2), --no-slice,
@@ -38,7 +38,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$ROOT/scripts/device-lib.sh"
 VAR="$ROOT/build-var"
-RES="${OUT:-$VAR/results}"
+duet_device_results "$VAR/results"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe" prefill=0 checks=""
 
