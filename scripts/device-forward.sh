@@ -38,7 +38,8 @@
 # forward call's GPU time split by phase: duet-check-forward --phases), --kernels (one decode step
 # at each of the batches --kernel-batches LIST names, default 1,32, and each context --kernel-ctx LIST
 # names, default 4096 (the first also the context of --stalls), under Nsight Compute: every kernel's
-# duration, their sum against the step's time, scripts/kernel-times.py), --moe-host (time the slice a second time with
+# duration and DRAM bytes, their sum against the step's time, each kernel's DRAM rate against the
+# copy ceiling, scripts/kernel-times.py), --moe-host (time the slice a second time with
 # DUET_MOE_HOST=1: the per-expert MoE path with routing on the host), --stalls SPEC[,SPEC...] (each
 # SPEC REGEX:SKIP:COUNT: the launches SKIP .. SKIP+COUNT-1 of the kernels whose function name matches
 # REGEX, counted over one decode step at batch 1 then one at batch 32 (4k context), under Nsight
@@ -234,7 +235,8 @@ if [ -n "$slice_pid" ]; then
     IFS=, read -ra kctxs <<<"$kernel_ctx"
     for kc in "${kctxs[@]}"; do
       csv="$RES/kernels-slice-ctx$kc.csv"
-      timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \
+      timeout 300 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        --csv --print-units base \
         --print-kernel-base function --cache-control none --clock-control none \
         "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx "$kc" --batches "$kernel_batches" \
         >"$csv" 2>>"$LOG"
@@ -249,7 +251,9 @@ if [ -n "$slice_pid" ]; then
         steps="${steps:+$steps,}${st:-0}"
       done
       { echo "[slice kernels, ncu, context $kc] exit $rc (step times from the slice bench: $steps ms)"
-        python3 "$ROOT/scripts/kernel-times.py" "$csv" --labels "$kernel_batches" --step-ms "$steps" --top 30 --launches 0; } \
+        copy="$(sed -n 's/^ceilings: copy \([0-9.]*\) GB\/s.*/\1/p' "$bench_out" 2>/dev/null | head -1)"
+        python3 "$ROOT/scripts/kernel-times.py" "$csv" --labels "$kernel_batches" --step-ms "$steps" --top 30 --launches 0 \
+          --copy-gbs "${copy:-0}"; } \
         | tee -a "$SUM"
       [ "$rc" = 0 ] || fail=1
     done
