@@ -281,8 +281,20 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
 template <int KS>
 __device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
 {
+    /* a warp takes 8 keys x 4 pieces: each key's 64 contiguous bytes from global memory, and in
+     * shared memory a piece's 8 keys side by side (128 bytes: no bank conflict), where a warp
+     * taking two keys' 16 pieces wrote 1 KB apart (eight-way conflicts); pieces a key not a
+     * multiple of 4: a key's pieces on adjacent threads */
+    const bool quad = cpk % 4 == 0;
     for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
-        int kk = c / cpk, p = c - kk * cpk;
+        int kk, p;
+        if (quad) {
+            kk = ((c >> 5) & 7) * 8 + (c & 7);
+            p = (c >> 8) * 4 + ((c >> 3) & 3);
+        } else {
+            kk = c / cpk;
+            p = c - kk * cpk;
+        }
         const uint8_t *row = krow[kk];
         void *dst = KS == 1 ? static_cast<void *>(kb + p * IST_PIECE + 8 * kk)
                             : static_cast<void *>(raw + 16 * (p * IST_KT + kk));
