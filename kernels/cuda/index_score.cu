@@ -292,27 +292,31 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
 template <int KS>
 __device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
 {
-    /* a warp takes 8 keys x 4 pieces: each key's 64 contiguous bytes from global memory, and in
-     * shared memory a piece's 8 keys side by side (128 bytes: no bank conflict), where a warp
-     * taking two keys' 16 pieces wrote 1 KB apart (eight-way conflicts); pieces a key not a
-     * multiple of 4: a key's pieces on adjacent threads */
-    const bool quad = cpk % 4 == 0;
-    for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
-        int kk, p;
-        if (quad) {
-            kk = ((c >> 5) & 7) * 8 + (c & 7);
-            p = (c >> 8) * 4 + ((c >> 3) & 3);
-        } else {
-            kk = c / cpk;
-            p = c - kk * cpk;
-        }
-        const uint8_t *row = krow[kk];
+    auto copy = [&](const uint8_t *row, int kk, int p) {
         void *dst = KS == 1 ? static_cast<void *>(kb + p * IST_PIECE + 8 * kk)
                             : static_cast<void *>(raw + 16 * (p * IST_KT + kk));
         if (row)
             cp_async16(dst, row + 16 * p);
         else
             *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+    };
+    if (cpk % 4 == 0) {
+        /* a warp takes 8 keys x 4 pieces: each key's 64 contiguous bytes from global memory, and
+         * in shared memory a piece's 8 keys side by side (128 bytes: no bank conflict), where a
+         * warp taking two keys' 16 pieces wrote 1 KB apart (eight-way conflicts).  Thread t: keys
+         * k0 = 8 (t / 32) + t % 8 and k0 + 32, pieces 4 m + (t / 8) % 4: two entry pointers a tile */
+        static_assert(IST_KT == 64 && IST_WARPS == 4, "four warps of 8 keys, twice, cover the tile");
+        const int t = threadIdx.x, k0 = 8 * (t >> 5) + (t & 7), p0 = (t >> 3) & 3;
+        const uint8_t *r0 = krow[k0], *r1 = krow[k0 + 32];
+        for (int m = 0; m < cpk / 4; m++) {
+            copy(r0, k0, 4 * m + p0);
+            copy(r1, k0 + 32, 4 * m + p0);
+        }
+    } else { /* pieces a key not a multiple of 4: a key's pieces on adjacent threads */
+        for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
+            int kk = c / cpk;
+            copy(krow[kk], kk, c - kk * cpk);
+        }
     }
     cp_commit();
 }
