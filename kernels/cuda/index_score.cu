@@ -241,6 +241,17 @@ __global__ void __launch_bounds__(IS_THREADS, KS ? IS_MIN_BLOCKS_CACHE : IS_MIN_
 #ifndef IS_TC
 #define IS_TC 1
 #endif
+/* tiles in flight a block: the one multiplied and IST_STAGES - 1 landing (bf16 pools: staged
+ * buffers; fp8: raw buffers, widened into one staged buffer) */
+#ifndef IST_STAGES
+#define IST_STAGES 2
+#endif
+/* the kernel's dynamic shared memory: the staged buffers, then (fp8) the raw ones */
+template <int KS> __host__ __device__ constexpr size_t ist_smem_bytes()
+{
+    return (size_t)(KS == 1 ? IST_STAGES : 1) * IST_KT * IST_MAX_DIM * 2 +
+           (KS == 2 ? (size_t)IST_STAGES * IST_KT * IST_MAX_DIM : 0);
+}
 
 __device__ __forceinline__ void ist_mma(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
@@ -281,15 +292,31 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
 template <int KS>
 __device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
 {
-    for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
-        int kk = c / cpk, p = c - kk * cpk;
-        const uint8_t *row = krow[kk];
+    auto copy = [&](const uint8_t *row, int kk, int p) {
         void *dst = KS == 1 ? static_cast<void *>(kb + p * IST_PIECE + 8 * kk)
                             : static_cast<void *>(raw + 16 * (p * IST_KT + kk));
         if (row)
             cp_async16(dst, row + 16 * p);
         else
             *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+    };
+    if (cpk % 4 == 0) {
+        /* a warp takes 8 keys x 4 pieces: each key's 64 contiguous bytes from global memory, and
+         * in shared memory a piece's 8 keys side by side (128 bytes: no bank conflict), where a
+         * warp taking two keys' 16 pieces wrote 1 KB apart (eight-way conflicts).  Thread t: keys
+         * k0 = 8 (t / 32) + t % 8 and k0 + 32, pieces 4 m + (t / 8) % 4: two entry pointers a tile */
+        static_assert(IST_KT == 64 && IST_WARPS == 4, "four warps of 8 keys, twice, cover the tile");
+        const int t = threadIdx.x, k0 = 8 * (t >> 5) + (t & 7), p0 = (t >> 3) & 3;
+        const uint8_t *r0 = krow[k0], *r1 = krow[k0 + 32];
+        for (int m = 0; m < cpk / 4; m++) {
+            copy(r0, k0, 4 * m + p0);
+            copy(r1, k0 + 32, 4 * m + p0);
+        }
+    } else { /* pieces a key not a multiple of 4: a key's pieces on adjacent threads */
+        for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
+            int kk = c / cpk;
+            copy(krow[kk], kk, c - kk * cpk);
+        }
     }
     cp_commit();
 }
@@ -302,10 +329,13 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                           float *score)
 {
     static_assert(KS == 1 || KS == 2, "index-K pools only");
-    /* bf16: two staged buffers (one multiplied, one landing); fp8: one, and two raw buffers */
-    constexpr int NB = KS == 1 ? 2 : 1;
-    __shared__ __align__(128) uint16_t kb[NB][IST_KT * IST_MAX_DIM];
-    __shared__ __align__(16) uint8_t raw[KS == 2 ? 2 : 1][KS == 2 ? IST_KT * IST_MAX_DIM : 16];
+    /* bf16: IST_STAGES staged buffers (one multiplied, the others landing); fp8: one, and
+     * IST_STAGES raw buffers */
+    constexpr int S = IST_STAGES, NB = KS == 1 ? S : 1;
+    static_assert(S >= 2 && S <= 4, "two to four tiles in flight");
+    extern __shared__ __align__(128) unsigned char ist_dyn[];
+    auto kb = reinterpret_cast<uint16_t(*)[IST_KT * IST_MAX_DIM]>(ist_dyn);
+    auto raw = reinterpret_cast<uint8_t(*)[IST_KT * IST_MAX_DIM]>(ist_dyn + (size_t)NB * IST_KT * IST_MAX_DIM * 2);
     __shared__ const uint8_t *krow[IST_MAX_T * IST_KT];
     __shared__ float kscale[KS == 2 ? IST_MAX_T * IST_KT : 1];
     __shared__ float red[IST_WARPS][IST_KT];
@@ -360,23 +390,30 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
         for (int j = 0; j < NB; j++)
             *reinterpret_cast<uint4 *>(kb[j] + c) = make_uint4(0, 0, 0, 0);
     __syncthreads();
-    ist_issue<KS>(krow, cpk, kb[0], raw[0]);
-    for (int i = 0; i < ntiles; i++) {
-        int key0 = (tile0 + i) * IST_KT;
-        /* the next tile in flight while this one is multiplied; its buffer's readers (the tile
-         * before this one) passed the barrier that ended their tile */
-        if (i + 1 < ntiles)
-            ist_issue<KS>(krow + (i + 1) * IST_KT, cpk, kb[(i + 1) % NB], raw[(i + 1) & 1]);
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) {
+        if (j < ntiles)
+            ist_issue<KS>(krow + j * IST_KT, cpk, kb[j % NB], KS == 2 ? raw[j] : NULL);
         else
             cp_commit();
-        cp_wait<1>();
+    }
+    for (int i = 0; i < ntiles; i++) {
+        int key0 = (tile0 + i) * IST_KT;
+        /* S - 1 tiles on in flight while this one is multiplied; their buffer's readers (the
+         * tile before this one) passed the barrier that ended their tile */
+        int nx = i + S - 1;
+        if (nx < ntiles)
+            ist_issue<KS>(krow + nx * IST_KT, cpk, kb[nx % NB], KS == 2 ? raw[nx % S] : NULL);
+        else
+            cp_commit();
+        cp_wait<S - 1>();
         wg_fence_proxy(); /* the landed bytes, read by wgmma's proxy */
         __syncthreads();
         const uint16_t *kt = kb[i % NB];
         if constexpr (KS == 2) { /* a piece of the tile a thread, adjacent keys on adjacent threads */
             for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
                 int kk = c % IST_KT, p = c / IST_KT;
-                uint4 v = *reinterpret_cast<const uint4 *>(raw[i & 1] + 16 * c), lo, hi;
+                uint4 v = *reinterpret_cast<const uint4 *>(raw[i % S] + 16 * c), lo, hi;
                 ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
                 ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
                 ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
@@ -491,12 +528,19 @@ static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int fp8, int tiles, int
 {
     if (!c->ist_blocks[fp8]) {
         int nb = 0;
-        if (fp8)
+        /* the staged buffers may pass the default 48 KB of dynamic shared memory: raised once, with
+         * the occupancy question (which needs the same size) */
+        if (fp8) {
+            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    (int)ist_smem_bytes<2>()));
             DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<2>,
-                                                                             IST_WARPS * 32, 0));
-        else
+                                                                             IST_WARPS * 32, ist_smem_bytes<2>()));
+        } else {
+            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    (int)ist_smem_bytes<1>()));
             DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<1>,
-                                                                             IST_WARPS * 32, 0));
+                                                                             IST_WARPS * 32, ist_smem_bytes<1>()));
+        }
         c->ist_blocks[fp8] = nb > 0 ? nb : 1;
     }
     long occ = c->ist_blocks[fp8], sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
@@ -581,10 +625,10 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
         DUET_TRY(ist_tiles_per_block(c, ks.g.mode == 0 ? 0 : 1, duet_cdiv(max_keys, IST_KT), n_rows, &T));
         dim3 grid((unsigned)duet_cdiv(duet_cdiv(max_keys, IST_KT), T), (unsigned)n_rows);
         if (ks.g.mode == 0)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32), 0, q, w,
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32), ist_smem_bytes<1>(), q, w,
                                                 n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
         else
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<2>, grid, dim3(IST_WARPS * 32), 0, q, w,
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<2>, grid, dim3(IST_WARPS * 32), ist_smem_bytes<2>(), q, w,
                                                 n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
         return DUET_OK;
     }

@@ -30,19 +30,26 @@ __device__ __forceinline__ uint32_t topk_key(float f)
 }
 
 /* Exclusive prefix sums of two counts over the block in thread order, and their totals. */
+/* Inclusive scan of two values across a warp's lanes. */
+__device__ __forceinline__ void warp_scan2(uint32_t *a, uint32_t *b)
+{
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        uint32_t ta = __shfl_up_sync(0xffffffffu, *a, o), tb = __shfl_up_sync(0xffffffffu, *b, o);
+        if (lane >= o) {
+            *a += ta;
+            *b += tb;
+        }
+    }
+}
+
 __device__ __forceinline__ void block_scan2(uint32_t a, uint32_t b, uint32_t *a_ex, uint32_t *b_ex, uint32_t *a_tot,
                                             uint32_t *b_tot, uint32_t (*wsum)[2])
 {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     uint32_t ia = a, ib = b;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        uint32_t ta = __shfl_up_sync(0xffffffffu, ia, o), tb = __shfl_up_sync(0xffffffffu, ib, o);
-        if (lane >= o) {
-            ia += ta;
-            ib += tb;
-        }
-    }
+    warp_scan2(&ia, &ib);
     if (lane == 31) {
         wsum[warp][0] = ia;
         wsum[warp][1] = ib;
@@ -50,14 +57,7 @@ __device__ __forceinline__ void block_scan2(uint32_t a, uint32_t b, uint32_t *a_
     __syncthreads();
     if (warp == 0) {
         uint32_t va = lane < nw ? wsum[lane][0] : 0, vb = lane < nw ? wsum[lane][1] : 0, xa = va, xb = vb;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            uint32_t ta = __shfl_up_sync(0xffffffffu, xa, o), tb = __shfl_up_sync(0xffffffffu, xb, o);
-            if (lane >= o) {
-                xa += ta;
-                xb += tb;
-            }
-        }
+        warp_scan2(&xa, &xb);
         __syncwarp();
         if (lane < nw) {
             wsum[lane][0] = xa - va;
