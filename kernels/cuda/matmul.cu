@@ -3167,16 +3167,33 @@ static bool ws_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, i
            ws_plan(c, row_end - row_begin, w->cols) > 0 && ws_encoder();
 }
 
+/* The L2 promotion of the weights' boxes (a box row is one unit's 128 bytes of a weight row, the
+ * rows 1 KB or more apart): 256 (L2 fetches 256-byte runs, the next unit's half with it), 128, 64
+ * or 0 (none); a build setting, for timing variants */
+#ifndef TC_WS_L2_PROMO
+#define TC_WS_L2_PROMO 256
+#endif
+static_assert(TC_WS_L2_PROMO == 0 || TC_WS_L2_PROMO == 64 || TC_WS_L2_PROMO == 128 || TC_WS_L2_PROMO == 256,
+              "an L2 promotion the tensor maps know");
+static CUtensorMapL2promotion ws_weight_promotion()
+{
+    return TC_WS_L2_PROMO == 256   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+           : TC_WS_L2_PROMO == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+           : TC_WS_L2_PROMO == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                   : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+}
+
 /* A 2D tensor map of `d1` rows of `d0` elements (`esize` bytes each) `stride` bytes apart, boxes of
- * b0 x b1; elements past its end read as zeros */
+ * b0 x b1, fetched into L2 with promotion `promo`; elements past its end read as zeros */
 static duet_status_t ws_map(duet_cuda_t *c, CUtensorMap *m, const void *base, CUtensorMapDataType type, uint64_t d0,
-                            uint64_t d1, uint64_t stride, uint32_t b0, uint32_t b1)
+                            uint64_t d1, uint64_t stride, uint32_t b0, uint32_t b1,
+                            CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_256B)
 {
     cuuint64_t dims[2] = {d0, d1}, strides[1] = {stride};
     cuuint32_t box[2] = {b0, b1}, es[2] = {1, 1};
     CUresult r = ws_encoder()(m, type, 2, const_cast<void *>(base), dims, strides, box, es,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promo,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return duet_cuda_failf(c, DUET_ERR_CUDA, "matmul: tensor map of %llu x %llu (stride %llu, box %u x %u): error %d",
                                (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)stride, b0, b1,
@@ -3195,7 +3212,7 @@ static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const ui
      * split x as [unit][run] rows of npad positions' 16 bytes (boxes of 32 positions by 32 runs) */
     CUtensorMap wmap, xmap;
     DUET_TRY(ws_map(c, &wmap, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, (uint64_t)a.cols, (uint64_t)a.row_end, a.row_bytes,
-                    128, F::ROWS));
+                    128, F::ROWS, ws_weight_promotion()));
     DUET_TRY(ws_map(c, &xmap, img, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2 * (uint64_t)npad, 32 * (uint64_t)units,
                     16 * (uint64_t)npad, 2 * WS_TOK, 32));
     unsigned row_blocks = duet_cdiv((size_t)rows, F::ROWS);
