@@ -531,12 +531,14 @@ static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int fp8, int tiles, int
         /* the staged buffers may pass the default 48 KB of dynamic shared memory: raised once, with
          * the occupancy question (which needs the same size) */
         if (fp8) {
-            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<2>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     (int)ist_smem_bytes<2>()));
             DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<2>,
                                                                              IST_WARPS * 32, ist_smem_bytes<2>()));
         } else {
-            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<1>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     (int)ist_smem_bytes<1>()));
             DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<1>,
                                                                              IST_WARPS * 32, ist_smem_bytes<1>()));
@@ -625,11 +627,13 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
         DUET_TRY(ist_tiles_per_block(c, ks.g.mode == 0 ? 0 : 1, duet_cdiv(max_keys, IST_KT), n_rows, &T));
         dim3 grid((unsigned)duet_cdiv(duet_cdiv(max_keys, IST_KT), T), (unsigned)n_rows);
         if (ks.g.mode == 0)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32), ist_smem_bytes<1>(), q, w,
-                                                n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32),
+                                                ist_smem_bytes<1>(), q, w, n_heads, dim, ks, key_off, n_keys,
+                                                score_off, scale, T, score));
         else
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<2>, grid, dim3(IST_WARPS * 32), ist_smem_bytes<2>(), q, w,
-                                                n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<2>, grid, dim3(IST_WARPS * 32),
+                                                ist_smem_bytes<2>(), q, w, n_heads, dim, ks, key_off, n_keys,
+                                                score_off, scale, T, score));
         return DUET_OK;
     }
     if (ks.g.mode == 0)
