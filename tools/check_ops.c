@@ -2581,6 +2581,10 @@ static void group_index(ck_t *ck)
     case_index_cache(ck, DUET_CACHE_FP8, 5, 4, 100, 64);
     /* a prefill chunk's rows: many rows of few keys, and a row of 16 tiles in one block */
     case_index_cache(ck, DUET_CACHE_FP8, 300, 64, 1024, 128);
+    /* entries of a number of 16-byte pieces that is not a multiple of 4 (6 and 5: the tile copies'
+     * other map, a key's pieces on adjacent threads), on the tensor form */
+    case_index_cache(ck, DUET_CACHE_BF16, 7, 64, 300, 48);
+    case_index_cache(ck, DUET_CACHE_FP8, 7, 64, 300, 80);
 }
 
 /* top-k alone on hard inputs: ties, NaN, -0/+0, k >= n. */
