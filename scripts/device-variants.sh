@@ -16,6 +16,8 @@
 #   A variant NAME=+OTHER:VAR=VALUE[,VAR=VALUE...] runs the binaries of variant OTHER (named
 #       before it) with those environment variables set, e.g. a=. b=+a:DUET_CUDA_SIDE=0 (nothing
 #       built twice).
+#   --prepare --ops-only NAME=REV ...: duet-check-ops alone a variant (half the bytes to carry, so
+#       twice the variants a call); the run there then has no slice rows.
 # There (on the GPU machine, with build-var/variants.tgz and .bundle copied into the checkout there):
 #   bash scripts/device-variants.sh
 #
@@ -43,12 +45,17 @@ FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
 cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe" prefill=0 checks=""
 
 usage() {
-  echo "usage: scripts/device-variants.sh --prepare NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
+  echo "usage: scripts/device-variants.sh --prepare [--ops-only] NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
   echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice] [--ops GROUPS] [--checks GROUPS] [--prefill]   (there)" >&2
   exit 2
 }
 
 prepare() {
+  local ops_only=0
+  if [ "${1:-}" = --ops-only ]; then
+    ops_only=1
+    shift
+  fi
   [ $# -gt 0 ] || usage
   set -e
   rm -rf "$VAR/bin"
@@ -93,10 +100,14 @@ prepare() {
       fi
       echo "$rev:$args" >"$b/.duet-variant"
     fi
-    ninja -C "$b" tools/duet-check-ops tools/duet-check-forward
     mkdir -p "$VAR/bin/$name"
+    if [ "$ops_only" = 1 ]; then
+      ninja -C "$b" tools/duet-check-ops
+    else
+      ninja -C "$b" tools/duet-check-ops tools/duet-check-forward
+      strip -o "$VAR/bin/$name/duet-check-forward" "$b/tools/duet-check-forward"
+    fi
     strip -o "$VAR/bin/$name/duet-check-ops" "$b/tools/duet-check-ops"
-    strip -o "$VAR/bin/$name/duet-check-forward" "$b/tools/duet-check-forward"
     if [ "$rev" = . ]; then
       what="the working tree at $(git -C "$ROOT" rev-parse --short HEAD)"
       git -C "$ROOT" diff --quiet HEAD -- || what="$what with changes"
@@ -150,6 +161,16 @@ duet_device_runtime /tmp/duet-variants "$(vbin "${names[0]}")/duet-check-ops" "$
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 
+# variants prepared with --ops-only have no duet-check-forward: no slice rows for any (the table
+# compares like with like)
+if [ "$slice" = 1 ]; then
+  for v in "${names[@]}"; do
+    if [ ! -x "$(vbin "$v")/duet-check-forward" ]; then
+      echo "variant $v has no duet-check-forward (prepared with --ops-only): no slice rows" | tee -a "$LOG"
+      slice=0
+    fi
+  done
+fi
 slice_pid=""
 if [ "$slice" = 1 ]; then
   ( "$VAR/bin/duet-mkmodel" --preset slice --out "$FIX/slice" >"$RES/mkmodel-slice.log" 2>&1 ) &
