@@ -1040,13 +1040,6 @@ void duet_ctl_server_destroy(duet_ctl_server_t **sp)
  * request and a late reply to it is discarded. */
 #define CTL_CTX_POOL_MAX 1024
 
-/* What a client or pusher keeps of its one connection (its dialer makes one at a time).  A
- * connection on which no reply has ever come is closed over ipc, and the dialer dials again, when
- * a call times out (a delivery waits) after it was up for CTL_SILENT_PIPE_MS: a server's listener
- * that libnng 1.5.2 stopped (above) completes the handshake of the connections it took and never
- * hands them to the server, so a client that dialed just then would wait for ever on a connection
- * that looks up, while the path already leads to a new listener.  (On a healthy server the same
- * rule only ends a connection whose first call the server never answered.) */
 /* The dialers of a client or pusher (conn_redial_stuck adds one when the others stopped). */
 #define CTL_MAX_DIALERS 4
 typedef struct {
@@ -1055,6 +1048,13 @@ typedef struct {
     uint64_t changed_ns; /* when that sum last moved (or the dialer was made) */
 } dialer_slot_t;
 
+/* What a client or pusher keeps of its one connection (its dialers make one at a time).  A
+ * connection on which no reply has ever come is closed over ipc, and the dialer dials again, when
+ * a call times out (a delivery waits) after it was up for CTL_SILENT_PIPE_MS: a server's listener
+ * that libnng 1.5.2 stopped (above) completes the handshake of the connections it took and never
+ * hands them to the server, so a client that dialed just then would wait for ever on a connection
+ * that looks up, while the path already leads to a new listener.  (On a healthy server the same
+ * rule only ends a connection whose first call the server never answered.) */
 typedef struct {
     atomic_uint pipe_id;      /* the connection now, 0: none */
     _Atomic uint64_t up_ns;   /* since when it is up */

@@ -493,7 +493,7 @@ __device__ __forceinline__ uint64_t wg_b_desc(const void *xs, int parts, int ks,
 {
     uint32_t addr =
         (uint32_t)__cvta_generic_to_shared(reinterpret_cast<const char *>(xs) + (ks * parts + s) * 2 * WG_B_KC);
-    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WG_B_KC >> 4) << 16 | (uint64_t)(8 * WG_B_ROW >> 4) << 32;
+    return wg_desc(addr, WG_B_KC, 8 * WG_B_ROW);
 }
 /* d (a warp's m16 row tile by 32 tokens: [n tile][4], mma.sync's accumulator layout) += A B */
 template <int WT> __device__ __forceinline__ void wg_mma(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc)
@@ -994,7 +994,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
             }
         }
         if constexpr (WG) /* the split x, written through the generic proxy, read by wgmma's async one */
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            wg_fence_proxy();
         cp_wait<S - 2>();
         __syncthreads();
         if (u + S - 1 < ue) {
@@ -2454,9 +2454,7 @@ __device__ __forceinline__ void wide_mmas(float (&d)[8][4], uint32_t (&wa)[KS][4
 #pragma unroll
         for (int s = 0; s < P; s++) {
             uint32_t addr = bbase + ((ks0 + j) * P + s) * 2 * WIDE_B_HALF;
-            uint64_t desc =
-                (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(WIDE_B_HALF >> 4) << 16 | (uint64_t)(8 * 16 >> 4) << 32;
-            wg_mma64<WT == WT_BF16>(d, wa[j], desc);
+            wg_mma64<WT == WT_BF16>(d, wa[j], wg_desc(addr, WIDE_B_HALF, 8 * 16));
         }
     wg_commit();
     wg_wait0();
@@ -2576,7 +2574,7 @@ __global__ void __launch_bounds__(wide_form<GROUPED, WT>::THREADS,
             load((u + S - 1) % S, u + S - 1);
         cp_commit();
         cp_wait<S - 1>();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* the copies, read by wgmma's proxy */
+        wg_fence_proxy(); /* the copies, read by wgmma's proxy */
         __syncthreads();
         const uint8_t *st = wsm_ + (u % S) * STAGE;
         uint32_t bbase = (uint32_t)__cvta_generic_to_shared(st + WSTAGE);
@@ -3056,8 +3054,7 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
 #pragma unroll
                 for (int p = 0; p < 2; p++) {
                     uint32_t addr = bbase + (ks * 2 + p) * 2 * (WS_TOK * 16);
-                    uint64_t desc = (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)((WS_TOK * 16) >> 4) << 16 |
-                                    (uint64_t)(8 * 16 >> 4) << 32;
+                    uint64_t desc = wg_desc(addr, WS_TOK * 16, 8 * 16);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++)
                         wg_mma<WT_F8>(part[mt], wa[mt][ks], desc);
