@@ -29,7 +29,6 @@ __device__ __forceinline__ uint32_t topk_key(float f)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Exclusive prefix sums of two counts over the block in thread order, and their totals. */
 /* Inclusive scan of two values across a warp's lanes. */
 __device__ __forceinline__ void warp_scan2(uint32_t *a, uint32_t *b)
 {
@@ -44,6 +43,7 @@ __device__ __forceinline__ void warp_scan2(uint32_t *a, uint32_t *b)
     }
 }
 
+/* Exclusive prefix sums of two counts over the block in thread order, and their totals. */
 __device__ __forceinline__ void block_scan2(uint32_t a, uint32_t b, uint32_t *a_ex, uint32_t *b_ex, uint32_t *a_tot,
                                             uint32_t *b_tot, uint32_t (*wsum)[2])
 {
