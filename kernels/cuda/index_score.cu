@@ -285,10 +285,9 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
     w1 = __byte_perm(__float_as_uint(fb.x), __float_as_uint(fb.y), 0x7632);
 }
 
-/* A tile's 64 keys into shared memory, in flight (cp.async), a key's pieces read by adjacent
- * threads: bf16 entries straight into their staged pieces, fp8 entries' e4m3 bytes into a raw
- * buffer of the same order ([16-value piece][key], widened after they land); keys past the row's
- * count as zeros. */
+/* A tile's 64 keys into shared memory, in flight (cp.async): bf16 entries straight into their
+ * staged pieces, fp8 entries' e4m3 bytes into a raw buffer of the same order ([16-value
+ * piece][key], widened after they land); keys past the row's count as zeros. */
 template <int KS>
 __device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
 {
@@ -524,28 +523,20 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
  * row's blocks.  (At 32 rows of 8,193 keys the earlier rule, four blocks an SM in all, made 544
  * blocks of 8 tiles for 396 places: a second wave, a launch of 16 tiles' time where 12 blocks a
  * row of 11 tiles take 11.) */
-static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int fp8, int tiles, int n_rows, int *T)
+template <int KS> static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int tiles, int n_rows, int *T)
 {
-    if (!c->ist_blocks[fp8]) {
+    int *occ_c = &c->ist_blocks[KS - 1];
+    if (!*occ_c) {
         int nb = 0;
         /* the staged buffers may pass the default 48 KB of dynamic shared memory: raised once, with
          * the occupancy question (which needs the same size) */
-        if (fp8) {
-            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<2>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    (int)ist_smem_bytes<2>()));
-            DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<2>,
-                                                                             IST_WARPS * 32, ist_smem_bytes<2>()));
-        } else {
-            DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<1>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    (int)ist_smem_bytes<1>()));
-            DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<1>,
-                                                                             IST_WARPS * 32, ist_smem_bytes<1>()));
-        }
-        c->ist_blocks[fp8] = nb > 0 ? nb : 1;
+        DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)ist_smem_bytes<KS>()));
+        DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<KS>, IST_WARPS * 32,
+                                                                         ist_smem_bytes<KS>()));
+        *occ_c = nb > 0 ? nb : 1;
     }
-    long occ = c->ist_blocks[fp8], sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    long occ = *occ_c, sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
     long best = -1;
     int best_t = 1;
     for (int t = 1; t <= IST_MAX_T && t <= tiles; t++) {
@@ -573,6 +564,20 @@ static duet_status_t is_launch(duet_cuda_t *c, const float *q, const float *w, i
     dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_kernel<KS>, grid, dim3(IS_THREADS), 0, q, w, n_heads, dim, ks,
                                         key_off, n_keys, score_off, scale, score));
+    return DUET_OK;
+}
+
+/* The tensor-core form's launch: KS 1 a bf16 index-K pool, 2 an fp8 one */
+template <int KS>
+static duet_status_t ist_launch(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
+                                const is_keys &ks, const int32_t *key_off, const int32_t *n_keys,
+                                const int32_t *score_off, int max_keys, float scale, float *score)
+{
+    int T = 1, tiles = duet_cdiv(max_keys, IST_KT);
+    DUET_TRY(ist_tiles_per_block<KS>(c, tiles, n_rows, &T));
+    dim3 grid((unsigned)duet_cdiv(tiles, T), (unsigned)n_rows);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<KS>, grid, dim3(IST_WARPS * 32), ist_smem_bytes<KS>(),
+                                        q, w, n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
     return DUET_OK;
 }
 
@@ -623,18 +628,9 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
         ks.g.entry_data_bytes % 16 == 0 && (uintptr_t)base % 16 == 0 && n_rows > 0 && max_keys > 0) {
         if (n_rows > 65535)
             return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
-        int T = 1;
-        DUET_TRY(ist_tiles_per_block(c, ks.g.mode == 0 ? 0 : 1, duet_cdiv(max_keys, IST_KT), n_rows, &T));
-        dim3 grid((unsigned)duet_cdiv(duet_cdiv(max_keys, IST_KT), T), (unsigned)n_rows);
         if (ks.g.mode == 0)
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<1>, grid, dim3(IST_WARPS * 32),
-                                                ist_smem_bytes<1>(), q, w, n_heads, dim, ks, key_off, n_keys,
-                                                score_off, scale, T, score));
-        else
-            DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_tc_kernel<2>, grid, dim3(IST_WARPS * 32),
-                                                ist_smem_bytes<2>(), q, w, n_heads, dim, ks, key_off, n_keys,
-                                                score_off, scale, T, score));
-        return DUET_OK;
+            return ist_launch<1>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
+        return ist_launch<2>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
     }
     if (ks.g.mode == 0)
         return is_launch<1>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
