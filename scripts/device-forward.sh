@@ -241,9 +241,10 @@ if [ -n "$slice_pid" ]; then
         "$BIN/duet-check-forward" --model "$FIX/slice" --bench --decode-only --ctx "$kc" --batches "$kernel_batches" \
         >"$csv" 2>>"$LOG"
       rc=$?
-      # the step times from the slice bench of the same context
-      bench_out="$RES/bench-slice.txt"
-      [ "$kc" = 4096 ] || bench_out="$RES/bench-slice-long.txt"
+      # the step times (and the copy ceiling) from the slice bench of the same context, where one ran
+      bench_out="$RES/bench-slice-ctx$kc.none"
+      [ "$kc" = 4096 ] && bench_out="$RES/bench-slice.txt"
+      [ "$kc" = "$long_ctx" ] && [ "$kc" != 4096 ] && bench_out="$RES/bench-slice-long.txt"
       steps=""
       IFS=, read -ra kbs <<<"$kernel_batches"
       for kb in "${kbs[@]}"; do
