@@ -679,6 +679,23 @@ struct tc_split {
     int chunks;   /* 1: no split */
 };
 
+/* Whether this block is the last of its tile's `sp.chunks` blocks to finish a split launch: every
+ * block's partial written (fenced) before it counts itself in; the last one (and only it) returns
+ * true, its reads of the others' partials after a second fence.  `flag` is a shared int the
+ * block's threads read the answer from.  Every thread of the block calls it. */
+__device__ __forceinline__ bool splitk_last(const tc_split &sp, int tile_id, int *flag)
+{
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *flag = atomicAdd(sp.count + tile_id, 1) == sp.chunks - 1;
+    __syncthreads();
+    if (!*flag)
+        return false;
+    __threadfence();
+    return true;
+}
+
 /* The split launch's last block of a tile: one row's K consecutive outputs (those k with ok(k)),
  * m_out floats apart from offset o, the chunks' partials added in chunk order (two chunks' loads
  * in flight at once; four measured no faster: docs/PERF.md) */
@@ -1240,15 +1257,9 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         });
     if (sp.chunks <= 1)
         return;
-    __threadfence();
-    __syncthreads();
     __shared__ int last;
-    if (threadIdx.x == 0)
-        last = atomicAdd(sp.count + tile_id, 1) == sp.chunks - 1;
-    __syncthreads();
-    if (!last)
+    if (!splitk_last(sp, tile_id, &last))
         return;
-    __threadfence();
     /* a thread a row (blockDim is TC_BLOCK_ROWS), all the tile's tokens side by side: each
      * chunk's loads for them are in flight together (a token's y row is yrow(t0) + k) */
     int row = rb0 + threadIdx.x;
@@ -3091,16 +3102,9 @@ __global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
     if (sp.chunks <= 1)
         return;
     /* the tile's last block to finish adds the chunks' partials in order: a thread a row */
-    __threadfence();
-    __syncthreads();
-    int *last = reinterpret_cast<int *>(wsm_ + 16 * S);
     const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0)
-        *last = atomicAdd(sp.count + tile_id, 1) == sp.chunks - 1;
-    __syncthreads();
-    if (!*last)
+    if (!splitk_last(sp, tile_id, reinterpret_cast<int *>(wsm_ + 16 * S)))
         return;
-    __threadfence();
     int m_out = a.row_end - a.row_begin;
     size_t plane = (size_t)a.n * m_out;
     /* a thread a row and half of the tile's tokens (the other half in a second pass) */
