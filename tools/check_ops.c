@@ -3988,6 +3988,50 @@ static duet_status_t rd_call(ck_t *ck, void *p)
     return duet_cuda_measure_runs(ck->c, a->buf, a->bytes, a->run, 0, NULL, &a->sum);
 }
 
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} dcopy_arg_t;
+
+static duet_status_t dcopy_call(ck_t *ck, void *p)
+{
+    dcopy_arg_t *a = p;
+    return duet_cuda_memcpy(ck->c, a->dst, a->src, a->bytes);
+}
+
+/* One device copy of a launch's size (the bytes a decode step's matmul reads): checked byte for
+ * byte, and with --bench its rate against the ceiling's copy of 2 GiB, the share of copy
+ * bandwidth that one launch of that many bytes reaches with its start and end in the time */
+static void case_copy_size(ck_t *ck, size_t bytes)
+{
+    rng_t r;
+    char tag[48];
+    snprintf(tag, sizeof tag, "copy/%zu", bytes);
+    rng_init(&r, ck->seed, tag);
+    row_t row = row_new("reads", "one device copy of %zu MiB (read + written)", bytes >> 20);
+    uint8_t *h = rand_bytes(&r, bytes), *back = xmalloc(bytes);
+    void *src = dupload(ck, h, bytes), *dst = dmalloc(ck, bytes);
+    dpoison(ck, dst, bytes);
+    dcopy_arg_t a = {dst, src, bytes};
+    CK(dcopy_call(ck, &a));
+    ddownload(ck, back, dst, bytes);
+    size_t bad = 0;
+    for (size_t i = 0; i < bytes; i++)
+        bad += back[i] != h[i];
+    row.exact = 1;
+    row.err = (double)bad;
+    row.pass = bad == 0;
+    if (!row.pass)
+        snprintf(row.note, sizeof row.note, "%zu bytes differ", bad);
+    bench_row(ck, &row, dcopy_call, &a, 2.0 * (double)bytes, 0.0, BOUND_MEM);
+    print_row(ck, &row);
+    duet_cuda_free(ck->c, src);
+    duet_cuda_free(ck->c, dst);
+    free(h);
+    free(back);
+}
+
 static void group_reads(ck_t *ck)
 {
     rng_t r;
@@ -4023,6 +4067,10 @@ static void group_reads(ck_t *ck)
     duet_cuda_free(ck->c, d);
     duet_cuda_free(ck->c, db);
     free(h);
+    /* 16 MiB copied moves the bytes of wq_b's or wo_b's read at 32 tokens (32 MiB) */
+    static const size_t sizes[] = {(size_t)4 << 20, (size_t)16 << 20, (size_t)64 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        case_copy_size(ck, sizes[i]);
 }
 
 /* ---- tensor parallelism's MoE steps: moe_tiles_own, moe_pick (forward_cuda.h) ---- */
