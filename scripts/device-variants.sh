@@ -33,7 +33,12 @@
 # --ops "GROUPS" (the duet-check-ops groups timed; default "matmul moe", "" for none), --prefill
 # (the slice's prefill of --ctx tokens too, both matmul modes, rows in ms a call), --checks
 # "GROUPS" (only these duet-check-ops groups checked before timing, for a short run whose
-# change touches no other operation; default every case).
+# change touches no other operation; default every case), --ncu SHAPE (the first variant's first
+# launch of the kernels --ncu-kernel REGEX names (default every kernel) in the matmul case whose
+# shape contains SHAPE, under Nsight Compute with every section and cold caches: its details
+# page in ncu-details-NAME.txt, where its warps wait in ncu-stalls-NAME.txt (kernel-stalls.py),
+# the lines that say most in the summary; --ncu-op GROUP for a case of another group,
+# --ncu-variants "NAME ..." for those variants instead of the first, each its own files).
 # Exit status 0 when every variant passed its checks.
 set -uo pipefail
 
@@ -42,11 +47,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VAR="$ROOT/build-var"
 duet_device_results "$VAR/results"
 FIX="${DUET_FIXTURES:-/tmp/duet-fixtures}"
-cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe" prefill=0 checks=""
+cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe" prefill=0 checks="" ncu_case="" ncu_kernel="" ncu_op=matmul ncu_variants=""
 
 usage() {
   echo "usage: scripts/device-variants.sh --prepare [--ops-only] NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
-  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice] [--ops GROUPS] [--checks GROUPS] [--prefill]   (there)" >&2
+  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice] [--ops GROUPS] [--checks GROUPS] [--prefill] [--ncu SHAPE [--ncu-kernel REGEX] [--ncu-op GROUP]]   (there)" >&2
   exit 2
 }
 
@@ -134,6 +139,10 @@ while [ $# -gt 0 ]; do
     --prefill) prefill=1 ;;
     --ops) ops="$2"; shift ;;
     --checks) checks="$2"; shift ;;
+    --ncu) ncu_case="$2"; shift ;;
+    --ncu-kernel) ncu_kernel="$2"; shift ;;
+    --ncu-op) ncu_op="$2"; shift ;;
+    --ncu-variants) ncu_variants="$2"; shift ;;
     *) usage ;;
   esac
   shift
@@ -283,4 +292,34 @@ slice_rows() {
     slice_rows
   fi
 } | tee "$RES/summary.txt"
+
+# one launch of one case under Nsight Compute, on the first variant that passed its checks (or
+# on each of --ncu-variants that did)
+if [ -n "$ncu_case" ] && [ ${#ok[@]} -gt 0 ]; then
+  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  [ -n "$ncu_variants" ] || ncu_variants="${ok[0]}"
+  for v in $ncu_variants; do
+  {
+    if [ -z "$ncu" ]; then
+      echo "[ncu] no ncu on this machine"
+    elif [[ " ${ok[*]} " != *" $v "* ]]; then
+      echo "[ncu] variant $v did not pass its checks (or is not one): not profiled"
+    else
+      kargs=()
+      [ -n "$ncu_kernel" ] && kargs=(-k "regex:$ncu_kernel")
+      DUET_CHECK_CASE="$ncu_case" timeout 300 env $(venv "$v") "$ncu" "${kargs[@]}" --launch-count 1 --set full \
+        --import-source no --cache-control all --clock-control none -f -o "$RES/ncu-$v" \
+        "$(vbin "$v")/duet-check-ops" --op "$ncu_op" >>"$LOG" 2>&1
+      echo "[ncu: variant $v, $ncu_op case '$ncu_case'${ncu_kernel:+, kernel $ncu_kernel}] exit $?"
+      "$ncu" -i "$RES/ncu-$v.ncu-rep" --page details --print-units base >"$RES/ncu-details-$v.txt" 2>&1
+      "$ncu" -i "$RES/ncu-$v.ncu-rep" --page source --print-source sass --csv >"$RES/ncu-sass.csv" 2>>"$LOG"
+      python3 "$ROOT/scripts/kernel-stalls.py" "$RES/ncu-sass.csv" --top 25 >"$RES/ncu-stalls-$v.txt" 2>&1
+      grep -E "^  [^ ].*\(|Duration|DRAM Throughput|L2 Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared Memory Per|Grid Size|Eligible Warps" \
+        "$RES/ncu-details-$v.txt" | head -16
+      head -14 "$RES/ncu-stalls-$v.txt"
+      rm -f "$RES/ncu-sass.csv"
+    fi
+  } | tee -a "$RES/summary.txt"
+  done
+fi
 exit $rc
