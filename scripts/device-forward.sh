@@ -227,7 +227,7 @@ if [ -n "$slice_pid" ]; then
     slice_bench bench-slice-phases.txt "slice bench by phase, with an event at each phase" '^bench\|^phases' 240 -- \
       --ctx 4096 --batches 1,32 --phases
   fi
-  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  ncu="$(duet_ncu)"
   if [ -z "$ncu" ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ]; }; then
     echo "[slice kernels, stalls] no ncu on this machine" | tee -a "$SUM"
   fi

@@ -53,6 +53,9 @@ duet_device_pack_results() {
   return 0
 }
 
+# Nsight Compute's command line: on PATH, or where the CUDA image installs it; nothing when none.
+duet_ncu() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1; }
+
 # cuBLAS / cuBLASLt 13; NCCL (tensor parallelism loads it at run time).
 duet_cublas_dir() { duet_cuda_lib_dir libcublasLt.so.13 cublas; }
 duet_nccl_dir() { duet_cuda_lib_dir libnccl.so.2 nccl; }

@@ -51,7 +51,7 @@ cases="" batches=1,32 ctx=4096 reps=2 slice=1 ops="matmul moe" prefill=0 checks=
 
 usage() {
   echo "usage: scripts/device-variants.sh --prepare [--ops-only] NAME=REV[:NVCC_ARG,...] ...   (here)" >&2
-  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice] [--ops GROUPS] [--checks GROUPS] [--prefill] [--ncu SHAPE [--ncu-kernel REGEX] [--ncu-op GROUP]]   (there)" >&2
+  echo "       scripts/device-variants.sh [--cases SUBSTR] [--batches LIST] [--ctx N] [--reps N] [--no-slice] [--ops GROUPS] [--checks GROUPS] [--prefill] [--ncu SHAPE [--ncu-kernel REGEX] [--ncu-op GROUP] [--ncu-variants "NAME ..."]]   (there)" >&2
   exit 2
 }
 
@@ -296,7 +296,7 @@ slice_rows() {
 # one launch of one case under Nsight Compute, on the first variant that passed its checks (or
 # on each of --ncu-variants that did)
 if [ -n "$ncu_case" ] && [ ${#ok[@]} -gt 0 ]; then
-  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)"
+  ncu="$(duet_ncu)"
   [ -n "$ncu_variants" ] || ncu_variants="${ok[0]}"
   for v in $ncu_variants; do
   {
