@@ -484,6 +484,9 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
         if (has) {
             /* the lane's keys 8 nt + 2 tq + j: heads h_lo then h_hi, then the warp's other rows */
             const float *ksc = KS == 2 ? kscale + i * IST_KT : NULL;
+            /* the lane's 16 values v[2 nt + j] (its two heads' share of key 8 nt + 2 tq + j),
+             * summed over the warp's 8 lane groups g in the tree g, g ^ 1 / g ^ 2 / g ^ 4 */
+            float v[IST_KT / 4];
 #pragma unroll
             for (int nt = 0; nt < IST_KT / 8; nt++)
 #pragma unroll
@@ -496,13 +499,35 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                     }
                     d0 = d0 < 0.0f ? 0.0f : d0;
                     d1 = d1 < 0.0f ? 0.0f : d1;
-                    float v = __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
-#pragma unroll
-                    for (int sh = 4; sh < 32; sh <<= 1)
-                        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, sh));
-                    if (g == 0)
-                        red[warp][key] = v;
+                    v[2 * nt + j] =
+                        __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
                 }
+            /* as a reduce-scatter: at each level a lane keeps the half of its values its bit of g
+             * picks and sends the other half to the partner, which keeps that one: 14 shuffles
+             * where summing every value on every lane took 48 (16% off the fp8 pool's launch at
+             * 32 rows, docs/PERF.md); each sum adds the same two operands as that tree did, so
+             * the scores are the same bits.  The lane ends with v[8 b0 + 4 b1 + 2 b2 + k], k = 0, 1 */
+            {
+                const bool b0 = g & 1, b1 = g & 2, b2 = g & 4;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float keep = b0 ? v[k + 8] : v[k], send = b0 ? v[k] : v[k + 8];
+                    v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float keep = b1 ? v[k + 4] : v[k], send = b1 ? v[k] : v[k + 4];
+                    v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+                }
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
+                    v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 16));
+                }
+                const int nt = 4 * b0 + 2 * b1 + b2;
+                red[warp][8 * nt + 2 * tq] = v[0];
+                red[warp][8 * nt + 2 * tq + 1] = v[1];
+            }
         } else {
             red[warp][2 * lane] = 0.0f;
             red[warp][2 * lane + 1] = 0.0f;

@@ -2878,20 +2878,37 @@ static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group
 #define TC_WS_WGS_MAX (4 / TC_WS_MT)
 #endif
 #define WS_WGS_MAX TC_WS_WGS_MAX
+/* The paired form: blocks of two warpgroups and TC_WS_PAIR_STAGES stages, two an SM (96
+ * registers, 99 KB of shared memory each), so that an SM has 2 TC_WS_PAIR_STAGES stages in flight
+ * where a block of four warpgroups has TC_WS_STAGES; taken by the launches whose blocks of that form
+ * fill TC_WS_MIN_FILL percent of twice the SMs (on the H200 at 32 tokens: wo_b 4096 x 8192 25.0 ->
+ * 23.2 us, wq_b 32768 x 1024 19.2 -> 18.7; the launches of fewer rows, which it cannot fill, 50%
+ * slower with it, so they keep the forms above; docs/PERF.md).  0: never (a build setting). */
+#ifndef TC_WS_PAIR
+#define TC_WS_PAIR 1
+#endif
+#ifndef TC_WS_PAIR_STAGES
+#define TC_WS_PAIR_STAGES 3
+#endif
+#define WS_PAIR (TC_WS_PAIR && TC_WS_MT == 1)
+#define WS_PLAN_PAIR 8 /* ws_plan's answer for the paired form */
 #define WS_TOK 32 /* tokens a tile: wgmma's N */
-static_assert(TC_WS_STAGES >= 2 && TC_WS_STAGES <= 8 && (TC_WS_MT == 1 || TC_WS_MT == 2) &&
+static_assert(TC_WS_STAGES >= 2 && TC_WS_STAGES <= 7 && (TC_WS_MT == 1 || TC_WS_MT == 2) &&
                   (WS_WGS_MAX == 1 || WS_WGS_MAX == 2 || WS_WGS_MAX * TC_WS_MT == 4),
-              "two to eight stages; one or two row tiles a warpgroup, at most 256 rows a block");
-template <int WGS> struct ws_form {
-    static constexpr int ROWS = 64 * TC_WS_MT * WGS, THREADS = 128 * WGS + 32;
+              "two to seven stages; one or two row tiles a warpgroup, at most 256 rows a block");
+template <int WGS, bool PAIR = false> struct ws_form {
+    static constexpr int ROWS = 64 * TC_WS_MT * WGS, THREADS = 128 * WGS + 32, BLOCKS = PAIR ? 2 : 1;
+    static constexpr int S = PAIR ? TC_WS_PAIR_STAGES : TC_WS_STAGES;
     static constexpr int WB = ROWS * 128;       /* a stage's weights: its rows' unit, 128 bytes each */
     static constexpr int BB = 32 * WS_TOK * 16; /* the unit's split x: 32 runs of the tile's tokens */
     static constexpr int SB = WS_TOK * 4;       /* the tokens' x scales */
     static constexpr int STAGE = WB + BB + SB;
-    static constexpr int SMEM = 256 + TC_WS_STAGES * STAGE; /* barriers first, stages from a 128-byte boundary */
+    static constexpr int SMEM = 256 + S * STAGE; /* barriers first, stages from a 128-byte boundary */
     static_assert(ROWS <= 256 && STAGE % 128 == 0 && WB % 128 == 0 && BB % 128 == 0, "a box, stages on 128 bytes");
 };
 static_assert(ws_form<WS_WGS_MAX>::SMEM <= 227 * 1024, "the largest form's stages fit an SM");
+static_assert(!WS_PAIR || (TC_WS_PAIR_STAGES >= 2 && 2 * (ws_form<2, true>::SMEM + 1024) <= 228 * 1024),
+              "two blocks of the paired form fit an SM");
 
 __device__ __forceinline__ void mb_init(uint32_t b, unsigned count)
 {
@@ -2958,14 +2975,14 @@ template <int MT, int J = 4, class F> __device__ __forceinline__ void ws_each(F 
                 f(mt, j, k);
 }
 
-template <int WGS>
-__global__ void __launch_bounds__(ws_form<WGS>::THREADS, 1)
+template <int WGS, bool PAIR>
+__global__ void __launch_bounds__(ws_form<WGS, PAIR>::THREADS, ws_form<WGS, PAIR>::BLOCKS)
     gemv_ws_kernel(gemv_args a, tc_split sp, const __grid_constant__ CUtensorMap wmap,
                    const __grid_constant__ CUtensorMap xmap, const float *xsc_all, int npad)
 {
 #if TC_HAVE_WGMMA
-    using F = ws_form<WGS>;
-    constexpr int S = TC_WS_STAGES, MT = TC_WS_MT;
+    using F = ws_form<WGS, PAIR>;
+    constexpr int S = F::S, MT = TC_WS_MT;
     extern __shared__ __align__(128) uint8_t wsm_[];
     /* full[s] at 8 s, empty[s] at 8 (S + s), the reduction's flag at 8 * 2 S; the stages from the
      * next 128-byte boundary on */
@@ -3147,12 +3164,15 @@ static bool ws_env_on()
     return on != 0;
 }
 
-/* The warpgroups a block of a launch of `rows` rows over `cols` columns takes (0: the launch keeps
- * the decode kernel); every launch of more than a chunk is split along the chunks */
+/* The warpgroups a block of a launch of `rows` rows over `cols` columns takes, WS_PLAN_PAIR for the
+ * paired form (0: the launch keeps the decode kernel); every launch of more than a chunk is split
+ * along the chunks */
 static int ws_plan(const duet_cuda_t *c, int rows, int cols)
 {
     long chunks = duet_cdiv((size_t)(cols / 128), TC_CHUNK_UNITS);
     int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    if (WS_PAIR && (long)duet_cdiv((size_t)rows, 128) * chunks * 100 >= 2L * sms * TC_WS_MIN_FILL)
+        return WS_PLAN_PAIR;
     for (int wgs = WS_WGS_MAX; wgs >= 1; wgs /= 2)
         if ((long)duet_cdiv((size_t)rows, (size_t)(64 * TC_WS_MT * wgs)) * chunks * 100 >= (long)sms * TC_WS_MIN_FILL)
             return wgs;
@@ -3202,11 +3222,12 @@ static duet_status_t ws_map(duet_cuda_t *c, CUtensorMap *m, const void *base, CU
     return DUET_OK;
 }
 
-template <int WGS>
+template <int WGS, bool PAIR = false>
 static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const uint8_t *img, const float *xsc, int npad)
 {
-    using F = ws_form<WGS>;
-    DUET_TRY(tc_smem(c, gemv_ws_kernel<WGS>, F::SMEM, WIDE_SMEM_BIT + 4 + (WGS == 4 ? 2 : WGS == 2 ? 1 : 0)));
+    using F = ws_form<WGS, PAIR>;
+    DUET_TRY(tc_smem(c, gemv_ws_kernel<WGS, PAIR>, F::SMEM,
+                     WIDE_SMEM_BIT + 4 + (PAIR ? 3 : WGS == 4 ? 2 : WGS == 2 ? 1 : 0)));
     int rows = a.row_end - a.row_begin, units = a.cols / 128;
     int chunks = (int)duet_cdiv((size_t)units, TC_CHUNK_UNITS);
     /* the weight's rows 0 .. row_end - 1 (boxes of a unit's 128 bytes by the block's rows); the
@@ -3223,7 +3244,7 @@ static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const ui
         sp.chunks = chunks;
     }
     dim3 grid(row_blocks, duet_cdiv((size_t)a.n, WS_TOK), chunks);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_ws_kernel<WGS>, grid, dim3(F::THREADS), F::SMEM, a, sp, wmap, xmap,
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_ws_kernel<WGS, PAIR>, grid, dim3(F::THREADS), F::SMEM, a, sp, wmap, xmap,
                                         xsc, npad));
     return DUET_OK;
 }
@@ -3235,6 +3256,9 @@ static duet_status_t ws_run(duet_cuda_t *c, const duet_weight_t *w, int row_begi
     gemv_args a;
     gemv_args_of(w, row_begin, row_end, x, n, y, &a);
     switch (ws_plan(c, row_end - row_begin, w->cols)) {
+#if WS_PAIR
+    case WS_PLAN_PAIR: return ws_launch_form<2, true>(c, a, img, xsc, npad);
+#endif
     case 4: return ws_launch_form<WS_WGS_MAX == 4 ? 4 : 1>(c, a, img, xsc, npad);
     case 2: return ws_launch_form<2>(c, a, img, xsc, npad);
     default: return ws_launch_form<1>(c, a, img, xsc, npad);
