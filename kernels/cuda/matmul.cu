@@ -3164,6 +3164,17 @@ static bool ws_env_on()
     return on != 0;
 }
 
+/* DUET_CUDA_WS_PAIR=0 in the environment keeps the paired form from every launch (timing variants) */
+static bool ws_pair_env_on()
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DUET_CUDA_WS_PAIR");
+        on = !(e && e[0] == '0');
+    }
+    return on != 0;
+}
+
 /* The warpgroups a block of a launch of `rows` rows over `cols` columns takes, WS_PLAN_PAIR for the
  * paired form (0: the launch keeps the decode kernel); every launch of more than a chunk is split
  * along the chunks */
@@ -3171,7 +3182,7 @@ static int ws_plan(const duet_cuda_t *c, int rows, int cols)
 {
     long chunks = duet_cdiv((size_t)(cols / 128), TC_CHUNK_UNITS);
     int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-    if (WS_PAIR && (long)duet_cdiv((size_t)rows, 128) * chunks * 100 >= 2L * sms * TC_WS_MIN_FILL)
+    if (WS_PAIR && ws_pair_env_on() && (long)duet_cdiv((size_t)rows, 128) * chunks * 100 >= 2L * sms * TC_WS_MIN_FILL)
         return WS_PLAN_PAIR;
     for (int wgs = WS_WGS_MAX; wgs >= 1; wgs /= 2)
         if ((long)duet_cdiv((size_t)rows, (size_t)(64 * TC_WS_MT * wgs)) * chunks * 100 >= (long)sms * TC_WS_MIN_FILL)
