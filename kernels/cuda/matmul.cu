@@ -2331,7 +2331,7 @@ extern "C" duet_status_t duet_cuda_matmul_lt(duet_cuda_t *c, const duet_weight_t
 #define WIDE_TOK DUET_CUDA_MOE_WG_TILE /* tokens a tile */
 #define WIDE_WG_ROWS 64                /* rows a warpgroup: four warps of 16 */
 #define WIDE_B_HALF (WIDE_TOK * 16)    /* bytes of a tile's run: 64 tokens' 8 k-slots */
-#define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the kernel's form (four) */
+#define WIDE_SMEM_BIT 120 /* tc_smem's bits: 120 + the wide kernel's form (four), then the loading-warp kernel's (four) */
 /* x's parts (fp16 hi, lo; bf16 hi, mid, lo), runs a unit ([k-step 8][part][k half 2]), a unit's bytes */
 template <int WT> __host__ __device__ constexpr int wide_parts() { return WT == WT_BF16 ? 3 : 2; }
 template <int WT> __host__ __device__ constexpr int wide_runs() { return 8 * wide_parts<WT>() * 2; }
@@ -2893,9 +2893,8 @@ static duet_status_t wide_group_launch(duet_cuda_t *c, const gemv_args &a, group
 #define WS_PAIR (TC_WS_PAIR && TC_WS_MT == 1)
 #define WS_PLAN_PAIR 8 /* ws_plan's answer for the paired form */
 #define WS_TOK 32 /* tokens a tile: wgmma's N */
-static_assert(TC_WS_STAGES >= 2 && TC_WS_STAGES <= 7 && (TC_WS_MT == 1 || TC_WS_MT == 2) &&
-                  (WS_WGS_MAX == 1 || WS_WGS_MAX == 2 || WS_WGS_MAX * TC_WS_MT == 4),
-              "two to seven stages; one or two row tiles a warpgroup, at most 256 rows a block");
+static_assert((TC_WS_MT == 1 || TC_WS_MT == 2) && (WS_WGS_MAX == 1 || WS_WGS_MAX == 2 || WS_WGS_MAX * TC_WS_MT == 4),
+              "one or two row tiles a warpgroup, at most 256 rows a block");
 template <int WGS, bool PAIR = false> struct ws_form {
     static constexpr int ROWS = 64 * TC_WS_MT * WGS, THREADS = 128 * WGS + 32, BLOCKS = PAIR ? 2 : 1;
     static constexpr int S = PAIR ? TC_WS_PAIR_STAGES : TC_WS_STAGES;
@@ -2905,9 +2904,11 @@ template <int WGS, bool PAIR = false> struct ws_form {
     static constexpr int STAGE = WB + BB + SB;
     static constexpr int SMEM = 256 + S * STAGE; /* barriers first, stages from a 128-byte boundary */
     static_assert(ROWS <= 256 && STAGE % 128 == 0 && WB % 128 == 0 && BB % 128 == 0, "a box, stages on 128 bytes");
+    /* the 2 S barriers and the reduction's flag in the first 128 bytes */
+    static_assert(S >= 2 && S <= 7, "two to seven stages");
 };
 static_assert(ws_form<WS_WGS_MAX>::SMEM <= 227 * 1024, "the largest form's stages fit an SM");
-static_assert(!WS_PAIR || (TC_WS_PAIR_STAGES >= 2 && 2 * (ws_form<2, true>::SMEM + 1024) <= 228 * 1024),
+static_assert(!WS_PAIR || 2 * (ws_form<2, true>::SMEM + 1024) <= 228 * 1024,
               "two blocks of the paired form fit an SM");
 
 __device__ __forceinline__ void mb_init(uint32_t b, unsigned count)
@@ -3153,26 +3154,25 @@ static PFN_cuTensorMapEncodeTiled_v12000 ws_encoder()
     return fn;
 }
 
+/* Whether `name` is set to a value starting with 0 in the environment */
+static bool env_zero(const char *name)
+{
+    const char *e = getenv(name);
+    return e && e[0] == '0';
+}
+
 /* DUET_CUDA_WS=0 in the environment keeps the decode kernel for these launches (timing variants) */
 static bool ws_env_on()
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DUET_CUDA_WS");
-        on = !(e && e[0] == '0');
-    }
-    return on != 0;
+    static const bool on = !env_zero("DUET_CUDA_WS");
+    return on;
 }
 
 /* DUET_CUDA_WS_PAIR=0 in the environment keeps the paired form from every launch (timing variants) */
 static bool ws_pair_env_on()
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("DUET_CUDA_WS_PAIR");
-        on = !(e && e[0] == '0');
-    }
-    return on != 0;
+    static const bool on = !env_zero("DUET_CUDA_WS_PAIR");
+    return on;
 }
 
 /* The warpgroups a block of a launch of `rows` rows over `cols` columns takes, WS_PLAN_PAIR for the
@@ -3182,7 +3182,8 @@ static int ws_plan(const duet_cuda_t *c, int rows, int cols)
 {
     long chunks = duet_cdiv((size_t)(cols / 128), TC_CHUNK_UNITS);
     int sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-    if (WS_PAIR && ws_pair_env_on() && (long)duet_cdiv((size_t)rows, 128) * chunks * 100 >= 2L * sms * TC_WS_MIN_FILL)
+    if (WS_PAIR && ws_pair_env_on() &&
+        (long)duet_cdiv((size_t)rows, ws_form<2, true>::ROWS) * chunks * 100 >= 2L * sms * TC_WS_MIN_FILL)
         return WS_PLAN_PAIR;
     for (int wgs = WS_WGS_MAX; wgs >= 1; wgs /= 2)
         if ((long)duet_cdiv((size_t)rows, (size_t)(64 * TC_WS_MT * wgs)) * chunks * 100 >= (long)sms * TC_WS_MIN_FILL)
