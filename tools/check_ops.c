@@ -4016,14 +4016,7 @@ static void case_copy_size(ck_t *ck, size_t bytes)
     dcopy_arg_t a = {dst, src, bytes};
     CK(dcopy_call(ck, &a));
     ddownload(ck, back, dst, bytes);
-    size_t bad = 0;
-    for (size_t i = 0; i < bytes; i++)
-        bad += back[i] != h[i];
-    row.exact = 1;
-    row.err = (double)bad;
-    row.pass = bad == 0;
-    if (!row.pass)
-        snprintf(row.note, sizeof row.note, "%zu bytes differ", bad);
+    row_bytes(&row, back, h, bytes);
     bench_row(ck, &row, dcopy_call, &a, 2.0 * (double)bytes, 0.0, BOUND_MEM);
     print_row(ck, &row);
     duet_cuda_free(ck->c, src);
