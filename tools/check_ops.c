@@ -423,14 +423,22 @@ static int cmp_f(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median microseconds of N_TIMED event-timed calls, each after an L2 flush. */
+/* Median microseconds of N_TIMED event-timed calls, each after an L2 flush (DUET_CHECK_WARM_L2=1:
+ * none, so that an operation whose bytes fit in L2 reads them from there: what its bytes fetched
+ * into L2 ahead of it would give, docs/CUDA.md). */
 static double time_op(ck_t *ck, op_fn fn, void *arg)
 {
+    static int warm = -1;
+    if (warm < 0) {
+        const char *ev = getenv("DUET_CHECK_WARM_L2");
+        warm = ev && atoi(ev) != 0;
+    }
     for (int i = 0; i < N_WARM; i++)
         CK(fn(ck, arg));
     float t[N_TIMED];
     for (int i = 0; i < N_TIMED; i++) {
-        CK(duet_cuda_flush_l2(ck->c));
+        if (!warm)
+            CK(duet_cuda_flush_l2(ck->c));
         CK(duet_cuda_timer_start(ck->c));
         CK(fn(ck, arg));
         CK(duet_cuda_timer_stop(ck->c, &t[i]));
@@ -1915,6 +1923,7 @@ static void case_cache(ck_t *ck, duet_pool_kind_t kind, duet_cache_dtype_t dt, u
      * rounding exact (the float comes back); fp8 index-K (an fp32 scale) refused */
     row = row_new("cache_load_bf16", "%s %s %u x %uB", pn, dn, n_entries, l.entry_bytes);
     uint16_t *g16 = xmalloc(2 * nv), *c16 = xmalloc(2 * nv);
+    memset(c16, 0, 2 * nv); /* written below for every value; zeroed so that no compiler sees it unset */
     duet_status_t st16 = duet_cuda_cache_load_bf16(ck->c, &l, a.dpool, a.dunit, a.didx, (uint16_t *)a.dvec, a.n);
     if (kind == DUET_POOL_C4_INDEX_K && dt == DUET_CACHE_FP8) {
         row.exact = 1;
@@ -4025,6 +4034,40 @@ static void case_copy_size(ck_t *ck, size_t bytes)
     free(back);
 }
 
+/* The L2 prefetch (prefetch.cuh): ranges off line boundaries, several a launch, both eviction
+ * hints; it must leave every byte as it was, and refuse a NULL range with bytes and too many
+ * ranges with DUET_ERR_INVALID.  Its effect is on time only (the slice's decode step). */
+static void case_l2_prefetch(ck_t *ck)
+{
+    rng_t r;
+    rng_init(&r, ck->seed, "l2_prefetch");
+    size_t bytes = ((size_t)3 << 20) + 77;
+    row_t row = row_new("reads", "l2_prefetch of %zu B in 3 ranges off line boundaries, then refusals", bytes);
+    uint8_t *h = rand_bytes(&r, bytes), *back = xmalloc(bytes);
+    uint8_t *d = dupload(ck, h, bytes);
+    duet_cuda_range_t rg[DUET_CUDA_PREFETCH_MAX + 1] = {
+        {d + 5, 1000}, {d + 4096 + 3, bytes - 4096 - 3}, {NULL, 0}};
+    for (int i = 3; i <= DUET_CUDA_PREFETCH_MAX; i++)
+        rg[i] = (duet_cuda_range_t){d, 256};
+    CK(duet_cuda_l2_prefetch(ck->c, rg, 3, 0));
+    CK(duet_cuda_l2_prefetch(ck->c, rg, DUET_CUDA_PREFETCH_MAX, 1));
+    CK(duet_cuda_sync(ck->c));
+    ddownload(ck, back, d, bytes);
+    row_bytes(&row, back, h, bytes);
+    duet_cuda_range_t bad = {NULL, 64};
+    int refused = duet_cuda_l2_prefetch(ck->c, &bad, 1, 0) == DUET_ERR_INVALID &&
+                  duet_cuda_l2_prefetch(ck->c, rg, DUET_CUDA_PREFETCH_MAX + 1, 0) == DUET_ERR_INVALID;
+    if (!refused) {
+        row.pass = 0;
+        row.err = 1;
+        snprintf(row.note, sizeof row.note, "a NULL range or %d ranges not refused", DUET_CUDA_PREFETCH_MAX + 1);
+    }
+    print_row(ck, &row);
+    duet_cuda_free(ck->c, d);
+    free(h);
+    free(back);
+}
+
 static void group_reads(ck_t *ck)
 {
     rng_t r;
@@ -4064,6 +4107,7 @@ static void group_reads(ck_t *ck)
     static const size_t sizes[] = {(size_t)4 << 20, (size_t)16 << 20, (size_t)64 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         case_copy_size(ck, sizes[i]);
+    case_l2_prefetch(ck);
 }
 
 /* ---- tensor parallelism's MoE steps: moe_tiles_own, moe_pick (forward_cuda.h) ---- */
