@@ -13,24 +13,6 @@
 #include "time_util.h"
 #include "log.h"
 
-/* Weights fetched into L2 ahead of their matmuls, on the side stream while the main stream runs
- * launches that leave memory idle (l2_ahead below); DUET_CUDA_L2_AHEAD is a mask of these, each
- * a point of the layer and the weights asked for there:
- *   ATTN_IN  at the layer's start, beside its hyper-connection mix and norm: the projections of xn
- *            (wq_a, wkv, the compressors', the indexer's)
- *   Q_IN     the same point: the projections of the q latent (wq_b, the indexer's wq_b)
- *   WO_A     before attention (after the index scoring and top-k): wo_a, this rank's groups
- *   WO_B     after attention, beside wo_a: wo_b
- *   FFN_IN   after wo_b, beside the mix and norm ahead of the MoE: the gate and the shared expert */
-#define L2_AHEAD_ATTN_IN 1
-#define L2_AHEAD_Q_IN 2
-#define L2_AHEAD_WO_A 4
-#define L2_AHEAD_WO_B 8
-#define L2_AHEAD_FFN_IN 16
-#ifndef L2_AHEAD_DEFAULT
-#define L2_AHEAD_DEFAULT 0
-#endif
-
 /* ---- device model ------------------------------------------------------ */
 
 typedef struct {
@@ -72,8 +54,6 @@ struct duet_model_cuda {
     int no_tile;        /* DUET_CUDA_TILE=0: fp4 experts kept in the checkpoint's layout (for comparison) */
     int no_pdl;         /* DUET_CUDA_PDL=0: no dependent launches (for comparison) */
     int no_side;        /* DUET_CUDA_SIDE=0: no side stream, every launch on one (for comparison) */
-    int l2_ahead;       /* DUET_CUDA_L2_AHEAD: the weights fetched into L2 ahead of their matmuls (L2_AHEAD_*) */
-    int l2_keep;        /* DUET_CUDA_L2_KEEP=1: those lines asked as evict-last */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -366,10 +346,6 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_pdl = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_SIDE"); /* 0: every launch on one stream (for comparison) */
         mc->no_side = ev && *ev && atoi(ev) == 0;
-        ev = getenv("DUET_CUDA_L2_AHEAD"); /* a mask of L2_AHEAD_* (0: none, for comparison) */
-        mc->l2_ahead = ev && *ev ? (int)strtol(ev, NULL, 0) : L2_AHEAD_DEFAULT;
-        ev = getenv("DUET_CUDA_L2_KEEP");
-        mc->l2_keep = ev && atoi(ev) != 0;
         ev = getenv("DUET_CUDA_EXACT"); /* 1: the CPU engine's bits (duet_cuda_set_exact) */
         if (ev && atoi(ev) != 0)
             duet_cuda_set_exact(c, 1);
@@ -1431,67 +1407,6 @@ static duet_status_t queries(fc_t *F, int layer, const duet_cuda_mm_part_t *qp, 
     return DUET_OK;
 }
 
-/* The attention's input projections: those of xn (xp, one mm_multi) and those of the normalized q
- * latent (qp), this rank's rows, each with its output buffer. */
-#define ATTN_XP_MAX 7
-#define ATTN_QP_MAX 2
-static void attn_parts(fc_t *F, int layer, duet_cuda_mm_part_t *xp, int *nxp, duet_cuda_mm_part_t *qp, int *nqp)
-{
-    const duet_model_config_t *c = F->c;
-    const duet_layer_weights_t *hw = &F->m->layers[layer];
-    const layer_dev_t *lw = &F->mc->layers[layer];
-    int hd = c->head_dim, qr = c->q_lora_rank, ih = c->index_n_heads, id = c->index_head_dim;
-    int h0 = F->mc->h0, Hl = F->mc->h1 - F->mc->h0;
-    int nx = 0, nq = 0;
-    xp[nx++] = (duet_cuda_mm_part_t){&lw->wq_a, 0, qr, F->qlora};
-    xp[nx++] = (duet_cuda_mm_part_t){&lw->wkv, 0, hd, F->kv};
-    if (hw->ratio) {
-        int w = hw->comp.coff * hd;
-        xp[nx++] = (duet_cuda_mm_part_t){&lw->comp_wkv, 0, w, F->ckv};
-        xp[nx++] = (duet_cuda_mm_part_t){&lw->comp_wgate, 0, w, F->cg};
-    }
-    qp[nq++] = (duet_cuda_mm_part_t){&lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->q};
-    if (hw->ratio == 4) {
-        xp[nx++] = (duet_cuda_mm_part_t){&lw->icomp_wkv, 0, 2 * id, F->ikv};
-        xp[nx++] = (duet_cuda_mm_part_t){&lw->icomp_wgate, 0, 2 * id, F->ig};
-        xp[nx++] = (duet_cuda_mm_part_t){&lw->idx_wproj, 0, ih, F->iw};
-        qp[nq++] = (duet_cuda_mm_part_t){&lw->idx_wq_b, 0, ih * id, F->iq};
-    }
-    *nxp = nx;
-    *nqp = nq;
-}
-
-/* The weights of parts (their rows [row_begin, row_end); a tiled weight whole, its rows being
- * regrouped) asked into L2 on the side stream, forked from all the main stream has queued, so
- * that they are fetched while the main stream runs on: point `what` (L2_AHEAD_*) where
- * DUET_CUDA_L2_AHEAD has it.  Never joined: the prefetch writes nothing, and the side stream's
- * next work is forked again. */
-static duet_status_t l2_ahead(fc_t *F, int what, const duet_cuda_mm_part_t *p, int n, duet_err_t *err)
-{
-    if (!F->side || !(F->mc->l2_ahead & what))
-        return DUET_OK;
-    if (duet_cuda_fork(F->cu) != DUET_OK)
-        return cuda_fail(F->cu, DUET_ERR_CUDA, err);
-    duet_cuda_range_t r[DUET_CUDA_PREFETCH_MAX];
-    int nr = 0;
-    for (int i = 0; i <= n; i++) {
-        const duet_weight_t *w = i < n ? p[i].w : NULL;
-        if ((!w || nr + 2 > DUET_CUDA_PREFETCH_MAX) && nr) { /* the ranges so far in one launch */
-            if (duet_cuda_l2_prefetch(F->side, r, nr, F->mc->l2_keep) != DUET_OK)
-                return cuda_fail(F->side, DUET_ERR_CUDA, err);
-            nr = 0;
-        }
-        if (!w || !w->data || p[i].row_end <= p[i].row_begin)
-            continue;
-        size_t rb = weight_row_bytes(w);
-        int b = w->tiled ? 0 : p[i].row_begin, e = w->tiled ? w->rows : p[i].row_end;
-        r[nr++] = (duet_cuda_range_t){(const uint8_t *)w->data + (size_t)b * rb, (size_t)(e - b) * rb};
-        if (w->scale)
-            r[nr++] = (duet_cuda_range_t){w->scale, weight_scale_bytes(w)};
-    }
-    return DUET_OK;
-}
-
 static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
 {
     const duet_model_config_t *c = F->c;
@@ -1514,9 +1429,22 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     PH(DUET_FP_ATTN_PROJ);
     /* the projections of xn, then those of the normalized q latent, each set in one launch
      * where it can be (mm_multi); the norms and rotations after */
-    duet_cuda_mm_part_t xp[ATTN_XP_MAX], qp[ATTN_QP_MAX];
-    int nxp, nqp;
-    attn_parts(F, layer, xp, &nxp, qp, &nqp);
+    duet_cuda_mm_part_t xp[7], qp[2];
+    int nxp = 0, nqp = 0;
+    xp[nxp++] = (duet_cuda_mm_part_t){&lw->wq_a, 0, qr, F->qlora};
+    xp[nxp++] = (duet_cuda_mm_part_t){&lw->wkv, 0, hd, F->kv};
+    if (hw->ratio) {
+        int w = hw->comp.coff * hd;
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->comp_wkv, 0, w, F->ckv};
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->comp_wgate, 0, w, F->cg};
+    }
+    qp[nqp++] = (duet_cuda_mm_part_t){&lw->wq_b, h0 * hd, (h0 + Hl) * hd, F->q};
+    if (hw->ratio == 4) {
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->icomp_wkv, 0, 2 * id, F->ikv};
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->icomp_wgate, 0, 2 * id, F->ig};
+        xp[nxp++] = (duet_cuda_mm_part_t){&lw->idx_wproj, 0, ih, F->iw};
+        qp[nqp++] = (duet_cuda_mm_part_t){&lw->idx_wq_b, 0, ih * id, F->iq};
+    }
     DUET_TRY(mm_multi(F, xp, nxp, F->xn, R, err));
     /* the queries (q, and the indexer's iq and iw) on the side stream where there is one, beside
      * the keys' chain below (kv, the compressors, the cache rows); joined before the index
@@ -1576,9 +1504,6 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         CU(duet_cuda_topk(F->cu, F->score, PD(F, int32_t, F->o_score_off), PD(F, int32_t, F->o_nv), R, F->max_nv,
                           c->index_topk, F->sel));
     }
-    /* wo_a toward L2 while attention (bound by its MMAs) leaves memory idle */
-    duet_cuda_mm_part_t wo[2] = {{&lw->wo_a, g0 * orank, (g0 + Gl) * orank, NULL}, {&lw->wo_b, 0, D, NULL}};
-    DUET_TRY(l2_ahead(F, L2_AHEAD_WO_A, &wo[0], 1, err));
     /* 4. attention per row group */
     const float *sinks = (duet_forward_fault == DUET_FAULT_SINK ? F->mc->neg_inf : lw->attn_sink) + h0;
     float scale = 1.0f / sqrtf((float)hd);
@@ -1641,8 +1566,6 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
         F->st.cache_bytes += nsel * v.layout[DUET_POOL_C4_KV]->entry_bytes;
         F->st.flops += 4.0 * nsel * Hl * hd;
     }
-    /* wo_b toward L2 beside wo_a, which reads its weights from L2 */
-    DUET_TRY(l2_ahead(F, L2_AHEAD_WO_B, &wo[1], 1, err));
     /* 5. this call's K=V into the ring */
     PH(DUET_FP_ATTN_OUT);
     CU(duet_cuda_gather_rows(F->cu, F->tmpv, F->kv, PD(F, int32_t, F->o_st_row), (int)F->NS, hd));
@@ -1987,31 +1910,6 @@ static duet_status_t hc_head_norm(fc_t *F)
     return duet_cuda_rmsnorm(F->cu, F->x, mc->norm, F->R, D, eps, F->xn);
 }
 
-/* At a layer's start, beside its mix and norm: the attention's input projections toward L2 */
-static duet_status_t attn_ahead(fc_t *F, int layer, duet_err_t *err)
-{
-    duet_cuda_mm_part_t xp[ATTN_XP_MAX], qp[ATTN_QP_MAX];
-    int nxp, nqp;
-    attn_parts(F, layer, xp, &nxp, qp, &nqp);
-    DUET_TRY(l2_ahead(F, L2_AHEAD_ATTN_IN, xp, nxp, err));
-    return l2_ahead(F, L2_AHEAD_Q_IN, qp, nqp, err);
-}
-
-/* After the attention's output, beside the mix and norm ahead of the MoE: the gate and the shared
- * expert toward L2 (the routed experts' bytes are far beyond it) */
-static duet_status_t ffn_ahead(fc_t *F, int layer, duet_err_t *err)
-{
-    const layer_dev_t *lw = &F->mc->layers[layer];
-    duet_cuda_mm_part_t p[4];
-    int n = 0;
-    if (F->c->n_shared_experts > 0) /* w1 and w3 (one launch), then w2: the order they are read */
-        for (int i = 0; i < 3; i++)
-            p[n++] = (duet_cuda_mm_part_t){&lw->sh[(2 * i) % 3], 0, lw->sh[(2 * i) % 3].rows, NULL};
-    if (F->c->n_routed_experts > 0)
-        p[n++] = (duet_cuda_mm_part_t){&lw->gate, 0, lw->gate.rows, NULL};
-    return l2_ahead(F, L2_AHEAD_FFN_IN, p, n, err);
-}
-
 static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *err)
 {
     const duet_model_config_t *c = F->c;
@@ -2067,8 +1965,6 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const layer_dev_t *lw = &mc->layers[l];
-        if ((st = attn_ahead(F, l, err)) != DUET_OK)
-            goto out;
         if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
             hc_pre_norm(F, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, lw->attn_norm) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
@@ -2086,8 +1982,6 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
                 goto out;
             }
         }
-        if ((st = ffn_ahead(F, l, err)) != DUET_OK)
-            goto out;
         if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
             duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK ||
             hc_pre_norm(F, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, lw->ffn_norm) != DUET_OK) {

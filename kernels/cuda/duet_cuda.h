@@ -187,7 +187,6 @@ int duet_cuda_set_pdl(duet_cuda_t *c, int on);
 #include "argmax.cuh"
 #include "sample.cuh"
 #include "page_copy.cuh"
-#include "prefetch.cuh"
 #include "roofline.cuh"
 #include "embed.cuh"
 #include "rows.cuh"

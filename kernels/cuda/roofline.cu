@@ -243,6 +243,25 @@ extern "C" duet_status_t duet_cuda_flush_l2(duet_cuda_t *c)
     return DUET_OK;
 }
 
+__global__ void busy_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(500);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+extern "C" duet_status_t duet_cuda_busy_us(duet_cuda_t *c, uint32_t us)
+{
+    if (us > 100000)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "busy_us: %u us (at most 100000)", us);
+    busy_kernel<<<1, 1, 0, c->stream>>>((unsigned long long)us * 1000ull);
+    DUET_CUDA_CHECK_LAUNCH(c);
+    return DUET_OK;
+}
+
 /* A warp's step u: chunk k = 32 j + lane of its 2 KB is row k*16 / run of the warp's rows, bytes
  * (k*16) % run of that row's run u. */
 __global__ void __launch_bounds__(128) runs_kernel(const uint8_t *buf, int run, uint32_t *sum)

@@ -35,6 +35,10 @@ duet_status_t duet_cuda_measure_fma(duet_cuda_t *c, int reps, double *tflops);
 /* Read a buffer of twice the L2 size, so the next operation starts with a cold L2
  * (clean lines only: nothing is written back during what follows). */
 duet_status_t duet_cuda_flush_l2(duet_cuda_t *c);
+/* A one-thread kernel that runs `us` microseconds (at most 100000): the launch after it is queued
+ * behind it, so that a timing started between the two leaves out that launch's host latency, as
+ * one started after duet_cuda_flush_l2 does; it leaves L2 as it finds it (no memory touched). */
+duet_status_t duet_cuda_busy_us(duet_cuda_t *c, uint32_t us);
 
 #ifdef __cplusplus
 }
