@@ -141,12 +141,24 @@ __global__ void __launch_bounds__(HC_THREADS)
                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     duet_pdl_wait();
-    /* the rows' slice (a multiple of 4 columns); rows past n read the last one's (in bounds, unused) */
+    /* the rows' slice (a multiple of 4 columns); rows past n read the last one's (in bounds, unused):
+     * a thread's loads all issued before its stores (one memory latency, where a loop storing each
+     * load waited for them in turn) */
+    constexpr int XQ = HC_RG * (HC_PRE_COLS / 4) / HC_THREADS; /* float4 a thread at most */
+    static_assert(XQ * HC_THREADS == HC_RG * (HC_PRE_COLS / 4), "whole float4 a thread");
     int q4 = (c1 - c0) / 4;
-    for (int q = threadIdx.x; q < HC_RG * q4; q += blockDim.x) {
-        int r = q / q4, k = q % q4;
-        reinterpret_cast<float4 *>(xs[r])[k] =
-            *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + c0 + 4 * k);
+    float4 xv[XQ];
+#pragma unroll
+    for (int j = 0; j < XQ; j++) {
+        int q = threadIdx.x + j * HC_THREADS, r = q / q4, k = q % q4;
+        if (q < HC_RG * q4)
+            xv[j] = *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + c0 + 4 * k);
+    }
+#pragma unroll
+    for (int j = 0; j < XQ; j++) {
+        int q = threadIdx.x + j * HC_THREADS, r = q / q4, k = q % q4;
+        if (q < HC_RG * q4)
+            reinterpret_cast<float4 *>(xs[r])[k] = xv[j];
     }
     __syncthreads();
     float ss[HC_RG];
