@@ -54,6 +54,7 @@ struct duet_model_cuda {
     int no_tile;        /* DUET_CUDA_TILE=0: fp4 experts kept in the checkpoint's layout (for comparison) */
     int no_pdl;         /* DUET_CUDA_PDL=0: no dependent launches (for comparison) */
     int no_side;        /* DUET_CUDA_SIDE=0: no side stream, every launch on one (for comparison) */
+    int no_blockdiag;   /* DUET_CUDA_WO_BLOCKDIAG=0: wo_a as the grouped launch (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -346,6 +347,8 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_pdl = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_SIDE"); /* 0: every launch on one stream (for comparison) */
         mc->no_side = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_WO_BLOCKDIAG"); /* 0: wo_a as the grouped launch (for comparison) */
+        mc->no_blockdiag = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_EXACT"); /* 1: the CPU engine's bits (duet_cuda_set_exact) */
         if (ev && atoi(ev) != 0)
             duet_cuda_set_exact(c, 1);
@@ -1577,7 +1580,14 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     int gin = H * hd / G;
     size_t lw_cols = (size_t)Gl * orank;
     float *mid_l = F->mc->tp_size > 1 ? F->tp_send : F->mid;
-    if (F->wo_group && lw->wo_ptr && duet_cuda_matmul_invariant_tc(&lw->wo_a, g0 * orank, F->att)) {
+    if (F->wo_group && !F->mc->no_blockdiag &&
+        duet_cuda_matmul_blockdiag_ok(F->cu, &lw->wo_a, g0 * orank, (g0 + Gl) * orank, orank, F->att, R)) {
+        /* one launch of the loading-warp kernel over the groups' rows, each reading its group's
+         * columns of att and writing mid's layout directly: the same bits as a launch a group */
+        for (int g = 0; g < Gl; g++)
+            count_mm(F, &lw->wo_a, (g0 + g) * orank, (g0 + g + 1) * orank, R);
+        CU(duet_cuda_matmul_blockdiag(F->cu, &lw->wo_a, g0 * orank, (g0 + Gl) * orank, orank, F->att, R, mid_l));
+    } else if (F->wo_group && lw->wo_ptr && duet_cuda_matmul_invariant_tc(&lw->wo_a, g0 * orank, F->att)) {
         /* one launch: att as (R * Gl) rows of gin, group g's rows r * Gl + g; each token's result
          * is the batch-invariant kernel's, as with a launch per group below */
         duet_cuda_expert_mats_t ma = {&lw->wo_proto, lw->wo_ptr, lw->wo_proto.scale ? lw->wo_ptr + Gl : NULL};

@@ -925,6 +925,78 @@ static void case_matmul_wide(ck_t *ck, int rows, int cols, int rb, int re, int n
     weight_free(ck, &W);
 }
 
+/* The block-diagonal launch (wo_a's groups in one launch, duet_cuda_matmul_blockdiag): y bit for bit
+ * each group's duet_cuda_matmul_invariant on its own columns of x, copied out alone; refused with
+ * DUET_ERR_UNSUPPORTED where the loading-warp kernel does not take it (not sm_90, or groups that
+ * are not whole blocks) */
+typedef struct {
+    weight_t *W;
+    int rb, re, grows, n;
+    float *dx, *dy;
+} bd_arg_t;
+
+static duet_status_t bd_call(ck_t *ck, void *p)
+{
+    bd_arg_t *a = p;
+    return duet_cuda_matmul_blockdiag(ck->c, &a->W->dw, a->rb, a->re, a->grows, a->dx, a->n, a->dy);
+}
+
+static void case_blockdiag(ck_t *ck, int groups, int grows, int cols, int g0, int n)
+{
+    rng_t r;
+    char tag[64];
+    snprintf(tag, sizeof tag, "blockdiag/%d/%d/%d/%d", groups, grows, cols, n);
+    rng_init(&r, ck->seed, tag);
+    int rows_all = (g0 + groups) * grows, rb = g0 * grows, re = rb + groups * grows, rows = re - rb;
+    row_t row = row_new("matmul", "fp8 block-diagonal %d x (%d x %d), rows %d.. n=%d (wo_a's groups in one launch)",
+                        groups, grows, cols, rb, n);
+    weight_t W;
+    weight_make(ck, &r, &W, DUET_DT_F8_E4M3, rows_all, cols, DUET_DT_F8_E8M0);
+    size_t xc = (size_t)groups * cols;
+    float *hx = rand_f32(&r, (size_t)n * xc, 1.0f), *got = xmalloc(sizeof(float) * (size_t)n * rows),
+          *want = xmalloc(sizeof(float) * (size_t)n * rows), *hxg = xmalloc(sizeof(float) * (size_t)n * cols),
+          *hyg = xmalloc(sizeof(float) * (size_t)n * grows);
+    float *dx = dupload(ck, hx, sizeof(float) * (size_t)n * xc), *dy = dmalloc(ck, sizeof(float) * (size_t)n * rows);
+    float *dxg = dmalloc(ck, sizeof(float) * (size_t)n * cols), *dyg = dmalloc(ck, sizeof(float) * (size_t)n * grows);
+    bd_arg_t a = {&W, rb, re, grows, n, dx, dy};
+    if (!duet_cuda_matmul_blockdiag_ok(ck->c, &W.dw, rb, re, grows, dx, n)) {
+        duet_status_t st = bd_call(ck, &a);
+        row.exact = 1;
+        row.pass = st == DUET_ERR_UNSUPPORTED;
+        row.err = !row.pass;
+        snprintf(row.note, sizeof row.note, "not this launch's kernel here: refused (%s)",
+                 row.pass ? "as it must" : "not");
+    } else {
+        dpoison(ck, dy, sizeof(float) * (size_t)n * rows);
+        CK(bd_call(ck, &a));
+        ddownload(ck, got, dy, sizeof(float) * (size_t)n * rows);
+        for (int g = 0; g < groups; g++) {
+            for (int t = 0; t < n; t++)
+                memcpy(hxg + (size_t)t * cols, hx + (size_t)t * xc + (size_t)g * cols, sizeof(float) * cols);
+            CK(duet_cuda_memcpy(ck->c, dxg, hxg, sizeof(float) * (size_t)n * cols));
+            dpoison(ck, dyg, sizeof(float) * (size_t)n * grows);
+            CK(duet_cuda_matmul_invariant(ck->c, &W.dw, rb + g * grows, rb + (g + 1) * grows, dxg, n, dyg));
+            ddownload(ck, hyg, dyg, sizeof(float) * (size_t)n * grows);
+            for (int t = 0; t < n; t++)
+                memcpy(want + (size_t)t * rows + (size_t)g * grows, hyg + (size_t)t * grows, sizeof(float) * grows);
+        }
+        row_f32_bits(&row, got, want, (size_t)n * rows);
+        bench_row(ck, &row, bd_call, &a, (double)rows * cols + 4.0 * n * (xc + rows), 2.0 * n * (double)rows * cols,
+                  BOUND_MEM);
+    }
+    print_row(ck, &row);
+    weight_free(ck, &W);
+    duet_cuda_free(ck->c, dx);
+    duet_cuda_free(ck->c, dy);
+    duet_cuda_free(ck->c, dxg);
+    duet_cuda_free(ck->c, dyg);
+    free(hx);
+    free(got);
+    free(want);
+    free(hxg);
+    free(hyg);
+}
+
 static void group_matmul(ck_t *ck)
 {
     const duet_dtype_t E8 = DUET_DT_F8_E8M0, F32 = DUET_DT_F32;
@@ -940,6 +1012,9 @@ static void group_matmul(ck_t *ck)
     case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 4096, 4096, 0, 4096, 1, 8, tg);
     case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, F32, 4096, 4096, 0, 4096, 8, 8, tg);
     case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F8_E4M3, E8, 8192, 4096, 1024, 2048, 5, 5, tg);  /* wo_a group */
+    case_blockdiag(ck, 8, 1024, 4096, 0, 32); /* wo_a's eight groups at a decode step of 32 rows */
+    case_blockdiag(ck, 4, 1024, 4096, 4, 19); /* a rank's last four (tensor parallelism), a partial token tile */
+    case_blockdiag(ck, 3, 96, 256, 0, 32);    /* groups of 96 rows: not whole blocks, refused */
     case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 1, 8, tg);   /* expert w1 */
     case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 8, 8, tg);
     case_matmul(ck, "matmul", MM_AUTO, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 32, 32, tg);

@@ -42,6 +42,9 @@ struct gemv_args {
     int tiled; /* fp4 in the tiled layout (duet_cuda_weight_tile): the tensor-core kernels only */
     const uint4 *xrec;       /* the tensor-core kernels: x split ahead (tc_presplit), or NULL */
     const float *xrec_scale; /* its scales (fp8, fp4) */
+    /* the loading-warp kernel on a block-diagonal product (duet_cuda_matmul_blockdiag): rows
+     * row_begin + [g xg_rows, (g + 1) xg_rows) read the split x's units from g xg_units on; 0: none */
+    int xg_rows, xg_units;
 };
 
 template <int WT> struct wt_traits;
@@ -3008,9 +3011,11 @@ __global__ void __launch_bounds__(ws_form<WGS, PAIR>::THREADS, ws_form<WGS, PAIR
             duet_pdl_wait();
         else {
             auto weights = [&](int u, uint32_t st, uint32_t full) { tma_2d(st, &wmap, 128 * u, rb, full); };
+            /* x's units for the block's rows (a block's rows lie in one group: ws_blockdiag_ok) */
+            const int xu0 = a.xg_rows ? (rb - a.row_begin) / a.xg_rows * a.xg_units : 0;
             auto xpart = [&](int u, uint32_t st, uint32_t full) {
-                tma_2d(st + F::WB, &xmap, 2 * p0, 32 * u, full);
-                bulk_g2s(st + F::WB + F::BB, xsc_all + (size_t)u * npad + p0, F::SB, full);
+                tma_2d(st + F::WB, &xmap, 2 * p0, 32 * (xu0 + u), full);
+                bulk_g2s(st + F::WB + F::BB, xsc_all + (size_t)(xu0 + u) * npad + p0, F::SB, full);
             };
             /* the first stages' weights before the wait for the kernel ahead (no operation writes
              * them), their split x after it */
@@ -3234,20 +3239,22 @@ static duet_status_t ws_map(duet_cuda_t *c, CUtensorMap *m, const void *base, CU
     return DUET_OK;
 }
 
+/* x_units: the split x's units (0: the weight's, as every launch but a block-diagonal one) */
 template <int WGS, bool PAIR = false>
-static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const uint8_t *img, const float *xsc, int npad)
+static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const uint8_t *img, const float *xsc, int npad,
+                                   int x_units = 0)
 {
     using F = ws_form<WGS, PAIR>;
     DUET_TRY(tc_smem(c, gemv_ws_kernel<WGS, PAIR>, F::SMEM,
                      WIDE_SMEM_BIT + 4 + (PAIR ? 3 : WGS == 4 ? 2 : WGS == 2 ? 1 : 0)));
-    int rows = a.row_end - a.row_begin, units = a.cols / 128;
+    int rows = a.row_end - a.row_begin, units = a.cols / 128, xu = x_units > 0 ? x_units : units;
     int chunks = (int)duet_cdiv((size_t)units, TC_CHUNK_UNITS);
     /* the weight's rows 0 .. row_end - 1 (boxes of a unit's 128 bytes by the block's rows); the
      * split x as [unit][run] rows of npad positions' 16 bytes (boxes of 32 positions by 32 runs) */
     CUtensorMap wmap, xmap;
     DUET_TRY(ws_map(c, &wmap, a.w, CU_TENSOR_MAP_DATA_TYPE_UINT8, (uint64_t)a.cols, (uint64_t)a.row_end, a.row_bytes,
                     128, F::ROWS, ws_weight_promotion()));
-    DUET_TRY(ws_map(c, &xmap, img, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2 * (uint64_t)npad, 32 * (uint64_t)units,
+    DUET_TRY(ws_map(c, &xmap, img, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2 * (uint64_t)npad, 32 * (uint64_t)xu,
                     16 * (uint64_t)npad, 2 * WS_TOK, 32));
     unsigned row_blocks = duet_cdiv((size_t)rows, F::ROWS);
     tc_split sp = tc_split{NULL, NULL, 1};
@@ -3261,20 +3268,74 @@ static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const ui
     return DUET_OK;
 }
 
-/* A launch on x split by wide_split<WT_F8> (ws_ok's shapes) */
+/* A launch on x split by wide_split<WT_F8> (ws_ok's shapes); group_rows > 0: a block-diagonal one
+ * (duet_cuda_matmul_blockdiag), x's rows of groups * w->cols columns */
 static duet_status_t ws_run(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n,
-                            float *y, const uint8_t *img, const float *xsc, int npad)
+                            float *y, const uint8_t *img, const float *xsc, int npad, int group_rows = 0)
 {
     gemv_args a;
     gemv_args_of(w, row_begin, row_end, x, n, y, &a);
+    int xu = 0;
+    if (group_rows > 0) {
+        a.xg_rows = group_rows;
+        a.xg_units = w->cols / 128;
+        xu = (row_end - row_begin) / group_rows * a.xg_units;
+    }
     switch (ws_plan(c, row_end - row_begin, w->cols)) {
 #if WS_PAIR
-    case WS_PLAN_PAIR: return ws_launch_form<2, true>(c, a, img, xsc, npad);
+    case WS_PLAN_PAIR: return ws_launch_form<2, true>(c, a, img, xsc, npad, xu);
 #endif
-    case 4: return ws_launch_form<WS_WGS_MAX == 4 ? 4 : 1>(c, a, img, xsc, npad);
-    case 2: return ws_launch_form<2>(c, a, img, xsc, npad);
-    default: return ws_launch_form<1>(c, a, img, xsc, npad);
+    case 4: return ws_launch_form<WS_WGS_MAX == 4 ? 4 : 1>(c, a, img, xsc, npad, xu);
+    case 2: return ws_launch_form<2>(c, a, img, xsc, npad, xu);
+    default: return ws_launch_form<1>(c, a, img, xsc, npad, xu);
     }
+}
+
+/* The rows a block of the launch ws_plan picks takes */
+static int ws_block_rows(const duet_cuda_t *c, int rows, int cols)
+{
+    switch (ws_plan(c, rows, cols)) {
+#if WS_PAIR
+    case WS_PLAN_PAIR: return ws_form<2, true>::ROWS;
+#endif
+    case 4: return ws_form<WS_WGS_MAX == 4 ? 4 : 1>::ROWS;
+    case 2: return ws_form<2>::ROWS;
+    case 1: return ws_form<1>::ROWS;
+    default: return 0;
+    }
+}
+
+static bool ws_blockdiag_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, int group_rows,
+                            const float *x, int n)
+{
+    if (c->exact || group_rows <= 0 || row_end <= row_begin || (row_end - row_begin) % group_rows ||
+        row_end > w->rows || weight_kind(w) < 0 || !ws_ok(c, w, row_begin, row_end, x, n))
+        return false;
+    int br = ws_block_rows(c, row_end - row_begin, w->cols);
+    return br > 0 && group_rows % br == 0; /* every block's rows in one group */
+}
+
+extern "C" int duet_cuda_matmul_blockdiag_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                             int group_rows, const float *x, int n)
+{
+    return ws_blockdiag_ok(c, w, row_begin, row_end, group_rows, x, n);
+}
+
+extern "C" duet_status_t duet_cuda_matmul_blockdiag(duet_cuda_t *c, const duet_weight_t *w, int row_begin,
+                                                    int row_end, int group_rows, const float *x, int n, float *y)
+{
+    if (!ws_blockdiag_ok(c, w, row_begin, row_end, group_rows, x, n))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED,
+                               "matmul_blockdiag: rows %d..%d in groups of %d, %d tokens (the loading-warp kernel's "
+                               "fp8 launches of %d to %d tokens on sm_90, groups of whole blocks)",
+                               row_begin, row_end, group_rows, n, TC_WS_MIN_N, WS_TOK);
+    DUET_TRY(check_args(c, w, row_begin, row_end, n));
+    int groups = (row_end - row_begin) / group_rows;
+    const uint8_t *img = NULL;
+    const float *xsc = NULL;
+    int npad = 0;
+    DUET_TRY(wide_split<WT_F8>(c, x, NULL, n, groups * w->cols, &img, &xsc, &npad));
+    return ws_run(c, w, row_begin, row_end, x, n, y, img, xsc, npad, group_rows);
 }
 
 extern "C" int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x)

@@ -63,6 +63,18 @@ duet_status_t duet_cuda_matmul_invariant(duet_cuda_t *c, const duet_weight_t *w,
 /* 1 when duet_cuda_matmul_invariant takes the tensor-core kernel for this weight, row_begin and x. */
 int duet_cuda_matmul_invariant_tc(const duet_weight_t *w, int row_begin, const float *x);
 
+/* A block-diagonal product in one launch (the output projection's wo_a over its groups): rows
+ * row_begin + [g group_rows, (g + 1) group_rows) of w times x's columns [g w->cols, (g + 1) w->cols),
+ * x being n rows of (row_end - row_begin) / group_rows * w->cols floats; y is n x (row_end -
+ * row_begin).  Each group's rows bit for bit what duet_cuda_matmul_invariant gives on that group's
+ * columns of x alone (the loading-warp kernel, reading the group's units of x split once).  Where
+ * that kernel takes the launch (fp8 weights, TC_WS_MIN_N to 32 tokens, sm_90, groups of whole
+ * blocks: _ok); DUET_ERR_UNSUPPORTED elsewhere, when the caller runs the groups its other way. */
+int duet_cuda_matmul_blockdiag_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                  int group_rows, const float *x, int n);
+duet_status_t duet_cuda_matmul_blockdiag(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
+                                         int group_rows, const float *x, int n, float *y);
+
 /* Several weights times the same x in one launch (a decode step's projections of one
  * input): part i computes rows [row_begin, row_end) of its weight into its y (n × its rows),
  * each token's result bit for bit what duet_cuda_matmul_invariant gives (the same block code;
