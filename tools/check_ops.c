@@ -3274,8 +3274,8 @@ static void case_attn(ck_t *ck, int rows, int heads, int dim, int max_keys, int 
         memcpy(go + ncmp, out + b * per, 4 * per);
         ncmp += per;
     }
-    const char *fname = form == AT_BF16 ? "tf32 bf16-keys"
-                        : form == AT_FP32 || !duet_cuda_attn_rows_tc_ok(dim) ? "fp32" : "tf32";
+    const char *fname = form == AT_BF16 ? "tc bf16-keys"
+                        : form == AT_FP32 || !duet_cuda_attn_rows_tc_ok(dim) ? "fp32" : "tc";
     row_t row = row_new("attn_rows", "rows=%d %dx%d keys<=%d%s %s%s", rows, heads, dim, max_keys,
                         empty_row ? " +empty" : "", fname, invariant ? " invariant" : "");
     row_float(&row, go, ro, ncmp, 2e-5);

@@ -306,110 +306,110 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
  *
  * attn_part_tc_kernel: block (split s, head tile of 16 heads, row b), W warps; warp w owns the
  * dims [w*DW, (w+1)*DW) of the head dimension (DW = DIM/W, 32 or 64).  Keys come in chunks of
- * TC_CH (32) through shared memory, two chunks in flight (cp.async).  Per chunk:
- *   1. each warp multiplies its dims of q (16 heads) with the chunk's keys: mma m16n8k8 tf32, q
- *      split once into tf32 hi + lo parts held in registers (q = hi + lo to 2^-22 relative), the
- *      keys exact in tf32 (every cache entry is exact in bf16, a subset); its partial logits go
- *      to shared memory;
+ * TC_CH (32) through shared memory as bf16, two chunks in flight (cp.async for bf16 keys; float
+ * keys are converted on their way in, exactly where they are exact in bf16, as every key the
+ * engine passes is: a decoded cache entry).  Per chunk:
+ *   1. each warp multiplies its dims of q (16 heads) with the chunk's keys: mma m16n8k16 bf16
+ *      with fp32 accumulation, q split once into three bf16 parts held in registers (hi + mid +
+ *      lo = q exactly), the lo part's products first; its partial logits go to shared memory;
  *   2. a half-warp per head sums the W partials in warp order, scales, masks keys past the
  *      row's count, and updates the running max and sum (online softmax); the weights p, split
- *      into tf32 hi + lo, go to shared memory;
- *   3. each warp rescales its accumulators and adds p·V for its dims (V = the keys), p in two
- *      parts.
- * The sums run in an order fixed by the shapes only, so a row's result never depends on the
- * batch; the fp32 accumulation matches the fp32 kernel to its rounding (checked at 2e-5).
+ *      the same way into three bf16 parts, go to shared memory;
+ *   3. each warp rescales its accumulators and adds p·V for its dims (V = the keys), the
+ *      weights' lo part first.
+ * A bf16 MMA step takes 16 keys or dims at twice tf32's rate, so the three parts cost what 1.5
+ * tf32 steps of 8 would, where a tf32 hi + lo pair took 4 (and each part is exact, where tf32's
+ * hi + lo kept q to 2^-22).  The sums run in an order fixed by the shapes only, so a row's result
+ * never depends on the batch; the fp32 accumulation matches the fp32 kernel to its rounding
+ * (checked at 2e-5).
  *
- * Fragment layouts (PTX m16n8k8 .tf32; g = lane/4, t = lane%4): A a0 (g, t), a1 (g+8, t),
- * a2 (g, t+4), a3 (g+8, t+4); B b0 (k t, n g), b1 (k t+4, n g); C c0 (g, 2t), c1 (g, 2t+1),
- * c2 (g+8, 2t), c3 (g+8, 2t+1).  In q·kᵀ a step's k slots t and t+4 are the dims 2t and
- * 2t+1 (one 8-byte load gives both); in p·V the four n-tiles of a 32-dim group take the dims
- * 4g+c (c the tile), so one 16-byte load of a key row feeds four tiles, and a thread's outputs
- * are two runs of four dims. */
+ * Fragments (PTX m16n8k16 .bf16; g = lane/4, t = lane%4): A in four words, (row g, columns 2t,
+ * 2t+1), (g+8, 2t..), (g, 2t+8, 2t+9), (g+8, 2t+8..); B in two, (k 2t, 2t+1; n g), (k 2t+8,
+ * 2t+9; n g); C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).  Every operand that
+ * comes from shared memory is read by ldmatrix: the keys as stored (rows of keys, the B of
+ * q·kᵀ), the keys transposed (the B of p·V), the weights as stored (the A of p·V).  Row strides
+ * of DIM + 8 and TC_CH + 8 bf16 put a matrix's eight 16-byte rows in distinct banks. */
 #define TC_CH 32
-#define TC_PAD 8             /* row strides of DIM + 8 and TC_CH + 8 floats: conflict-free loads */
-#define TC_PS (TC_CH + 4)    /* weights' row stride: the A loads (g*36 + t) hit 32 banks */
+#define TC_PAD 8          /* bf16 past a key row's DIM and past a weight row's TC_CH */
+#define TC_PS (TC_CH + TC_PAD)
 #ifndef TC_SPLIT_KEYS
 /* batch-invariant mode: a split every 256 keys of a row (-D for trials; 128 measured 1% slower
  * in decode steps at batches 32 and 128) */
 #define TC_SPLIT_KEYS 256
 #endif
 
-__device__ __forceinline__ uint32_t tf32_rna(float x)
+template <int DIM, int W> struct tc_shape {
+    static constexpr int DW = DIM / W, KSTEPS = DW / 16, NT = DW / 8, KS = DIM + TC_PAD, SPS = TC_CH + 8;
+    static constexpr size_t KBYTES = 2 * (size_t)2 * TC_CH * KS;   /* [2][TC_CH][KS] bf16 */
+    static constexpr size_t PBYTES = 2 * (size_t)3 * 16 * TC_PS;   /* [3][16][TC_PS] bf16 */
+    static constexpr size_t SMEM = KBYTES + PBYTES + sizeof(float) * ((size_t)W * 16 * SPS + 3 * 16);
+};
+
+/* bf16 (lo, hi) in one word, lo in its low half, each rounded to nearest */
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi)
 {
     uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
-__device__ __forceinline__ void mma_tf32(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+/* x = h + m + l exactly in three bf16: each part the rounding of what the parts before it leave
+ * (x - h and its remainder are exact in fp32; the remainder after m has at most 8 bits). */
+__device__ __forceinline__ void bf16_split3(float x, float &h, float &m, float &l)
 {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    h = __bfloat162float(__float2bfloat16_rn(x));
+    float r = x - h;
+    m = __bfloat162float(__float2bfloat16_rn(r));
+    l = r - m;
+}
+
+__device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* KT: the keys' type, float or (bf16 bits) uint16_t.  A key row's stride KS = DIM + 8
- * elements: 8 words past a multiple of 32 for floats, 4 for bf16, so the q·kᵀ loads (a word pair
- * or a word at row g, column t) hit distinct banks. */
-template <int DIM, int W, typename KT> struct tc_shape {
-    static constexpr int DW = DIM / W, KSTEPS = DW / 8, GROUPS = DW / 32, KS = DIM + TC_PAD, SPS = TC_CH + TC_PAD;
-    static constexpr size_t KBYTES = sizeof(KT) * (size_t)2 * TC_CH * KS;
-    static constexpr size_t SMEM = KBYTES + sizeof(float) * ((size_t)W * 16 * SPS + 2 * 16 * TC_PS + 3 * 16);
-};
-
-/* Keys (row, d) and (row, d+1) of a chunk (d even) as the B pair of a q·kᵀ step. */
-__device__ __forceinline__ void key_pair(const float *K, int i, uint32_t &b0, uint32_t &b1)
+/* four 8x8 bf16 matrices from shared memory, lane 8i + j giving row j of matrix i */
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr)
 {
-    float2 v = *(const float2 *)(K + i);
-    b0 = __float_as_uint(v.x);
-    b1 = __float_as_uint(v.y);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
-__device__ __forceinline__ void key_pair(const uint16_t *K, int i, uint32_t &b0, uint32_t &b1)
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr)
 {
-    uint32_t w = *(const uint32_t *)(K + i);
-    b0 = w << 16;
-    b1 = w & 0xffff0000u;
-}
-/* Keys (row, d .. d+3) (d a multiple of 4) as the B values of four p·V tiles. */
-__device__ __forceinline__ void key_quad(const float *K, int i, uint32_t *b)
-{
-    float4 v = *(const float4 *)(K + i);
-    b[0] = __float_as_uint(v.x);
-    b[1] = __float_as_uint(v.y);
-    b[2] = __float_as_uint(v.z);
-    b[3] = __float_as_uint(v.w);
-}
-__device__ __forceinline__ void key_quad(const uint16_t *K, int i, uint32_t *b)
-{
-    uint2 v = *(const uint2 *)(K + i);
-    b[0] = v.x << 16;
-    b[1] = v.x & 0xffff0000u;
-    b[2] = v.y << 16;
-    b[3] = v.y & 0xffff0000u;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 
-/* Blocks an SM the registers must allow: two for bf16 keys (128 registers, a few bytes spilled;
- * their shared memory fits twice: 1.15-1.17x faster than one block at 32 and 128 rows and at
- * 4224 keys), one for float keys (whose shared memory allows one; capped, they were 1.16x
- * slower). */
-template <typename KT> constexpr int tc_min_blocks() { return sizeof(KT) == 2 ? 2 : 1; }
+/* A chunk's 16-byte piece c of key row r: bf16 keys copied as they are (cp.async), float keys
+ * loaded, rounded to bf16 and stored. */
+__device__ __forceinline__ void key_piece(uint16_t *dst, const uint16_t *src) { cp_async16(dst, src); }
+__device__ __forceinline__ void key_piece(uint16_t *dst, const float *src)
+{
+    float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+    *(uint4 *)dst = make_uint4(bf16_pair(a.x, a.y), bf16_pair(a.z, a.w), bf16_pair(b.x, b.y), bf16_pair(b.z, b.w));
+}
 
+/* Two blocks an SM (91 KB of shared memory each at DIM 512): the registers are capped at 128. */
 template <int DIM, int W, typename KT>
-__global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kernel(const float *q, int n_heads, const void *keys,
+__global__ void __launch_bounds__(W * 32, 2) attn_part_tc_kernel(const float *q, int n_heads, const void *keys,
                                                                  const int32_t *key_off, const int32_t *n_keys,
                                                                  float scale, int n_split, int per,
                                                                  float *o_part, float *ml_part)
 {
     duet_pdl_wait();
-    typedef tc_shape<DIM, W, KT> S;
+    typedef tc_shape<DIM, W> S;
     static_assert(S::DW % 32 == 0 && S::DW <= 64, "a warp's dims: one or two groups of 32");
     static_assert(W * 32 == 16 * 16 || W * 32 == 16 * 8, "a half-warp a head in the softmax step");
     extern __shared__ __align__(16) float sm[];
-    KT *Ks = reinterpret_cast<KT *>(sm);             /* [2][TC_CH][KS] */
-    float *Sp = sm + S::KBYTES / sizeof(float);      /* [W][16][SPS] partial logits */
-    float *Ph = Sp + W * 16 * S::SPS, *Pl = Ph + 16 * TC_PS; /* [16][TC_PS] weights, hi and lo */
-    float *m_s = Pl + 16 * TC_PS, *l_s = m_s + 16, *alpha_s = l_s + 16;
+    uint16_t *Ks = reinterpret_cast<uint16_t *>(sm);                     /* [2][TC_CH][KS] */
+    uint32_t *Pw = reinterpret_cast<uint32_t *>(sm + S::KBYTES / 4);    /* [3][16][TC_PS / 2] words */
+    float *Sp = sm + (S::KBYTES + S::PBYTES) / 4;                        /* [W][16][SPS] partial logits */
+    float *m_s = Sp + W * 16 * S::SPS, *l_s = m_s + 16, *alpha_s = l_s + 16;
     constexpr int NT = W * 32;
     int s = blockIdx.x, h0 = blockIdx.y * 16, b = blockIdx.z;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -417,33 +417,39 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
     int j0 = min(nk, s * per), j1 = s == n_split - 1 ? nk : min(nk, j0 + per);
     const KT *kb = (const KT *)keys + (size_t)key_off[b] * DIM;
     int dbase = warp * S::DW;
+    const uint32_t ks0 = (uint32_t)__cvta_generic_to_shared(Ks), pw0 = (uint32_t)__cvta_generic_to_shared(Pw);
+    /* the lane's row of the ldmatrix it addresses: matrix i = lane / 8, row j = lane % 8 */
+    const int li = lane >> 3, lj = lane & 7;
 
-    /* q: this warp's dims of the 16 heads, as A fragments, split into hi and lo */
-    uint32_t qh[S::KSTEPS][4], ql[S::KSTEPS][4];
+    /* q: this warp's dims of the 16 heads as A fragments, in three parts (lo, mid, hi) */
+    uint32_t qp[3][S::KSTEPS][4];
     {
         int ha = h0 + g, hb = h0 + g + 8;
         const float *qa = q + ((size_t)b * n_heads + ha) * DIM, *qb = q + ((size_t)b * n_heads + hb) * DIM;
 #pragma unroll
         for (int k = 0; k < S::KSTEPS; k++) {
-            int d = dbase + 8 * k + 2 * t;
-            float2 x0 = ha < n_heads ? *(const float2 *)(qa + d) : make_float2(0.0f, 0.0f);
-            float2 x1 = hb < n_heads ? *(const float2 *)(qb + d) : make_float2(0.0f, 0.0f);
-            float v[4] = {x0.x, x1.x, x0.y, x1.y}; /* a0 (g, dim 2t), a1 (g+8, 2t), a2 (g, 2t+1), a3 */
+            int d = dbase + 16 * k + 2 * t;
+            const float2 z = make_float2(0.0f, 0.0f);
+            float2 x[4] = {ha < n_heads ? *(const float2 *)(qa + d) : z, hb < n_heads ? *(const float2 *)(qb + d) : z,
+                           ha < n_heads ? *(const float2 *)(qa + d + 8) : z,
+                           hb < n_heads ? *(const float2 *)(qb + d + 8) : z};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                qh[k][i] = tf32_rna(v[i]);
-                ql[k][i] = tf32_rna(v[i] - __uint_as_float(qh[k][i]));
+                float h0p, m0p, l0p, h1p, m1p, l1p;
+                bf16_split3(x[i].x, h0p, m0p, l0p);
+                bf16_split3(x[i].y, h1p, m1p, l1p);
+                qp[0][k][i] = bf16_pair(l0p, l1p);
+                qp[1][k][i] = bf16_pair(m0p, m1p);
+                qp[2][k][i] = bf16_pair(h0p, h1p);
             }
         }
     }
-    float acc[S::GROUPS][4][4];
+    float acc[S::NT][4];
 #pragma unroll
-    for (int gi = 0; gi < S::GROUPS; gi++)
+    for (int n = 0; n < S::NT; n++)
 #pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[gi][c][i] = 0.0f;
+        for (int i = 0; i < 4; i++)
+            acc[n][i] = 0.0f;
     if (tid < 16) {
         m_s[tid] = -INFINITY;
         l_s[tid] = 0.0f;
@@ -452,14 +458,14 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
     /* chunk loads: rows past the split's end are zeros (their logits are masked, their
      * weights 0, and 0 x a stale value could be NaN) */
     auto load_chunk = [&](int jc, int buf) {
-        constexpr int PR = DIM * (int)sizeof(KT) / 16, PE = 16 / (int)sizeof(KT); /* 16-byte pieces a row */
+        constexpr int PR = DIM / 8; /* 16-byte pieces of a bf16 row */
         int cnt = min(TC_CH, j1 - jc);
-        KT *dst = Ks + buf * TC_CH * S::KS;
+        uint16_t *dst = Ks + buf * TC_CH * S::KS;
         for (int e = tid; e < TC_CH * PR; e += NT) {
             int r = e / PR, c = e % PR;
-            KT *sp = dst + r * S::KS + PE * c;
+            uint16_t *sp = dst + r * S::KS + 8 * c;
             if (r < cnt)
-                cp_async16(sp, kb + (size_t)(jc + r) * DIM + PE * c);
+                key_piece(sp, kb + (size_t)(jc + r) * DIM + 8 * c);
             else
                 *(uint4 *)sp = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -475,9 +481,10 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
         __syncthreads(); /* the chunk is in; every warp is past the previous chunk */
         if (jc + TC_CH < j1)
             load_chunk(jc + TC_CH, buf ^ 1);
-        const KT *K = Ks + buf * TC_CH * S::KS;
+        const uint32_t kc = ks0 + 2u * (uint32_t)(buf * TC_CH * S::KS);
 
-        /* 1. partial logits over this warp's dims */
+        /* 1. partial logits over this warp's dims: B (dims, keys) from the key rows as stored,
+         * matrices (tile 2np, dims lo), (2np, hi), (2np+1, lo), (2np+1, hi) */
         {
             float sc[4][4];
 #pragma unroll
@@ -487,13 +494,17 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
                     sc[n][i] = 0.0f;
 #pragma unroll
             for (int k = 0; k < S::KSTEPS; k++) {
+                uint32_t bk[2][4];
 #pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    uint32_t b0, b1;
-                    key_pair(K, (8 * n + g) * S::KS + dbase + 8 * k + 2 * t, b0, b1);
-                    mma_tf32(sc[n], ql[k], b0, b1);
-                    mma_tf32(sc[n], qh[k], b0, b1);
+                for (int np = 0; np < 2; np++) {
+                    int key = 8 * (2 * np + (li >> 1)) + lj, d = dbase + 16 * k + 8 * (li & 1);
+                    ldsm_x4(bk[np], kc + 2u * (uint32_t)(key * S::KS + d));
                 }
+#pragma unroll
+                for (int part = 0; part < 3; part++)
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+                        mma_bf16(sc[n], qp[part][k], bk[n >> 1][2 * (n & 1)], bk[n >> 1][2 * (n & 1) + 1]);
             }
             float *sp = Sp + warp * 16 * S::SPS;
 #pragma unroll
@@ -526,11 +537,12 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            uint32_t h0b = tf32_rna(p0), h1b = tf32_rna(p1);
-            float hp0 = __uint_as_float(h0b), hp1 = __uint_as_float(h1b);
-            *(float2 *)(Ph + r * TC_PS + 2 * kp) = make_float2(hp0, hp1);
-            *(float2 *)(Pl + r * TC_PS + 2 * kp) =
-                make_float2(__uint_as_float(tf32_rna(p0 - hp0)), __uint_as_float(tf32_rna(p1 - hp1)));
+            float hp0, mp0, lp0, hp1, mp1, lp1;
+            bf16_split3(p0, hp0, mp0, lp0);
+            bf16_split3(p1, hp1, mp1, lp1);
+            Pw[(0 * 16 + r) * (TC_PS / 2) + kp] = bf16_pair(lp0, lp1);
+            Pw[(1 * 16 + r) * (TC_PS / 2) + kp] = bf16_pair(mp0, mp1);
+            Pw[(2 * 16 + r) * (TC_PS / 2) + kp] = bf16_pair(hp0, hp1);
             __syncwarp();
             if (kp == 0) {
                 float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
@@ -540,37 +552,33 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
             }
         }
         __syncthreads();
-        /* 3. rescale, then p·V over this warp's dims */
+        /* 3. rescale, then p·V over this warp's dims: A (heads, keys) from the weights as stored,
+         * matrices (heads lo, keys lo), (hi, lo), (lo, hi), (hi, hi); B (keys, dims) from the key
+         * rows transposed, matrices (keys lo, tile 2dp), (hi, 2dp), (lo, 2dp+1), (hi, 2dp+1) */
         {
             float a_lo = alpha_s[g], a_hi = alpha_s[g + 8];
 #pragma unroll
-            for (int gi = 0; gi < S::GROUPS; gi++)
+            for (int n = 0; n < S::NT; n++) {
+                acc[n][0] *= a_lo;
+                acc[n][1] *= a_lo;
+                acc[n][2] *= a_hi;
+                acc[n][3] *= a_hi;
+            }
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    acc[gi][c][0] *= a_lo;
-                    acc[gi][c][1] *= a_lo;
-                    acc[gi][c][2] *= a_hi;
-                    acc[gi][c][3] *= a_hi;
-                }
+            for (int k = 0; k < TC_CH / 16; k++) {
+                uint32_t pa[3][4];
 #pragma unroll
-            for (int k = 0; k < TC_CH / 8; k++) {
-                int ka = 8 * k + t;
-                uint32_t ah[4] = {__float_as_uint(Ph[g * TC_PS + ka]), __float_as_uint(Ph[(g + 8) * TC_PS + ka]),
-                                  __float_as_uint(Ph[g * TC_PS + ka + 4]),
-                                  __float_as_uint(Ph[(g + 8) * TC_PS + ka + 4])};
-                uint32_t al[4] = {__float_as_uint(Pl[g * TC_PS + ka]), __float_as_uint(Pl[(g + 8) * TC_PS + ka]),
-                                  __float_as_uint(Pl[g * TC_PS + ka + 4]),
-                                  __float_as_uint(Pl[(g + 8) * TC_PS + ka + 4])};
+                for (int part = 0; part < 3; part++)
+                    ldsm_x4(pa[part], pw0 + 2u * (uint32_t)((part * 16 + (lane & 15)) * TC_PS + 16 * k + 8 * (lane >> 4)));
 #pragma unroll
-                for (int gi = 0; gi < S::GROUPS; gi++) {
-                    int d = dbase + 32 * gi + 4 * g;
-                    uint32_t b0[4], b1[4];
-                    key_quad(K, ka * S::KS + d, b0);
-                    key_quad(K, (ka + 4) * S::KS + d, b1);
+                for (int dp = 0; dp < S::NT / 2; dp++) {
+                    uint32_t bv[4];
+                    int key = 16 * k + lj + 8 * (li & 1), d = dbase + 16 * dp + 8 * (li >> 1);
+                    ldsm_x4_t(bv, kc + 2u * (uint32_t)(key * S::KS + d));
 #pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        mma_tf32(acc[gi][c], al, b0[c], b1[c]);
-                        mma_tf32(acc[gi][c], ah, b0[c], b1[c]);
+                    for (int part = 0; part < 3; part++) {
+                        mma_bf16(acc[2 * dp], pa[part], bv[0], bv[1]);
+                        mma_bf16(acc[2 * dp + 1], pa[part], bv[2], bv[3]);
                     }
                 }
             }
@@ -583,15 +591,10 @@ __global__ void __launch_bounds__(W * 32, tc_min_blocks<KT>()) attn_part_tc_kern
         int h = h0 + g + 8 * half;
         if (h >= n_heads)
             continue;
-        float *o = o_part + (base + h) * DIM;
+        float *o = o_part + (base + h) * DIM + dbase + 2 * t;
 #pragma unroll
-        for (int gi = 0; gi < S::GROUPS; gi++) {
-            int d = dbase + 32 * gi + 8 * t;
-            *(float4 *)(o + d) = make_float4(acc[gi][0][2 * half], acc[gi][1][2 * half], acc[gi][2][2 * half],
-                                             acc[gi][3][2 * half]);
-            *(float4 *)(o + d + 4) = make_float4(acc[gi][0][2 * half + 1], acc[gi][1][2 * half + 1],
-                                                 acc[gi][2][2 * half + 1], acc[gi][3][2 * half + 1]);
-        }
+        for (int n = 0; n < S::NT; n++)
+            *(float2 *)(o + 8 * n) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
     }
     if (tid < 16 && h0 + tid < n_heads) {
         ml_part[(base + h0 + tid) * 2] = m_s[tid];
@@ -664,7 +667,7 @@ static tc_kernel_t tc_kernel(int dim, int bf16, size_t *smem, int *warps, int *b
     case D:                                                                                                        \
         *warps = W;                                                                                                \
         *bit = 2 * (B) + (bf16 != 0);                                                                              \
-        *smem = bf16 ? tc_shape<D, W, uint16_t>::SMEM : tc_shape<D, W, float>::SMEM;                               \
+        *smem = tc_shape<D, W>::SMEM;                                                                              \
         return bf16 ? attn_part_tc_kernel<D, W, uint16_t> : attn_part_tc_kernel<D, W, float>;
     switch (dim) {
         TC_CASE(128, 4, 0)

@@ -5,10 +5,10 @@
  * The keys of a row are split across blocks (each with an online softmax over
  * its part), then combined with the sink.  dim % 4 == 0, dim <= 1024.
  * Two forms: for dim 128, 256 and 512 (duet_cuda_attn_rows_tc_ok) the products
- * run on the tensor cores (tf32, q and the weights each as a hi + lo pair, fp32
- * accumulation), which reads the keys at tf32 precision: every key the engine
- * passes is a decoded cache entry, exact in bf16 and so in tf32; other keys
- * lose their low 13 mantissa bits.  Other dims, or duet_cuda_set_attn_tc(c, 0),
+ * run on the tensor cores (bf16, q and the weights each as three bf16 parts
+ * that add up to them exactly, fp32 accumulation), which reads the keys as
+ * bf16: every key the engine passes is a decoded cache entry, exact in bf16;
+ * other float keys are rounded to bf16.  Other dims, or duet_cuda_set_attn_tc(c, 0),
  * take the fp32 units.  Summation order and expf differ from the CPU (checked
  * at 2e-5).  The split follows the batch (n_rows, max_keys), except in
  * batch-invariant mode (duet_cuda_set_invariant): 8 parts per row, from its
