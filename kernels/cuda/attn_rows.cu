@@ -317,9 +317,9 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
  *      the same way into three bf16 parts, go to shared memory;
  *   3. each warp rescales its accumulators and adds p·V for its dims (V = the keys), the
  *      weights' lo part first.
- * A bf16 MMA step takes 16 keys or dims at twice tf32's rate, so the three parts cost what 1.5
- * tf32 steps of 8 would, where a tf32 hi + lo pair took 4 (and each part is exact, where tf32's
- * hi + lo kept q to 2^-22).  The sums run in an order fixed by the shapes only, so a row's result
+ * A bf16 MMA of 16 keys or dims takes the tensor cores the time of a tf32 one of 8, so 16 dims
+ * cost three MMAs where the tf32 hi + lo pairs took four (two steps of two), with chains a
+ * quarter shorter and each part exact (tf32's hi + lo kept q to 2^-22).  The sums run in an order fixed by the shapes only, so a row's result
  * never depends on the batch; the fp32 accumulation matches the fp32 kernel to its rounding
  * (checked at 2e-5).
  *
