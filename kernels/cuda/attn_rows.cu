@@ -319,9 +319,9 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
  *      weights' lo part first.
  * A bf16 MMA of 16 keys or dims takes the tensor cores the time of a tf32 one of 8, so 16 dims
  * cost three MMAs where the tf32 hi + lo pairs took four (two steps of two), with chains a
- * quarter shorter and each part exact (tf32's hi + lo kept q to 2^-22).  The sums run in an order fixed by the shapes only, so a row's result
- * never depends on the batch; the fp32 accumulation matches the fp32 kernel to its rounding
- * (checked at 2e-5).
+ * quarter shorter and each part exact (tf32's hi + lo kept q to 2^-22).  The sums run in an
+ * order fixed by the shapes only, so a row's result never depends on the batch; the fp32
+ * accumulation matches the fp32 kernel to its rounding (checked at 2e-5).
  *
  * Fragments (PTX m16n8k16 .bf16; g = lane/4, t = lane%4): A in four words, (row g, columns 2t,
  * 2t+1), (g+8, 2t..), (g, 2t+8, 2t+9), (g+8, 2t+8..); B in two, (k 2t, 2t+1; n g), (k 2t+8,
@@ -339,37 +339,11 @@ __global__ void __launch_bounds__(AT_THREADS) attn_part_fast_kernel(const float 
 #endif
 
 template <int DIM, int W> struct tc_shape {
-    static constexpr int DW = DIM / W, KSTEPS = DW / 16, NT = DW / 8, KS = DIM + TC_PAD, SPS = TC_CH + 8;
+    static constexpr int DW = DIM / W, KSTEPS = DW / 16, NT = DW / 8, KS = DIM + TC_PAD, SPS = TC_CH + 8; /* SPS: floats */
     static constexpr size_t KBYTES = 2 * (size_t)2 * TC_CH * KS;   /* [2][TC_CH][KS] bf16 */
     static constexpr size_t PBYTES = 2 * (size_t)3 * 16 * TC_PS;   /* [3][16][TC_PS] bf16 */
     static constexpr size_t SMEM = KBYTES + PBYTES + sizeof(float) * ((size_t)W * 16 * SPS + 3 * 16);
 };
-
-/* bf16 (lo, hi) in one word, lo in its low half, each rounded to nearest */
-__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi)
-{
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-/* x = h + m + l exactly in three bf16: each part the rounding of what the parts before it leave
- * (x - h and its remainder are exact in fp32; the remainder after m has at most 8 bits). */
-__device__ __forceinline__ void bf16_split3(float x, float &h, float &m, float &l)
-{
-    h = __bfloat162float(__float2bfloat16_rn(x));
-    float r = x - h;
-    m = __bfloat162float(__float2bfloat16_rn(r));
-    l = r - m;
-}
-
-__device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* four 8x8 bf16 matrices from shared memory, lane 8i + j giving row j of matrix i */
 __device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr)
@@ -391,7 +365,8 @@ __device__ __forceinline__ void key_piece(uint16_t *dst, const uint16_t *src) { 
 __device__ __forceinline__ void key_piece(uint16_t *dst, const float *src)
 {
     float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
-    *(uint4 *)dst = make_uint4(bf16_pair(a.x, a.y), bf16_pair(a.z, a.w), bf16_pair(b.x, b.y), bf16_pair(b.z, b.w));
+    *(uint4 *)dst = make_uint4(duet_d_pack_bf16(a.x, a.y), duet_d_pack_bf16(a.z, a.w), duet_d_pack_bf16(b.x, b.y),
+                               duet_d_pack_bf16(b.z, b.w));
 }
 
 /* Two blocks an SM (91 KB of shared memory each at DIM 512): the registers are capped at 128. */
@@ -434,14 +409,8 @@ __global__ void __launch_bounds__(W * 32, 2) attn_part_tc_kernel(const float *q,
                            ha < n_heads ? *(const float2 *)(qa + d + 8) : z,
                            hb < n_heads ? *(const float2 *)(qb + d + 8) : z};
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float h0p, m0p, l0p, h1p, m1p, l1p;
-                bf16_split3(x[i].x, h0p, m0p, l0p);
-                bf16_split3(x[i].y, h1p, m1p, l1p);
-                qp[0][k][i] = bf16_pair(l0p, l1p);
-                qp[1][k][i] = bf16_pair(m0p, m1p);
-                qp[2][k][i] = bf16_pair(h0p, h1p);
-            }
+            for (int i = 0; i < 4; i++)
+                duet_d_bf16_split3(x[i], qp[2][k][i], qp[1][k][i], qp[0][k][i]);
         }
     }
     float acc[S::NT][4];
@@ -504,7 +473,7 @@ __global__ void __launch_bounds__(W * 32, 2) attn_part_tc_kernel(const float *q,
                 for (int part = 0; part < 3; part++)
 #pragma unroll
                     for (int n = 0; n < 4; n++)
-                        mma_bf16(sc[n], qp[part][k], bk[n >> 1][2 * (n & 1)], bk[n >> 1][2 * (n & 1) + 1]);
+                        duet_d_mma_bf16(sc[n], qp[part][k], bk[n >> 1][2 * (n & 1)], bk[n >> 1][2 * (n & 1) + 1]);
             }
             float *sp = Sp + warp * 16 * S::SPS;
 #pragma unroll
@@ -537,12 +506,8 @@ __global__ void __launch_bounds__(W * 32, 2) attn_part_tc_kernel(const float *q,
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1)
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            float hp0, mp0, lp0, hp1, mp1, lp1;
-            bf16_split3(p0, hp0, mp0, lp0);
-            bf16_split3(p1, hp1, mp1, lp1);
-            Pw[(0 * 16 + r) * (TC_PS / 2) + kp] = bf16_pair(lp0, lp1);
-            Pw[(1 * 16 + r) * (TC_PS / 2) + kp] = bf16_pair(mp0, mp1);
-            Pw[(2 * 16 + r) * (TC_PS / 2) + kp] = bf16_pair(hp0, hp1);
+            duet_d_bf16_split3(make_float2(p0, p1), Pw[(2 * 16 + r) * (TC_PS / 2) + kp],
+                               Pw[(1 * 16 + r) * (TC_PS / 2) + kp], Pw[(0 * 16 + r) * (TC_PS / 2) + kp]);
             __syncwarp();
             if (kp == 0) {
                 float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
@@ -577,8 +542,8 @@ __global__ void __launch_bounds__(W * 32, 2) attn_part_tc_kernel(const float *q,
                     ldsm_x4_t(bv, kc + 2u * (uint32_t)(key * S::KS + d));
 #pragma unroll
                     for (int part = 0; part < 3; part++) {
-                        mma_bf16(acc[2 * dp], pa[part], bv[0], bv[1]);
-                        mma_bf16(acc[2 * dp + 1], pa[part], bv[2], bv[3]);
+                        duet_d_mma_bf16(acc[2 * dp], pa[part], bv[0], bv[1]);
+                        duet_d_mma_bf16(acc[2 * dp + 1], pa[part], bv[2], bv[3]);
                     }
                 }
             }

@@ -294,6 +294,37 @@ __device__ __forceinline__ uint16_t duet_d_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* Two floats as a bf16 pair, each rounded to nearest, lo in the low half (the order a
+ * fragment's consecutive columns take). */
+__device__ __forceinline__ uint32_t duet_d_pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Two floats as three bf16 pairs, v = hi + mid + lo exactly: each part the rounding of what the
+ * parts before it leave (exact in fp32; what hi and mid leave has at most 8 bits), v.x low. */
+__device__ __forceinline__ void duet_d_bf16_split3(float2 v, uint32_t &hi, uint32_t &mid, uint32_t &lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+    float2 r1 = make_float2(v.x - __bfloat162float(h.x), v.y - __bfloat162float(h.y));
+    __nv_bfloat162 m = __floats2bfloat162_rn(r1.x, r1.y);
+    float2 r2 = make_float2(r1.x - __bfloat162float(m.x), r1.y - __bfloat162float(m.y));
+    __nv_bfloat162 l = __floats2bfloat162_rn(r2.x, r2.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    mid = *reinterpret_cast<uint32_t *>(&m);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* d += a b on mma.sync m16n8k16 bf16 with fp32 accumulation (a: A's four words, b0 b1: B's two). */
+__device__ __forceinline__ void duet_d_mma_bf16(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* A float into an output element: a float as it is, or bf16 bits (duet_d_f32_to_bf16). */
 __device__ __forceinline__ void duet_d_store(float *o, float v) { *o = v; }
 __device__ __forceinline__ void duet_d_store(uint16_t *o, float v) { *o = duet_d_f32_to_bf16(v); }

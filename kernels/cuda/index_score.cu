@@ -253,27 +253,6 @@ template <int KS> __host__ __device__ constexpr size_t ist_smem_bytes()
            (KS == 2 ? (size_t)IST_STAGES * IST_KT * IST_MAX_DIM : 0);
 }
 
-__device__ __forceinline__ void ist_mma(float *d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two fp32 values as three bf16 pairs (x = hi + mid + lo to 24 bits), the first value low. */
-__device__ __forceinline__ void ist_split3(float2 v, uint32_t &hi, uint32_t &mid, uint32_t &lo)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
-    float2 r1 = make_float2(v.x - __bfloat162float(h.x), v.y - __bfloat162float(h.y));
-    __nv_bfloat162 m = __floats2bfloat162_rn(r1.x, r1.y);
-    float2 r2 = make_float2(r1.x - __bfloat162float(m.x), r1.y - __bfloat162float(m.y));
-    __nv_bfloat162 l = __floats2bfloat162_rn(r2.x, r2.y);
-    hi = *reinterpret_cast<uint32_t *>(&h);
-    mid = *reinterpret_cast<uint32_t *>(&m);
-    lo = *reinterpret_cast<uint32_t *>(&l);
-}
-
 /* Eight e4m3 values (two words, low byte first) as eight bf16 values (four words), exact. */
 __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uint32_t &w1)
 {
@@ -376,7 +355,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
             if (k < nks && h < n_heads)
                 v = *reinterpret_cast<const float2 *>(qb + (size_t)h * dim + c);
             uint32_t lo;
-            ist_split3(v, qa[k][0][r], qa[k][1][r], lo);
+            duet_d_bf16_split3(v, qa[k][0][r], qa[k][1][r], lo);
             if constexpr (IST_PARTS == 3)
                 qa[k][IST_PARTS - 1][r] = lo;
         }
@@ -477,7 +456,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                 for (int p = 0; p < IST_PARTS; p++)
 #pragma unroll
                     for (int nt = 0; nt < IST_KT / 8; nt++)
-                        ist_mma(acc[nt], qa[k][p], b0[nt], b1[nt]);
+                        duet_d_mma_bf16(acc[nt], qa[k][p], b0[nt], b1[nt]);
             }
         }
 #endif

@@ -561,12 +561,6 @@ __device__ __forceinline__ uint32_t pack_h16(__half lo, __half hi)
     return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 /* bf16 weights: quad q (columns 4q..4q+3) of a 16-byte chunk as two bf16 pairs, w[0] =
  * columns 0,1, w[1] = columns 2,3; the lane's x columns of k-step ks match (tc_xcol, then
  * tc_xcol + 2). */
@@ -638,9 +632,9 @@ __device__ __forceinline__ void bf16_split(const float4 &x, uint2 (&p)[3])
         float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
         float d0 = x0 - h0, d1 = x1 - h1;
         float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
-        q[0][e] = pack_bf16(h0, h1);
-        q[1][e] = pack_bf16(m0, m1);
-        q[2][e] = pack_bf16(d0 - m0, d1 - m1);
+        q[0][e] = duet_d_pack_bf16(h0, h1);
+        q[1][e] = duet_d_pack_bf16(m0, m1);
+        q[2][e] = duet_d_pack_bf16(d0 - m0, d1 - m1);
     }
 #pragma unroll
     for (int s = 0; s < 3; s++)
