@@ -124,7 +124,7 @@ pd() {
     return
   fi
   say "== pdtest $label: $*"
-  timeout -s INT -k 20 "$limit" python3 "$ROOT/tests/pd/pdtest.py" --build "$BUILD" --model "$model" --device cuda "$@" >"$out" 2>&1
+  DUET_TEST_KEEP=1 timeout -s INT -k 20 "$limit" python3 "$ROOT/tests/pd/pdtest.py" --build "$BUILD" --model "$model" --device cuda "$@" >"$out" 2>&1
   local rc=$?
   cat "$out" >>"$LOG"
   local dirs

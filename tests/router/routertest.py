@@ -29,6 +29,22 @@ import time
 SKIP = 77
 
 
+TEMP_DIRS = []  # the run's directories and files: removed when every check passed (keep_or_remove)
+
+
+def keep_or_remove(passed):
+    """The run's directories (logs, sockets) and scripts: removed when it passed, unless
+    DUET_TEST_KEEP=1; kept and named otherwise."""
+    if passed and os.environ.get("DUET_TEST_KEEP") != "1":
+        for d in TEMP_DIRS:
+            if os.path.isdir(d):
+                shutil.rmtree(d, ignore_errors=True)
+            elif os.path.exists(d):
+                os.unlink(d)
+    elif TEMP_DIRS:
+        print("     logs kept in " + " ".join(TEMP_DIRS), flush=True)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -38,12 +54,14 @@ def free_port():
 
 
 class Cluster:
-    """redis-server, prefill, decode and the router in a temporary directory; always cleaned up."""
+    """redis-server, prefill, decode and the router in a temporary directory (removed at the end
+    of a run that passed: keep_or_remove); the processes always stopped."""
 
     def __init__(self, build, model, redis=True, workers=True, router_args=(), decode_args=(), prefill_args=(),
                  decode_bin=None, pages=256):
         self.build, self.model = build, model
         self.dir = tempfile.mkdtemp(prefix="duet-router-")
+        TEMP_DIRS.append(self.dir)
         self.events = f"ipc://{self.dir}/events.sock"
         self.procs = {}
         self.pages = pages
@@ -909,6 +927,7 @@ def sc_tools(a, rep):
     c = None
     try:
         script = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        TEMP_DIRS.append(script.name)
         # what follows the forced opening of a call: for a named tool (seed 3), the invoke is open
         # already; for 'required' (seed 4), the block is
         named_rest = ("<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n"
@@ -1154,7 +1173,12 @@ def main():
           "no-workers": sc_no_workers, "redis-restart": sc_redis_restart, "router-restart": sc_router_restart, "worker-restart": sc_worker_restart,
           "openai": sc_openai, "tools": sc_tools, "affinity": sc_affinity,
           "two-routers": sc_two_routers}[a.scenario]
-    fn(a, rep)
+    passed = False
+    try:
+        fn(a, rep)
+        passed = rep.bad == 0
+    finally:
+        keep_or_remove(passed)
     sys.exit(rep.done())
 
 
