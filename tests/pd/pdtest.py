@@ -21,39 +21,24 @@ import re
 import signal
 import subprocess
 import sys
-import shutil
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testdirs  # noqa: E402
+
 VOCAB = 129280
 DEVICE = "cpu"  # --device: where the workers and duet-generate run the forward
-TEMP_DIRS = []  # the run's directories: removed when every check passed (keep_or_remove)
-
-
-def temp_dir(prefix):
-    d = tempfile.mkdtemp(prefix=prefix)
-    TEMP_DIRS.append(d)
-    return d
-
-
-def keep_or_remove(passed):
-    """The run's directories (logs, sockets, request files): removed when it passed, unless
-    DUET_TEST_KEEP=1 (scripts that read the workers' logs afterwards); kept and named otherwise."""
-    if passed and os.environ.get("DUET_TEST_KEEP") != "1":
-        for d in TEMP_DIRS:
-            shutil.rmtree(d, ignore_errors=True)
-    elif TEMP_DIRS:
-        print("     logs kept in " + " ".join(TEMP_DIRS), flush=True)
 
 
 class Cluster:
     """Prefill and decode workers in a temporary directory (removed at the end of a run that
-    passed: keep_or_remove); the processes always stopped."""
+    passed: testdirs); the processes always stopped."""
 
     def __init__(self, build, model, kv="fp8", ik="fp8", n_prefill=1, n_decode=1, pages=256, slots=64,
                  extra_decode=(), extra_prefill=(), decode_env=None, prefill_env=None):
         self.build, self.model = build, model
-        self.dir = temp_dir("duet-pd-")
+        self.dir = testdirs.temp_dir("duet-pd-")
         print(f"     cluster logs in {self.dir}", flush=True)
         self.events = f"ipc://{self.dir}/events.sock"
         self.procs = {}
@@ -616,7 +601,7 @@ def sc_device_flag(a, rep):
     prefix cache) is refused at start with UNSUPPORTED (before the model loads: nothing listens)."""
     cfg = open(os.path.join(a.build, "duet_config.h")).read()
     has_cuda = "DUET_HAVE_CUDA 1" in cfg
-    d = temp_dir("duet-pd-dev-")
+    d = testdirs.temp_dir("duet-pd-dev-")
     cases = [("prefill", ["--device", "gpu"], 2, "CONFIG"),
              ("decode", ["--device", "cuda:x"], 2, "CONFIG"),
              # tensor parallelism: GPUs only, 1 to 8
@@ -666,13 +651,7 @@ def main():
           "two-by-two": sc_two_by_two, "bad-input": sc_bad_input, "hicache": sc_hicache,
           "decode-rate": sc_decode_rate, "device-flag": sc_device_flag, "gpu-stuck": sc_gpu_stuck,
           "gpu-stuck-prefill": sc_gpu_stuck_prefill}[a.scenario]
-    passed = False
-    try:
-        fn(a, rep)
-        passed = rep.bad == 0
-    finally:
-        keep_or_remove(passed)
-    sys.exit(rep.done())
+    sys.exit(testdirs.run(fn, a, rep))
 
 
 if __name__ == "__main__":

@@ -26,23 +26,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import testdirs  # noqa: E402
+
 SKIP = 77
-
-
-TEMP_DIRS = []  # the run's directories and files: removed when every check passed (keep_or_remove)
-
-
-def keep_or_remove(passed):
-    """The run's directories (logs, sockets) and scripts: removed when it passed, unless
-    DUET_TEST_KEEP=1; kept and named otherwise."""
-    if passed and os.environ.get("DUET_TEST_KEEP") != "1":
-        for d in TEMP_DIRS:
-            if os.path.isdir(d):
-                shutil.rmtree(d, ignore_errors=True)
-            elif os.path.exists(d):
-                os.unlink(d)
-    elif TEMP_DIRS:
-        print("     logs kept in " + " ".join(TEMP_DIRS), flush=True)
 
 
 def free_port():
@@ -55,13 +42,12 @@ def free_port():
 
 class Cluster:
     """redis-server, prefill, decode and the router in a temporary directory (removed at the end
-    of a run that passed: keep_or_remove); the processes always stopped."""
+    of a run that passed: testdirs); the processes always stopped."""
 
     def __init__(self, build, model, redis=True, workers=True, router_args=(), decode_args=(), prefill_args=(),
                  decode_bin=None, pages=256):
         self.build, self.model = build, model
-        self.dir = tempfile.mkdtemp(prefix="duet-router-")
-        TEMP_DIRS.append(self.dir)
+        self.dir = testdirs.temp_dir("duet-router-")
         self.events = f"ipc://{self.dir}/events.sock"
         self.procs = {}
         self.pages = pages
@@ -927,7 +913,7 @@ def sc_tools(a, rep):
     c = None
     try:
         script = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-        TEMP_DIRS.append(script.name)
+        testdirs.track(script.name)
         # what follows the forced opening of a call: for a named tool (seed 3), the invoke is open
         # already; for 'required' (seed 4), the block is
         named_rest = ("<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n"
@@ -1173,13 +1159,7 @@ def main():
           "no-workers": sc_no_workers, "redis-restart": sc_redis_restart, "router-restart": sc_router_restart, "worker-restart": sc_worker_restart,
           "openai": sc_openai, "tools": sc_tools, "affinity": sc_affinity,
           "two-routers": sc_two_routers}[a.scenario]
-    passed = False
-    try:
-        fn(a, rep)
-        passed = rep.bad == 0
-    finally:
-        keep_or_remove(passed)
-    sys.exit(rep.done())
+    sys.exit(testdirs.run(fn, a, rep))
 
 
 if __name__ == "__main__":
