@@ -624,18 +624,9 @@ __device__ __forceinline__ void h16_split(const float4 *v4, uint4 (&rec)[h16_tra
  * p[part] = columns (0, 1 | 2, 3). */
 __device__ __forceinline__ void bf16_split(const float4 &x, uint2 (&p)[3])
 {
-    float xv[4] = {x.x, x.y, x.z, x.w};
     uint32_t q[3][2];
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        float x0 = xv[2 * e], x1 = xv[2 * e + 1];
-        float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-        float d0 = x0 - h0, d1 = x1 - h1;
-        float m0 = __bfloat162float(__float2bfloat16_rn(d0)), m1 = __bfloat162float(__float2bfloat16_rn(d1));
-        q[0][e] = duet_d_pack_bf16(h0, h1);
-        q[1][e] = duet_d_pack_bf16(m0, m1);
-        q[2][e] = duet_d_pack_bf16(d0 - m0, d1 - m1);
-    }
+    duet_d_bf16_split3(make_float2(x.x, x.y), q[0][0], q[1][0], q[2][0]);
+    duet_d_bf16_split3(make_float2(x.z, x.w), q[0][1], q[1][1], q[2][1]);
 #pragma unroll
     for (int s = 0; s < 3; s++)
         p[s] = make_uint2(q[s][0], q[s][1]);
