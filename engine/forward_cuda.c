@@ -55,6 +55,7 @@ struct duet_model_cuda {
     int no_pdl;         /* DUET_CUDA_PDL=0: no dependent launches (for comparison) */
     int no_side;        /* DUET_CUDA_SIDE=0: no side stream, every launch on one (for comparison) */
     int no_blockdiag;   /* DUET_CUDA_WO_BLOCKDIAG=0: wo_a as the grouped launch (for comparison) */
+    int no_post_fuse;   /* DUET_CUDA_HC_POST_FUSE=0: hc_post as its own operation (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -349,6 +350,8 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_side = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_WO_BLOCKDIAG"); /* 0: wo_a as the grouped launch (for comparison) */
         mc->no_blockdiag = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_HC_POST_FUSE"); /* 0: hc_post as its own operation (for comparison) */
+        mc->no_post_fuse = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_EXACT"); /* 1: the CPU engine's bits (duet_cuda_set_exact) */
         if (ev && atoi(ev) != 0)
             duet_cuda_set_exact(c, 1);
@@ -1891,12 +1894,20 @@ static int hc_fused(const fc_t *F)
 }
 
 /* A layer's hyper-connection pre-mix of F->h and the norm of its result into F->xn: one fused
- * operation (hc_fused), else hc_pre into F->x and rmsnorm. */
-static duet_status_t hc_pre_norm(fc_t *F, const float *fn, const float *base, const float *scale, const float *norm)
+ * operation (hc_fused), else hc_pre into F->x and rmsnorm.  post_first: hc_post of the sublayer
+ * before (its output F->f, the post and comb of its pre-mix) first, in the fused operation's
+ * first launch where hc_fused and not DUET_CUDA_HC_POST_FUSE=0 (the same bits). */
+static duet_status_t hc_pre_norm(fc_t *F, int post_first, const float *fn, const float *base, const float *scale,
+                                 const float *norm)
 {
     const duet_model_config_t *c = F->c;
     int hc = c->hc_mult, D = c->hidden_size;
     float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
+    if (post_first && F->hc_fused && !F->mc->no_post_fuse)
+        return duet_cuda_hc_post_pre_norm(F->cu, F->h, F->R, hc, D, F->f, fn, base, scale, c->hc_sinkhorn_iters,
+                                          hc_eps, eps, F->post, F->comb, norm, eps, F->xn);
+    if (post_first)
+        DUET_TRY(duet_cuda_hc_post(F->cu, F->h, F->R, hc, D, F->f, F->post, F->comb));
     if (F->hc_fused)
         return duet_cuda_hc_pre_norm(F->cu, F->h, F->R, hc, D, fn, base, scale, c->hc_sinkhorn_iters, hc_eps, eps,
                                      F->post, F->comb, norm, eps, F->xn);
@@ -1906,12 +1917,17 @@ static duet_status_t hc_pre_norm(fc_t *F, const float *fn, const float *base, co
 }
 
 /* The same for the head's pre-mix and the final norm. */
-static duet_status_t hc_head_norm(fc_t *F)
+static duet_status_t hc_head_norm(fc_t *F, int post_first)
 {
     const duet_model_config_t *c = F->c;
     const duet_model_cuda_t *mc = F->mc;
     int hc = c->hc_mult, D = c->hidden_size;
     float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
+    if (post_first && F->hc_fused && !mc->no_post_fuse)
+        return duet_cuda_hc_post_head_norm(F->cu, F->h, F->R, hc, D, F->f, F->post, F->comb, mc->hc_head_fn,
+                                           mc->hc_head_base, F->m->hc_head_scale, hc_eps, eps, mc->norm, eps, F->xn);
+    if (post_first)
+        DUET_TRY(duet_cuda_hc_post(F->cu, F->h, F->R, hc, D, F->f, F->post, F->comb));
     if (F->hc_fused)
         return duet_cuda_hc_head_norm(F->cu, F->h, F->R, hc, D, mc->hc_head_fn, mc->hc_head_base,
                                       F->m->hc_head_scale, hc_eps, eps, mc->norm, eps, F->xn);
@@ -1973,10 +1989,14 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
     }
+    /* a sublayer's hc_post is made by the pre-mix after it (hc_pre_norm, hc_head_norm: in its first
+     * launch where they fuse); post_pending: the last MoE's is still to be made */
+    int post_pending = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const layer_dev_t *lw = &mc->layers[l];
         if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
-            hc_pre_norm(F, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, lw->attn_norm) != DUET_OK) {
+            hc_pre_norm(F, post_pending, lw->hc_attn_fn, lw->hc_attn_base, lw->hc_attn_scale, lw->attn_norm) !=
+                DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;
         }
@@ -1993,25 +2013,27 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
             }
         }
         if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
-            duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK ||
-            hc_pre_norm(F, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, lw->ffn_norm) != DUET_OK) {
+            hc_pre_norm(F, 1, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale, lw->ffn_norm) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;
         }
         if ((st = moe(F, l, err)) != DUET_OK)
             goto out;
-        if (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
-            duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK) {
-            st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
-            goto out;
-        }
+        post_pending = 1;
+    }
+    int head = F->NLR && mc->head.data; /* tensor parallelism: rank 0 only */
+    if (post_pending && !head &&
+        (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
+         duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK)) {
+        st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
+        goto out;
     }
     if (duet_cuda_phase(mc->c, DUET_FP_HEAD) != DUET_OK) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;
     }
-    if (F->NLR && mc->head.data) { /* tensor parallelism: rank 0 only */
-        if (hc_head_norm(F) != DUET_OK ||
+    if (head) {
+        if (hc_head_norm(F, post_pending) != DUET_OK ||
             duet_cuda_gather_rows(mc->c, F->hx, F->xn, PD(F, int32_t, F->o_hrow), (int)F->NLR, D) != DUET_OK) {
             st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
             goto out;

@@ -3368,6 +3368,79 @@ static duet_status_t hcpost_call(ck_t *ck, void *p)
     return duet_cuda_hc_post(ck->c, a->dx, a->n, a->hc, a->dim, a->df, a->dpost, a->dcomb);
 }
 
+static duet_status_t hcpostprenorm_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_post_pre_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->df, a->dfn, a->dbase, a->dscale, a->iters,
+                                      1e-6f, 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f, a->dy);
+}
+
+static duet_status_t hcpostheadnorm_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_post_head_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->df, a->dpost, a->dcomb, a->dfn, a->dbase,
+                                       a->scale_head, 1e-6f, 1e-6f, a->dnw, 1e-6f, a->dy);
+}
+
+/* hc_post followed by hc_pre_norm (head: hc_head_norm) as one operation against the two, in the
+ * default and the batch-invariant split: x, post, comb and y bit for bit.  post and comb start
+ * as the CPU's (a pre-mix's), f fresh. */
+static void case_hc_post_fused(ck_t *ck, const hc_arg_t *a0, const float *x, const float *post, const float *comb,
+                               const float *f, int head)
+{
+    int n = a0->n, hc = a0->hc, dim = a0->dim;
+    size_t nx = (size_t)n * hc * dim, np = (size_t)n * hc, nc = (size_t)n * hc * hc, ny = (size_t)n * dim;
+    float *hx[2], *hp[2], *hcb[2], *hy[2];
+    for (int inv = 0; inv < 2; inv++) {
+        duet_cuda_set_invariant(ck->c, inv);
+        hc_arg_t b[2];
+        for (int v = 0; v < 2; v++) { /* 0: the two operations, 1: the fused one */
+            b[v] = *a0;
+            b[v].dx = dupload(ck, x, 4 * nx);
+            b[v].df = dupload(ck, f, 4 * ny);
+            b[v].dpost = dupload(ck, post, 4 * np);
+            b[v].dcomb = dupload(ck, comb, 4 * nc);
+            b[v].dy = dmalloc(ck, 4 * ny);
+            dpoison(ck, b[v].dy, 4 * ny);
+        }
+        CK(hcpost_call(ck, &b[0]));
+        CK(head ? hcheadnorm_call(ck, &b[0]) : hcprenorm_call(ck, &b[0]));
+        CK(head ? hcpostheadnorm_call(ck, &b[1]) : hcpostprenorm_call(ck, &b[1]));
+        for (int v = 0; v < 2; v++) {
+            hx[v] = xmalloc(4 * nx);
+            hp[v] = xmalloc(4 * np);
+            hcb[v] = xmalloc(4 * nc);
+            hy[v] = xmalloc(4 * ny);
+            ddownload(ck, hx[v], b[v].dx, 4 * nx);
+            ddownload(ck, hp[v], b[v].dpost, 4 * np);
+            ddownload(ck, hcb[v], b[v].dcomb, 4 * nc);
+            ddownload(ck, hy[v], b[v].dy, 4 * ny);
+        }
+        row_t row = row_new(head ? "hc_post_head_norm" : "hc_post_pre_norm", "n=%d hc=%d dim=%d%s", n, hc, dim,
+                            inv ? " invariant" : "");
+        row_bytes(&row, hy[1], hy[0], 4 * ny);
+        const char *what = memcmp(hx[1], hx[0], 4 * nx) ? "x"
+                           : memcmp(hp[1], hp[0], 4 * np) ? "post"
+                           : memcmp(hcb[1], hcb[0], 4 * nc) ? "comb"
+                                                            : NULL;
+        if (row.pass && what) {
+            row.pass = 0;
+            snprintf(row.note, sizeof row.note, "%s differs from the two operations'", what);
+        }
+        if (!inv) /* each call updates x again: the same work on other values */
+            bench_row(ck, &row, head ? hcpostheadnorm_call : hcpostprenorm_call, &b[1],
+                      4.0 * (2 * nx + (head ? (size_t)hc * hc * dim : (size_t)(2 + hc) * hc * hc * dim) + 2 * ny),
+                      2.0 * (double)(head ? hc : (2 + hc) * hc) * hc * dim * n + 6.0 * nx, BOUND_FP32);
+        print_row(ck, &row);
+        for (int v = 0; v < 2; v++) {
+            free(hx[v]); free(hp[v]); free(hcb[v]); free(hy[v]);
+            duet_cuda_free(ck->c, b[v].dx); duet_cuda_free(ck->c, b[v].df); duet_cuda_free(ck->c, b[v].dpost);
+            duet_cuda_free(ck->c, b[v].dcomb); duet_cuda_free(ck->c, b[v].dy);
+        }
+    }
+    duet_cuda_set_invariant(ck->c, 0);
+}
+
 static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
 {
     rng_t r;
@@ -3488,6 +3561,11 @@ static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
         bench_row(ck, &row, hcheadnorm_call, &a, 4.0 * (nx + (size_t)hc * hc * dim + 2 * (size_t)n * dim),
                   2.0 * (double)hc * hc * dim * n + 4.0 * nx, BOUND_FP32);
         print_row(ck, &row);
+        /* hc_post and the next pre-mix as one operation */
+        float *fp = rand_f32(&r, (size_t)n * dim, 1.0f);
+        case_hc_post_fused(ck, &a, x, post, comb, fp, 0);
+        case_hc_post_fused(ck, &a, x, post, comb, fp, 1);
+        free(fp);
         free(nw); free(y1); free(y2); free(p2); free(c2);
         duet_cuda_free(ck->c, a.dnw); duet_cuda_free(ck->c, a.dy);
     }

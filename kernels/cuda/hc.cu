@@ -1,9 +1,10 @@
 /* Hyper-connection mixing on the GPU (contract in hc.cuh).
  *
- * hc_pre / hc_head: two kernels.  The first splits the rows' hc*dim streams
- * into slices (enough blocks to fill the GPU at decode batch sizes) and
- * writes per slice and row Σ x² and Σ x·fn[m] for every mix row m, 4 rows a
- * block so that each fn value read serves 4 rows.  The second sums
+ * hc_pre / hc_head: two kernels.  The first splits the rows' hc streams of
+ * dim columns into slices of columns (enough blocks to fill the GPU at decode
+ * batch sizes; a slice holds the same columns of every stream) and writes per
+ * slice and row Σ x² and Σ x·fn[m] for every mix row m, 4 rows a block so that
+ * each fn value read serves 4 rows.  The second sums
  * the slices in order (mixes = inv · Σ x·fn, where the CPU sums (x·inv)·fn),
  * runs the sigmoids and the Sinkhorn normalisation of comb (one warp, one
  * lane per entry, a row's or column's entries gathered by shuffles and summed
@@ -12,7 +13,12 @@
  * hc_pre_norm / hc_head_norm: the second kernel also takes the RMSNorm of
  * collapsed (rmsnorm.cu's threads and order), so the row is not stored and
  * read back by a third launch.
- * hc_post: one thread per (row, column), the CPU's loops. */
+ * hc_post: one thread per (row, column), the CPU's loops.
+ * hc_post_pre_norm / hc_post_head_norm: hc_post and the next pre-mix's first
+ * kernel in one launch at decode sizes: a slice of columns holds everything
+ * hc_post needs (every stream's value at those columns), so the block updates
+ * its rows' slice, stores it, and sums it from shared memory; the same bits as
+ * the two operations, one launch and one read of x fewer. */
 #include "exact.cuh"
 #include "common.cuh"
 #include "rmsnorm.cuh"
@@ -23,9 +29,11 @@
 
 __device__ __forceinline__ float sigm(float x) { return duet_ref_sigmoidf(x); }
 
-/* Partial sums over one slice of HC_RG rows' hc*dim streams: part[0] = Σ x², part[1+m] = Σ x·fn[m],
+/* Partial sums over one slice of HC_RG rows' hc streams: part[0] = Σ x², part[1+m] = Σ x·fn[m],
  * per row.  grid (slices, row groups); a warp takes mix rows m and reads each fn value once for
- * the group's rows.  PRE (decode sizes: at most HC_PRE_ROWS rows, slices of at most HC_PRE_COLS
+ * the group's rows.  Slice s holds columns c0 = s·cols .. c1 of every stream: L = hc·(c1 - c0)
+ * values a row, in the slice's own order q = k·(c1 - c0) + (c - c0) (hc_flat), which the sums
+ * follow; c0 and the stream widths are multiples of 4, so a float4 never straddles two streams.  PRE (decode sizes: at most HC_PRE_ROWS rows, slices of at most HC_PRE_COLS
  * columns, at most HC_PRE_M mix rows a warp) the same sums in the same order by a shorter path:
  * the warp's fn values read before the wait for the kernel ahead (weights), all at once, and the
  * rows' x slice staged in shared memory by one round of loads, where the loop reads each x value
@@ -36,6 +44,13 @@ __device__ __forceinline__ float sigm(float x) { return duet_ref_sigmoidf(x); }
 #define HC_PRE_COLS 512
 #define HC_PRE_M 3
 #define HC_PRE_ROWS 256
+
+/* Where the slice's value q of a row lies in its hc·dim floats (slice columns c0 .. c0 + w). */
+__device__ __forceinline__ int hc_flat(int q, int w, int c0, int dim)
+{
+    int k = q / w;
+    return k * dim + c0 + (q - k * w);
+}
 
 /* The rows' Σ x² of the slice (ss: the thread's share of each), a block sum each (duet_block_sum's
  * tree, the rows side by side), into part. */
@@ -80,14 +95,14 @@ __device__ __forceinline__ void hc_mix_store(float (&acc)[HC_RG], int i0, int nr
     }
 }
 
-__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int flat_dim, const float *fn,
-                                                                int mix, int slice, float *part)
+__global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, int n, int hc, int dim,
+                                                                const float *fn, int mix, int cols, float *part)
 {
     duet_pdl_wait();
     __shared__ float red[HC_RG][32];
-    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
+    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG, flat_dim = hc * dim;
     int nr = min(HC_RG, n - i0); /* rows of this group */
-    int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
+    int c0 = s * cols, w = min(dim, c0 + cols) - c0, L = hc * w;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const float *xr[HC_RG];
 #pragma unroll
@@ -97,10 +112,16 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
 #pragma unroll
     for (int r = 0; r < HC_RG; r++)
         ss[r] = 0.0f;
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+    /* the slice's values q in the order of the shorter path; (k, cc): q's stream and column,
+     * stepped along with q (no division a value) */
+    for (int q = threadIdx.x, k = q / w, cc = q - k * w; q < L; q += blockDim.x) {
+        int c = k * dim + c0 + cc;
 #pragma unroll
         for (int r = 0; r < HC_RG; r++) /* rows past n read the last one's (in bounds, unused) */
             ss[r] = fmaf(xr[r][c], xr[r][c], ss[r]);
+        for (cc += blockDim.x; cc >= w; cc -= w)
+            k++;
+    }
     hc_sumsq_store(ss, red, i0, nr, S, s, mix, part);
     for (int m = warp; m < mix; m += nw) {
         const float *f = fn + (size_t)m * flat_dim;
@@ -109,66 +130,52 @@ __global__ void __launch_bounds__(HC_THREADS) hc_partial_kernel(const float *x, 
         for (int r = 0; r < HC_RG; r++)
             acc[r] = 0.0f;
 #pragma unroll 4
-        for (int c = c0 + lane * 4; c < c1; c += 128) {
+        for (int q = lane * 4, k = q / w, cc = q - k * w; q < L; q += 128) {
+            int c = k * dim + c0 + cc;
             float4 fv = __ldg((const float4 *)(f + c));
 #pragma unroll
             for (int r = 0; r < HC_RG; r++)
                 hc_fma4(acc[r], *(const float4 *)(xr[r] + c), fv);
+            for (cc += 128; cc >= w; cc -= w)
+                k++;
         }
         hc_mix_store(acc, i0, nr, S, s, mix, m, part);
     }
 }
 
-/* hc_partial_kernel's sums, in its order, at decode sizes (the host checked the slice and mix
- * widths: hc_launch) */
-__global__ void __launch_bounds__(HC_THREADS)
-    hc_partial_pre_kernel(const float *x, int n, int flat_dim, const float *fn, int mix, int slice, float *part)
+/* The shorter path's fn values: a warp's mix rows m = warp + mi·nw, a lane's float4 at slice
+ * values q = lane·4 + 128·j (hc_partial_kernel's order), read where the kernel starts. */
+constexpr int HC_PJ = HC_PRE_COLS / 128;
+__device__ __forceinline__ void hc_pre_fn(const float *fn, int flat_dim, int mix, int w, int c0, int dim,
+                                          float4 (&fpre)[HC_PRE_M][HC_PJ])
 {
-    constexpr int PJ = HC_PRE_COLS / 128; /* a lane's float4 of fn a mix row */
-    __shared__ float red[HC_RG][32];
-    __shared__ __align__(16) float xs[HC_RG][HC_PRE_COLS];
-    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG;
-    int nr = min(HC_RG, n - i0); /* rows of this group */
-    int c0 = s * slice, c1 = min(flat_dim, c0 + slice);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float4 fpre[HC_PRE_M][PJ]; /* mix rows warp + mi * nw */
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, L = (flat_dim / dim) * w;
 #pragma unroll
     for (int mi = 0; mi < HC_PRE_M; mi++)
 #pragma unroll
-        for (int j = 0; j < PJ; j++) {
-            int m = warp + mi * nw, c = c0 + lane * 4 + 128 * j;
-            fpre[mi][j] = m < mix && c < c1 ? __ldg((const float4 *)(fn + (size_t)m * flat_dim + c))
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < HC_PJ; j++) {
+            int m = warp + mi * nw, q = lane * 4 + 128 * j;
+            fpre[mi][j] = m < mix && q < L
+                              ? __ldg((const float4 *)(fn + (size_t)m * flat_dim + hc_flat(q, w, c0, dim)))
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-    duet_pdl_wait();
-    /* the rows' slice (a multiple of 4 columns); rows past n read the last one's (in bounds, unused):
-     * a thread's loads all issued before its stores (one memory latency, where a loop storing each
-     * load waited for them in turn) */
-    constexpr int XQ = HC_RG * (HC_PRE_COLS / 4) / HC_THREADS; /* float4 a thread at most */
-    static_assert(XQ * HC_THREADS == HC_RG * (HC_PRE_COLS / 4), "whole float4 a thread");
-    int q4 = (c1 - c0) / 4;
-    float4 xv[XQ];
-#pragma unroll
-    for (int j = 0; j < XQ; j++) {
-        int q = threadIdx.x + j * HC_THREADS, r = q / q4, k = q % q4;
-        if (q < HC_RG * q4)
-            xv[j] = *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + c0 + 4 * k);
-    }
-#pragma unroll
-    for (int j = 0; j < XQ; j++) {
-        int q = threadIdx.x + j * HC_THREADS, r = q / q4, k = q % q4;
-        if (q < HC_RG * q4)
-            reinterpret_cast<float4 *>(xs[r])[k] = xv[j];
-    }
-    __syncthreads();
+}
+
+/* The shorter path's sums over the rows' slice staged in xs (L values a row, the slice's order):
+ * hc_partial_kernel's, in its order. */
+__device__ __forceinline__ void hc_pre_sums(const float (*xs)[HC_PRE_COLS], const float4 (&fpre)[HC_PRE_M][HC_PJ],
+                                            int L, int i0, int nr, int S, int s, int mix, float (*red)[32],
+                                            float *part)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float ss[HC_RG];
 #pragma unroll
     for (int r = 0; r < HC_RG; r++)
         ss[r] = 0.0f;
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+    for (int q = threadIdx.x; q < L; q += blockDim.x)
 #pragma unroll
         for (int r = 0; r < HC_RG; r++)
-            ss[r] = fmaf(xs[r][c - c0], xs[r][c - c0], ss[r]);
+            ss[r] = fmaf(xs[r][q], xs[r][q], ss[r]);
     hc_sumsq_store(ss, red, i0, nr, S, s, mix, part);
 #pragma unroll
     for (int mi = 0; mi < HC_PRE_M; mi++) {
@@ -180,17 +187,124 @@ __global__ void __launch_bounds__(HC_THREADS)
         for (int r = 0; r < HC_RG; r++)
             acc[r] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < PJ; j++) {
-            int c = c0 + lane * 4 + 128 * j;
-            if (c >= c1)
+        for (int j = 0; j < HC_PJ; j++) {
+            int q = lane * 4 + 128 * j;
+            if (q >= L)
                 break;
             float4 fv = fpre[mi][j];
 #pragma unroll
             for (int r = 0; r < HC_RG; r++)
-                hc_fma4(acc[r], reinterpret_cast<const float4 *>(xs[r])[(c - c0) / 4], fv);
+                hc_fma4(acc[r], reinterpret_cast<const float4 *>(xs[r])[q / 4], fv);
         }
         hc_mix_store(acc, i0, nr, S, s, mix, m, part);
     }
+}
+
+/* hc_partial_kernel's sums, in its order, at decode sizes (the host checked the slice and mix
+ * widths: hc_launch) */
+__global__ void __launch_bounds__(HC_THREADS)
+    hc_partial_pre_kernel(const float *x, int n, int hc, int dim, const float *fn, int mix, int cols, float *part)
+{
+    __shared__ float red[HC_RG][32];
+    __shared__ __align__(16) float xs[HC_RG][HC_PRE_COLS];
+    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG, flat_dim = hc * dim;
+    int nr = min(HC_RG, n - i0); /* rows of this group */
+    int c0 = s * cols, w = min(dim, c0 + cols) - c0, L = hc * w;
+    float4 fpre[HC_PRE_M][HC_PJ];
+    hc_pre_fn(fn, flat_dim, mix, w, c0, dim, fpre);
+    duet_pdl_wait();
+    /* the rows' slice; rows past n read the last one's (in bounds, unused): a thread's loads all
+     * issued before its stores (one memory latency, where a loop storing each load waited for
+     * them in turn) */
+    constexpr int XQ = HC_RG * (HC_PRE_COLS / 4) / HC_THREADS; /* float4 a thread at most */
+    static_assert(XQ * HC_THREADS == HC_RG * (HC_PRE_COLS / 4), "whole float4 a thread");
+    int q4 = L / 4;
+    float4 xv[XQ];
+#pragma unroll
+    for (int j = 0; j < XQ; j++) {
+        int q = threadIdx.x + j * HC_THREADS, r = q / q4, k = q % q4;
+        if (q < HC_RG * q4)
+            xv[j] = *(const float4 *)(x + (size_t)min(i0 + r, n - 1) * flat_dim + hc_flat(4 * k, w, c0, dim));
+    }
+#pragma unroll
+    for (int j = 0; j < XQ; j++) {
+        int q = threadIdx.x + j * HC_THREADS, r = q / q4, k = q % q4;
+        if (q < HC_RG * q4)
+            reinterpret_cast<float4 *>(xs[r])[k] = xv[j];
+    }
+    __syncthreads();
+    hc_pre_sums(xs, fpre, L, i0, nr, S, s, mix, red, part);
+}
+
+/* hc_post's update of its rows' slice (every stream at the slice's columns) in hc_post_kernel's
+ * operations and order, stored in place and into xs for the partial sums that follow (rows past
+ * n: zeros, unused).  HCT > 0: hc known at compile time. */
+template <int HCT>
+__global__ void __launch_bounds__(HC_THREADS)
+    hc_post_partial_kernel(float *x, int n, int hc_rt, int dim, const float *f, const float *post, const float *comb,
+                           const float *fn, int mix, int cols, float *part)
+{
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    constexpr int CAP = HCT > 0 ? HCT : 4; /* the shorter path's mix rows hold hc <= 4 */
+    __shared__ float red[HC_RG][32];
+    __shared__ __align__(16) float xs[HC_RG][HC_PRE_COLS];
+    __shared__ float pc[HC_RG][CAP + CAP * CAP]; /* the rows' post, then comb */
+    int s = blockIdx.x, S = gridDim.x, i0 = blockIdx.y * HC_RG, flat_dim = hc * dim;
+    int nr = min(HC_RG, n - i0);
+    int c0 = s * cols, w = min(dim, c0 + cols) - c0, L = hc * w;
+    float4 fpre[HC_PRE_M][HC_PJ];
+    hc_pre_fn(fn, flat_dim, mix, w, c0, dim, fpre);
+    duet_pdl_wait();
+    int per = hc + hc * hc;
+    for (int t = threadIdx.x; t < nr * per; t += blockDim.x) {
+        int r = t / per, e = t % per;
+        const float *src = e < hc ? post + (size_t)(i0 + r) * hc + e : comb + (size_t)(i0 + r) * hc * hc + (e - hc);
+        pc[r][e] = *src;
+    }
+    /* (row, column) pairs of the slice, a thread's values all loaded before the first is used */
+    constexpr int PP = (HC_RG * HC_PRE_COLS / (HCT > 0 ? HCT : 1) + HC_THREADS - 1) / HC_THREADS;
+    float xin[PP][CAP], fc[PP];
+#pragma unroll
+    for (int t = 0; t < PP; t++) {
+        int p = threadIdx.x + t * HC_THREADS, r = p / w, cc = p % w;
+        if (r < nr) {
+            const float *xi = x + (size_t)(i0 + r) * flat_dim + c0 + cc;
+#pragma unroll
+            for (int j = 0; j < CAP; j++)
+                if (j < hc)
+                    xin[t][j] = xi[(size_t)j * dim];
+            fc[t] = f[(size_t)(i0 + r) * dim + c0 + cc];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < PP; t++) {
+        int p = threadIdx.x + t * HC_THREADS, r = p / w, cc = p % w;
+        if (r >= HC_RG)
+            break;
+        if (r >= nr) {
+            for (int k = 0; k < hc; k++)
+                xs[r][k * w + cc] = 0.0f;
+            continue;
+        }
+        float *xo = x + (size_t)(i0 + r) * flat_dim + c0 + cc;
+        const float *po = pc[r], *cb = pc[r] + hc;
+#pragma unroll
+        for (int k = 0; k < CAP; k++) {
+            if (k >= hc)
+                break;
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CAP; j++)
+                if (j < hc)
+                    acc = __fadd_rn(acc, __fmul_rn(cb[j * hc + k], xin[t][j]));
+            float v = __fadd_rn(__fmul_rn(po[k], fc[t]), acc);
+            xo[(size_t)k * dim] = v;
+            xs[r][k * w + cc] = v;
+        }
+    }
+    __syncthreads();
+    hc_pre_sums(xs, fpre, L, i0, nr, S, s, mix, red, part);
 }
 
 /* Sums the slices in order into vals[0..mix] and returns the RMSNorm factor; mixes = vals[1..] * inv. */
@@ -416,16 +530,17 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
     }
 }
 
-/* Slices per row so that the partial kernel fills the GPU; each a multiple of 4 floats. */
-static void hc_split(const duet_cuda_t *c, int n, int flat_dim, int *S, int *slice)
+/* Slices per row so that the partial kernel fills the GPU: cols columns each (a multiple of 32,
+ * so that every slice starts on a float4 of every stream), S of them. */
+static void hc_split(const duet_cuda_t *c, int n, int dim, int *S, int *cols)
 {
     int groups = c->invariant ? 1 : (n + HC_RG - 1) / HC_RG; /* invariant: the split of one row group at any n */
     int s = (2 * c->info.sm_count + groups - 1) / groups;
     s = s < 1 ? 1 : s > HC_MAX_SPLIT ? HC_MAX_SPLIT : s;
-    int sl = (flat_dim + s - 1) / s;
-    sl = (sl + 127) / 128 * 128;
-    *slice = sl;
-    *S = (flat_dim + sl - 1) / sl;
+    int w = (dim + s - 1) / s;
+    w = (w + 31) / 32 * 32;
+    *cols = w;
+    *S = (dim + w - 1) / w;
 }
 
 /* HCT > 0: hc known at compile time (registers); HCT == 0: any hc up to HC_MAX. */
@@ -469,19 +584,41 @@ static duet_status_t hc_check(duet_cuda_t *c, const char *op, int hc, int dim, c
 {
     if (hc < 1 || hc > HC_MAX || dim <= 0)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: hc %d (1..%d), dim %d", op, hc, HC_MAX, dim);
-    if ((hc * dim) % 4 || (uintptr_t)x % 16)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: hc*dim %d not a multiple of 4 or x unaligned", op,
-                               hc * dim);
+    if (dim % 4 || (uintptr_t)x % 16)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: dim %d not a multiple of 4 or x unaligned", op, dim);
     return DUET_OK;
 }
 
+/* hc_post's launch: a thread per (row, column) */
+static duet_status_t hc_post_launch(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
+                                    const float *post, const float *comb)
+{
+    size_t total = (size_t)n * dim;
+    if (!total)
+        return DUET_OK;
+    if (hc == 4)
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_kernel<4>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc,
+                                            dim, f, post, comb));
+    else
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_kernel<0>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc,
+                                            dim, f, post, comb));
+    return DUET_OK;
+}
+
+/* hc_post ahead of a pre-mix (hc_launch): x += its update in place, from post and comb (which
+ * the pre-mix then overwrites) */
+typedef struct {
+    const float *f, *post, *comb;
+} hc_post_in;
+
 /* hc_pre (!head) / hc_head, and their fused forms with the norm (norm: y = rmsnorm(collapsed,
  * norm_w, eps), else y = collapsed): the slice partials, then the second kernel, with hc known
- * at compile time where it is 4. */
-static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool norm, const float *x, int n, int hc,
-                               int dim, const float *fn, const float *base, const float *scale_d, float scale_h,
-                               int sinkhorn_iters, float hc_eps, float norm_eps, float *post, float *comb,
-                               const float *norm_w, float eps, float *y)
+ * at compile time where it is 4.  With hp, hc_post first: in the partials' launch where it
+ * takes the shorter path and hc <= 4, else as its own launch ahead (the same bits). */
+static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool norm, const hc_post_in *hp,
+                               const float *x, int n, int hc, int dim, const float *fn, const float *base,
+                               const float *scale_d, float scale_h, int sinkhorn_iters, float hc_eps, float norm_eps,
+                               float *post, float *comb, const float *norm_w, float eps, float *y)
 {
     DUET_TRY(hc_check(c, op, hc, dim, x));
     int threads = norm ? duet_cuda_rmsnorm_threads(dim) : HC_THREADS;
@@ -491,20 +628,32 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
         return DUET_OK;
     if (n > 65535)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: %d rows (at most 65535)", op, n);
-    int flat_dim = hc * dim, mix = head ? hc : (2 + hc) * hc, S, slice;
-    hc_split(c, n, flat_dim, &S, &slice);
+    int mix = head ? hc : (2 + hc) * hc, S, cols;
+    hc_split(c, n, dim, &S, &cols);
     void *scr;
     DUET_TRY(duet_cuda_scratch(c, sizeof(float) * (size_t)n * S * (1 + mix), &scr));
     const float *part = (const float *)scr;
     /* the partial kernel's shorter path (its slices and mix rows within what it holds) */
-    bool pre = n <= HC_PRE_ROWS && slice <= HC_PRE_COLS && mix <= HC_PRE_M * (HC_THREADS / 32);
+    bool pre = n <= HC_PRE_ROWS && hc * cols <= HC_PRE_COLS && mix <= HC_PRE_M * (HC_THREADS / 32);
     dim3 pgrid(S, (n + HC_RG - 1) / HC_RG);
-    if (pre)
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_pre_kernel, pgrid, dim3(HC_THREADS), 0, x, n, flat_dim, fn,
-                                            mix, slice, (float *)scr));
-    else
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_kernel, pgrid, dim3(HC_THREADS), 0, x, n, flat_dim, fn, mix,
-                                            slice, (float *)scr));
+    if (hp && pre && hc <= 4) {
+        float *xw = (float *)x; /* the caller's x, updated in place */
+        if (hc == 4)
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_partial_kernel<4>, pgrid, dim3(HC_THREADS), 0, xw, n, hc,
+                                                dim, hp->f, hp->post, hp->comb, fn, mix, cols, (float *)scr));
+        else
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_partial_kernel<0>, pgrid, dim3(HC_THREADS), 0, xw, n, hc,
+                                                dim, hp->f, hp->post, hp->comb, fn, mix, cols, (float *)scr));
+    } else {
+        if (hp)
+            DUET_TRY(hc_post_launch(c, (float *)x, n, hc, dim, hp->f, hp->post, hp->comb));
+        if (pre)
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_pre_kernel, pgrid, dim3(HC_THREADS), 0, x, n, hc, dim,
+                                                fn, mix, cols, (float *)scr));
+        else
+            DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_partial_kernel, pgrid, dim3(HC_THREADS), 0, x, n, hc, dim, fn,
+                                                mix, cols, (float *)scr));
+    }
 #define HC_FINISH(HEAD, HCT)                                                                                           \
     do {                                                                                                               \
         if (norm)                                                                                                      \
@@ -535,7 +684,7 @@ extern "C" duet_status_t duet_cuda_hc_pre(duet_cuda_t *c, const float *x, int n,
     if (c->exact)
         return duet_cuda_exact_hc_pre(c, x, n, hc, dim, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, post, comb,
                                       collapsed);
-    return hc_launch(c, "hc_pre", false, false, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
+    return hc_launch(c, "hc_pre", false, false, NULL, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
                      norm_eps, post, comb, NULL, 0.0f, collapsed);
 }
 
@@ -544,16 +693,7 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
 {
     if (hc < 1 || hc > HC_MAX)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_post: hc %d (1..%d)", hc, HC_MAX);
-    size_t total = (size_t)n * dim;
-    if (!total)
-        return DUET_OK;
-    if (hc == 4)
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_kernel<4>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc,
-                                            dim, f, post, comb));
-    else
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_post_kernel<0>, dim3(duet_cdiv(total, 256)), dim3(256), 0, x, n, hc,
-                                            dim, f, post, comb));
-    return DUET_OK;
+    return hc_post_launch(c, x, n, hc, dim, f, post, comb);
 }
 
 extern "C" int duet_cuda_hc_norm_ok(int hc, int dim)
@@ -568,7 +708,7 @@ extern "C" duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, i
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_pre_norm");
-    return hc_launch(c, "hc_pre_norm", false, true, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
+    return hc_launch(c, "hc_pre_norm", false, true, NULL, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
                      norm_eps, post, comb, norm_w, eps, y);
 }
 
@@ -578,7 +718,7 @@ extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, 
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_head_norm");
-    return hc_launch(c, "hc_head_norm", true, true, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL,
+    return hc_launch(c, "hc_head_norm", true, true, NULL, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL,
                      NULL, norm_w, eps, y);
 }
 
@@ -587,6 +727,34 @@ extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n
 {
     if (c->exact)
         return duet_cuda_exact_hc_head(c, x, n, hc, dim, fn, base, scale, hc_eps, norm_eps, y);
-    return hc_launch(c, "hc_head", true, false, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL,
+    return hc_launch(c, "hc_head", true, false, NULL, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL,
                      NULL, 0.0f, y);
+}
+
+extern "C" duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
+                                                    const float *fn, const float *base, const float *scale,
+                                                    int sinkhorn_iters, float hc_eps, float norm_eps, float *post,
+                                                    float *comb, const float *norm_w, float eps, float *y)
+{
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "hc_post_pre_norm");
+    if (hc < 1 || hc > HC_MAX)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_post_pre_norm: hc %d (1..%d)", hc, HC_MAX);
+    hc_post_in hp = {f, post, comb};
+    return hc_launch(c, "hc_post_pre_norm", false, true, &hp, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters,
+                     hc_eps, norm_eps, post, comb, norm_w, eps, y);
+}
+
+extern "C" duet_status_t duet_cuda_hc_post_head_norm(duet_cuda_t *c, float *x, int n, int hc, int dim,
+                                                     const float *f, const float *post, const float *comb,
+                                                     const float *fn, const float *base, float scale, float hc_eps,
+                                                     float norm_eps, const float *norm_w, float eps, float *y)
+{
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "hc_post_head_norm");
+    if (hc < 1 || hc > HC_MAX)
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_post_head_norm: hc %d (1..%d)", hc, HC_MAX);
+    hc_post_in hp = {f, post, comb};
+    return hc_launch(c, "hc_post_head_norm", true, true, &hp, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps,
+                     norm_eps, NULL, NULL, norm_w, eps, y);
 }

@@ -33,6 +33,19 @@ duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, int n, int h
 duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                      const float *base, float scale, float hc_eps, float norm_eps,
                                      const float *norm_w, float eps, float *y);
+/* hc_post(x, f, post, comb) followed by hc_pre_norm / hc_head_norm of the updated x, bit for
+ * bit the two operations; where the partial sums take their decode-size path and hc <= 4, the
+ * update is made in their launch (a slice of columns holds every stream's value there), one
+ * launch and one read of x fewer.  post and comb are read as hc_post's, then hc_post_pre_norm
+ * writes the new ones over them. */
+duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
+                                         const float *fn, const float *base, const float *scale, int sinkhorn_iters,
+                                         float hc_eps, float norm_eps, float *post, float *comb, const float *norm_w,
+                                         float eps, float *y);
+duet_status_t duet_cuda_hc_post_head_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
+                                          const float *post, const float *comb, const float *fn, const float *base,
+                                          float scale, float hc_eps, float norm_eps, const float *norm_w, float eps,
+                                          float *y);
 /* scale: a host value, as in the CPU contract. */
 duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                 const float *base, float scale, float hc_eps, float norm_eps, float *y);
