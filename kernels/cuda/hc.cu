@@ -33,8 +33,9 @@ __device__ __forceinline__ float sigm(float x) { return duet_ref_sigmoidf(x); }
  * per row.  grid (slices, row groups); a warp takes mix rows m and reads each fn value once for
  * the group's rows.  Slice s holds columns c0 = s·cols .. c1 of every stream: L = hc·(c1 - c0)
  * values a row, in the slice's own order q = k·(c1 - c0) + (c - c0) (hc_flat), which the sums
- * follow; c0 and the stream widths are multiples of 4, so a float4 never straddles two streams.  PRE (decode sizes: at most HC_PRE_ROWS rows, slices of at most HC_PRE_COLS
- * columns, at most HC_PRE_M mix rows a warp) the same sums in the same order by a shorter path:
+ * follow; c0 and the stream widths are multiples of 4, so a float4 never straddles two streams.
+ * PRE (decode sizes: at most HC_PRE_ROWS rows, slices of at most HC_PRE_COLS values a row, at
+ * most HC_PRE_M mix rows a warp) the same sums in the same order by a shorter path:
  * the warp's fn values read before the wait for the kernel ahead (weights), all at once, and the
  * rows' x slice staged in shared memory by one round of loads, where the loop reads each x value
  * again for every mix row, a round of loads a 128 columns.  Its registers and shared memory
@@ -44,6 +45,20 @@ __device__ __forceinline__ float sigm(float x) { return duet_ref_sigmoidf(x); }
 #define HC_PRE_COLS 512
 #define HC_PRE_M 3
 #define HC_PRE_ROWS 256
+
+/* hc_post's new value of stream k at one column: post_k·f + Σ_j comb[j][k]·x_j, in the CPU's
+ * order without fused multiply-add (xin: the column's value in each stream). */
+template <int CAP>
+__device__ __forceinline__ float hc_post_value(const float *po, const float *cb, const float (&xin)[CAP], float fc,
+                                               int hc, int k)
+{
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CAP; j++)
+        if (j < hc)
+            acc = __fadd_rn(acc, __fmul_rn(cb[j * hc + k], xin[j]));
+    return __fadd_rn(__fmul_rn(po[k], fc), acc);
+}
 
 /* Where the slice's value q of a row lies in its hc·dim floats (slice columns c0 .. c0 + w). */
 __device__ __forceinline__ int hc_flat(int q, int w, int c0, int dim)
@@ -293,12 +308,7 @@ __global__ void __launch_bounds__(HC_THREADS)
         for (int k = 0; k < CAP; k++) {
             if (k >= hc)
                 break;
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < CAP; j++)
-                if (j < hc)
-                    acc = __fadd_rn(acc, __fmul_rn(cb[j * hc + k], xin[t][j]));
-            float v = __fadd_rn(__fmul_rn(po[k], fc[t]), acc);
+            float v = hc_post_value(po, cb, xin[t], fc[t], hc, k);
             xo[(size_t)k * dim] = v;
             xs[r][k * w + cc] = v;
         }
@@ -567,12 +577,7 @@ __global__ void hc_post_kernel(float *x, int n, int hc_rt, int dim, const float 
     for (int k = 0; k < CAP; k++) {
         if (k >= hc)
             break;
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CAP; j++)
-            if (j < hc)
-                acc = __fadd_rn(acc, __fmul_rn(cb[j * hc + k], xin[j]));
-        tmp[k] = __fadd_rn(__fmul_rn(po[k], fc), acc);
+        tmp[k] = hc_post_value(po, cb, xin, fc, hc, k);
     }
 #pragma unroll
     for (int k = 0; k < CAP; k++)
@@ -605,8 +610,8 @@ static duet_status_t hc_post_launch(duet_cuda_t *c, float *x, int n, int hc, int
     return DUET_OK;
 }
 
-/* hc_post ahead of a pre-mix (hc_launch): x += its update in place, from post and comb (which
- * the pre-mix then overwrites) */
+/* hc_post ahead of a pre-mix (hc_launch): x replaced in place by post·f + comb·x, from the post
+ * and comb of the pre-mix before (which this pre-mix then overwrites) */
 typedef struct {
     const float *f, *post, *comb;
 } hc_post_in;
