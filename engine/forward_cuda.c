@@ -56,6 +56,7 @@ struct duet_model_cuda {
     int no_side;        /* DUET_CUDA_SIDE=0: no side stream, every launch on one (for comparison) */
     int no_blockdiag;   /* DUET_CUDA_WO_BLOCKDIAG=0: wo_a as the grouped launch (for comparison) */
     int no_post_fuse;   /* DUET_CUDA_HC_POST_FUSE=0: hc_post as its own operation (for comparison) */
+    int no_sk_side;     /* DUET_CUDA_HC_SINKHORN_SIDE=0: comb's Sinkhorn in the pre-mix (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -352,6 +353,8 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_blockdiag = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_HC_POST_FUSE"); /* 0: hc_post as its own operation (for comparison) */
         mc->no_post_fuse = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_HC_SINKHORN_SIDE"); /* 0: comb's Sinkhorn in the pre-mix (for comparison) */
+        mc->no_sk_side = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_EXACT"); /* 1: the CPU engine's bits (duet_cuda_set_exact) */
         if (ev && atoi(ev) != 0)
             duet_cuda_set_exact(c, 1);
@@ -773,6 +776,9 @@ typedef struct {
     /* wo_a grouped (wo_group): offs (Gl+1), tiles (DUET_CUDA_MOE_TILE_ROWS, Gl+1), x rows (Gl*R), mid's rows (R*Gl) */
     int wo_group;
     int hc_fused; /* hyper-connection pre-mixes fused with their norms (hc_fused) */
+    /* comb's Sinkhorn off the main stream (hc_pre_norm): sk_pending, comb holds the last pre-mix's
+     * logits, the iterations not queued yet; sk_side, queued on the side stream and not joined yet */
+    int sk_pending, sk_side;
     int exact;    /* the context's CPU-exact mode: the unfused forms, a launch a weight, the per-expert MoE */
     size_t o_wo_offs, o_wo_tiles, o_wo_xrow, o_wo_yrow;
     /* the index-K list is written on the device (duet_cuda_kv_entries) from the page table and a
@@ -1325,6 +1331,40 @@ static duet_status_t mm(fc_t *F, const duet_weight_t *w, int rb, int re, const f
     return DUET_OK;
 }
 
+/* comb's Sinkhorn iterations of the last pre-mix (left as logits there: hc_pre_norm) queued on the
+ * side stream, at a fork that the sublayer makes anyway (its queries', its shared expert's), ahead
+ * of the side stream's own work: they run beside the main stream's matmuls instead of holding up
+ * the pre-mix's norm.  The join that the sublayer makes anyway, or sinkhorn_ready, orders them
+ * before the next hc_post. */
+static duet_status_t sinkhorn_queue(fc_t *F, duet_err_t *err)
+{
+    if (!F->sk_pending)
+        return DUET_OK;
+    if (duet_cuda_hc_sinkhorn(F->side, F->R, F->c->hc_mult, F->c->hc_sinkhorn_iters, (float)F->c->hc_eps, F->comb) !=
+        DUET_OK)
+        return cuda_fail(F->side, DUET_ERR_CUDA, err);
+    F->sk_pending = 0;
+    F->sk_side = 1;
+    return DUET_OK;
+}
+
+/* Before anything reads comb: the iterations still pending run here on the main stream (no fork
+ * came: a sublayer without a shared expert), those on the side stream are joined unless the
+ * sublayer's own join came after them. */
+static duet_status_t sinkhorn_ready(fc_t *F)
+{
+    if (F->sk_pending) {
+        DUET_TRY(duet_cuda_hc_sinkhorn(F->cu, F->R, F->c->hc_mult, F->c->hc_sinkhorn_iters, (float)F->c->hc_eps,
+                                       F->comb));
+        F->sk_pending = 0;
+    }
+    if (F->sk_side) {
+        DUET_TRY(duet_cuda_join(F->cu));
+        F->sk_side = 0;
+    }
+    return DUET_OK;
+}
+
 /* Several weights times the same x: where the context is batch-invariant, the parts that one
  * launch can take together (one dtype, width and scale type: duet_cuda_matmul_multi_ok) in one
  * launch each, in the order of their first part (each row's bits as with a launch per weight);
@@ -1458,6 +1498,7 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
     duet_cuda_t *main_cu = F->cu;
     if (F->side) {
         CU(duet_cuda_fork(F->cu));
+        DUET_TRY(sinkhorn_queue(F, err));
         F->cu = F->side;
     }
     st = queries(F, layer, qp, nqp, pos, rope, err);
@@ -1495,8 +1536,10 @@ static duet_status_t attention(fc_t *F, int layer, duet_err_t *err)
                                 (uint32_t)F->N128e));
         F->st.cache_bytes += (double)F->N128e * l->entry_bytes;
     }
-    if (F->side)
+    if (F->side) {
         CU(duet_cuda_join(F->cu));
+        F->sk_side = 0;
+    }
     if (hw->ratio == 4 && F->NIK) {
         PH(DUET_FP_INDEX);
         const duet_cache_layout_t *l = v.layout[DUET_POOL_C4_INDEX_K];
@@ -1640,6 +1683,7 @@ static duet_status_t expert_mlp(fc_t *F, const duet_weight_t *w3, const float *x
 static duet_status_t shared_on_side(fc_t *F, const layer_dev_t *lw, duet_err_t *err)
 {
     CU(duet_cuda_fork(F->cu));
+    DUET_TRY(sinkhorn_queue(F, err));
     duet_cuda_t *main_cu = F->cu;
     F->cu = F->side;
     duet_status_t st = expert_mlp_in(F, lw->sh, F->xn, F->R, F->sg, F->su, F->xg, err);
@@ -1709,6 +1753,7 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
     const float *shared = NULL;
     if (side) {
         CU(duet_cuda_join(F->cu));
+        F->sk_side = 0;
         shared = F->xg;
     } else if (c->n_shared_experts > 0) {
         DUET_TRY(expert_mlp(F, lw->sh, F->xn, R, F->xg, err)); /* eg / eu as scratch: the grouped w2 has read them */
@@ -1883,9 +1928,10 @@ duet_status_t duet_forward_cuda(duet_model_cuda_t *mc, duet_kv_cache_cuda_t *dc,
 
 /* Whether the hyper-connection pre-mixes take the fused operation with the norm (the same bits
  * either way): where the width allows and the rows are no more than the SMs.  Its block (a
- * row's, of the norm's 1024 threads) waits for one warp's Sinkhorn iterations, which at decode
- * sizes costs less than the third launch; with more rows than SMs the blocks queue behind those
- * waits (a 4096-token prefill measured 18 ms against 10 for the two operations). */
+ * row's, of the norm's 1024 threads) waits for one warp's Sinkhorn iterations (unless they go to
+ * the side stream: sinkhorn_queue), which at decode sizes costs less than the third launch; with
+ * more rows than SMs the blocks queue behind those waits (a 4096-token prefill measured 18 ms
+ * against 10 for the two operations). */
 static int hc_fused(const fc_t *F)
 {
     duet_cuda_info_t info;
@@ -1903,14 +1949,23 @@ static duet_status_t hc_pre_norm(fc_t *F, int post_first, const float *fn, const
     const duet_model_config_t *c = F->c;
     int hc = c->hc_mult, D = c->hidden_size;
     float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
-    if (post_first && F->hc_fused && !F->mc->no_post_fuse)
-        return duet_cuda_hc_post_pre_norm(F->cu, F->h, F->R, hc, D, F->f, fn, base, scale, c->hc_sinkhorn_iters,
-                                          hc_eps, eps, F->post, F->comb, norm, eps, F->xn);
+    DUET_TRY(sinkhorn_ready(F));
+    /* comb left as its logits, the iterations queued at the sublayer's fork (sinkhorn_queue) */
+    int logits = F->hc_fused && F->side && !F->mc->no_sk_side && duet_cuda_hc_sinkhorn_ok(hc);
+    if (post_first && F->hc_fused && !F->mc->no_post_fuse) {
+        DUET_TRY(duet_cuda_hc_post_pre_norm(F->cu, F->h, F->R, hc, D, F->f, fn, base, scale, c->hc_sinkhorn_iters,
+                                            hc_eps, eps, F->post, F->comb, norm, eps, F->xn, logits));
+        F->sk_pending = logits;
+        return DUET_OK;
+    }
     if (post_first)
         DUET_TRY(duet_cuda_hc_post(F->cu, F->h, F->R, hc, D, F->f, F->post, F->comb));
-    if (F->hc_fused)
-        return duet_cuda_hc_pre_norm(F->cu, F->h, F->R, hc, D, fn, base, scale, c->hc_sinkhorn_iters, hc_eps, eps,
-                                     F->post, F->comb, norm, eps, F->xn);
+    if (F->hc_fused) {
+        DUET_TRY(duet_cuda_hc_pre_norm(F->cu, F->h, F->R, hc, D, fn, base, scale, c->hc_sinkhorn_iters, hc_eps, eps,
+                                       F->post, F->comb, norm, eps, F->xn, logits));
+        F->sk_pending = logits;
+        return DUET_OK;
+    }
     DUET_TRY(duet_cuda_hc_pre(F->cu, F->h, F->R, hc, D, fn, base, scale, c->hc_sinkhorn_iters, hc_eps, eps, F->post,
                               F->comb, F->x));
     return duet_cuda_rmsnorm(F->cu, F->x, norm, F->R, D, eps, F->xn);
@@ -1923,6 +1978,7 @@ static duet_status_t hc_head_norm(fc_t *F, int post_first)
     const duet_model_cuda_t *mc = F->mc;
     int hc = c->hc_mult, D = c->hidden_size;
     float eps = (float)c->rms_norm_eps, hc_eps = (float)c->hc_eps;
+    DUET_TRY(sinkhorn_ready(F));
     if (post_first && F->hc_fused && !mc->no_post_fuse)
         return duet_cuda_hc_post_head_norm(F->cu, F->h, F->R, hc, D, F->f, F->post, F->comb, mc->hc_head_fn,
                                            mc->hc_head_base, F->m->hc_head_scale, hc_eps, eps, mc->norm, eps, F->xn);
@@ -2023,7 +2079,7 @@ static duet_status_t run(fc_t *F, const duet_fwd_cuda_opts_t *opts, duet_err_t *
     }
     int head = F->NLR && mc->head.data; /* tensor parallelism: rank 0 only */
     if (post_pending && !head &&
-        (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK ||
+        (duet_cuda_phase(mc->c, DUET_FP_HC) != DUET_OK || sinkhorn_ready(F) != DUET_OK ||
          duet_cuda_hc_post(mc->c, F->h, R, hc, D, F->f, F->post, F->comb) != DUET_OK)) {
         st = cuda_fail(mc->c, DUET_ERR_CUDA, err);
         goto out;

@@ -3332,6 +3332,7 @@ typedef struct {
     float *dx, *dfn, *dbase, *dscale, *dpost, *dcomb, *dout, *df, *dnw, *dy;
     int n, hc, dim, iters;
     float scale_head;
+    int comb_logits; /* hc_pre_norm / hc_post_pre_norm leave comb's logits, then duet_cuda_hc_sinkhorn */
 } hc_arg_t;
 
 static duet_status_t hcpre_call(ck_t *ck, void *p)
@@ -3351,8 +3352,26 @@ static duet_status_t hchead_call(ck_t *ck, void *p)
 static duet_status_t hcprenorm_call(ck_t *ck, void *p)
 {
     hc_arg_t *a = p;
+    duet_status_t st = duet_cuda_hc_pre_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->dscale, a->iters,
+                                             1e-6f, 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f, a->dy, a->comb_logits);
+    if (st == DUET_OK && a->comb_logits)
+        st = duet_cuda_hc_sinkhorn(ck->c, a->n, a->hc, a->iters, 1e-6f, a->dcomb);
+    return st;
+}
+
+/* the pre-mix with comb's logits left, without the iterations (its own time) */
+static duet_status_t hcprenorm_logits_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
     return duet_cuda_hc_pre_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->dfn, a->dbase, a->dscale, a->iters, 1e-6f,
-                                 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f, a->dy);
+                                 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f, a->dy, 1);
+}
+
+/* the iterations alone, over the logits that hcprenorm_logits_call left in a scratch copy */
+static duet_status_t hcsinkhorn_call(ck_t *ck, void *p)
+{
+    hc_arg_t *a = p;
+    return duet_cuda_hc_sinkhorn(ck->c, a->n, a->hc, a->iters, 1e-6f, a->dout);
 }
 
 static duet_status_t hcheadnorm_call(ck_t *ck, void *p)
@@ -3371,8 +3390,12 @@ static duet_status_t hcpost_call(ck_t *ck, void *p)
 static duet_status_t hcpostprenorm_call(ck_t *ck, void *p)
 {
     hc_arg_t *a = p;
-    return duet_cuda_hc_post_pre_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->df, a->dfn, a->dbase, a->dscale, a->iters,
-                                      1e-6f, 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f, a->dy);
+    duet_status_t st = duet_cuda_hc_post_pre_norm(ck->c, a->dx, a->n, a->hc, a->dim, a->df, a->dfn, a->dbase,
+                                                  a->dscale, a->iters, 1e-6f, 1e-6f, a->dpost, a->dcomb, a->dnw, 1e-6f,
+                                                  a->dy, a->comb_logits);
+    if (st == DUET_OK && a->comb_logits)
+        st = duet_cuda_hc_sinkhorn(ck->c, a->n, a->hc, a->iters, 1e-6f, a->dcomb);
+    return st;
 }
 
 static duet_status_t hcpostheadnorm_call(ck_t *ck, void *p)
@@ -3384,29 +3407,34 @@ static duet_status_t hcpostheadnorm_call(ck_t *ck, void *p)
 
 /* hc_post followed by hc_pre_norm (head: hc_head_norm) as one operation against the two, in the
  * default and the batch-invariant split: x, post, comb and y bit for bit.  post and comb start
- * as the CPU's (a pre-mix's), f fresh. */
+ * as the CPU's (a pre-mix's), f fresh.  !head: the fused operation with comb's logits left and
+ * duet_cuda_hc_sinkhorn after it too (where hc allows), the same bits. */
 static void case_hc_post_fused(ck_t *ck, const hc_arg_t *a0, const float *x, const float *post, const float *comb,
                                const float *f, int head)
 {
     int n = a0->n, hc = a0->hc, dim = a0->dim;
     size_t nx = (size_t)n * hc * dim, np = (size_t)n * hc, nc = (size_t)n * hc * hc, ny = (size_t)n * dim;
-    float *hx[2], *hp[2], *hcb[2], *hy[2];
+    float *hx[3], *hp[3], *hcb[3], *hy[3];
+    int nv = !head && duet_cuda_hc_sinkhorn_ok(hc) ? 3 : 2;
     for (int inv = 0; inv < 2; inv++) {
         duet_cuda_set_invariant(ck->c, inv);
-        hc_arg_t b[2];
-        for (int v = 0; v < 2; v++) { /* 0: the two operations, 1: the fused one */
+        hc_arg_t b[3];
+        for (int v = 0; v < nv; v++) { /* 0: the two operations, 1: the fused one, 2: it with the logits left */
             b[v] = *a0;
             b[v].dx = dupload(ck, x, 4 * nx);
             b[v].df = dupload(ck, f, 4 * ny);
             b[v].dpost = dupload(ck, post, 4 * np);
             b[v].dcomb = dupload(ck, comb, 4 * nc);
             b[v].dy = dmalloc(ck, 4 * ny);
+            b[v].comb_logits = v == 2;
             dpoison(ck, b[v].dy, 4 * ny);
         }
         CK(hcpost_call(ck, &b[0]));
         CK(head ? hcheadnorm_call(ck, &b[0]) : hcprenorm_call(ck, &b[0]));
         CK(head ? hcpostheadnorm_call(ck, &b[1]) : hcpostprenorm_call(ck, &b[1]));
-        for (int v = 0; v < 2; v++) {
+        if (nv > 2)
+            CK(hcpostprenorm_call(ck, &b[2]));
+        for (int v = 0; v < nv; v++) {
             hx[v] = xmalloc(4 * nx);
             hp[v] = xmalloc(4 * np);
             hcb[v] = xmalloc(4 * nc);
@@ -3432,7 +3460,21 @@ static void case_hc_post_fused(ck_t *ck, const hc_arg_t *a0, const float *x, con
                       4.0 * (2 * nx + (head ? (size_t)hc * hc * dim : (size_t)(2 + hc) * hc * hc * dim) + 2 * ny),
                       2.0 * (double)(head ? hc : (2 + hc) * hc) * hc * dim * n + 6.0 * nx, BOUND_FP32);
         print_row(ck, &row);
-        for (int v = 0; v < 2; v++) {
+        if (nv > 2) {
+            row = row_new("hc_post_pre_norm", "n=%d hc=%d dim=%d%s, comb's logits + hc_sinkhorn", n, hc, dim,
+                          inv ? " invariant" : "");
+            row_bytes(&row, hy[2], hy[0], 4 * ny);
+            what = memcmp(hx[2], hx[0], 4 * nx) ? "x"
+                   : memcmp(hp[2], hp[0], 4 * np) ? "post"
+                   : memcmp(hcb[2], hcb[0], 4 * nc) ? "comb"
+                                                    : NULL;
+            if (row.pass && what) {
+                row.pass = 0;
+                snprintf(row.note, sizeof row.note, "%s differs from the two operations'", what);
+            }
+            print_row(ck, &row);
+        }
+        for (int v = 0; v < nv; v++) {
             free(hx[v]); free(hp[v]); free(hcb[v]); free(hy[v]);
             duet_cuda_free(ck->c, b[v].dx); duet_cuda_free(ck->c, b[v].df); duet_cuda_free(ck->c, b[v].dpost);
             duet_cuda_free(ck->c, b[v].dcomb); duet_cuda_free(ck->c, b[v].dy);
@@ -3518,6 +3560,41 @@ static void case_hc(ck_t *ck, int n, int hc, int dim, int iters)
         bench_row(ck, &row, hcprenorm_call, &a, 4.0 * (nx + nfn + (size_t)n * (2 * dim + hc + hc * hc)),
                   2.0 * (double)mix * hc * dim * n + 4.0 * nx, BOUND_FP32);
         print_row(ck, &row);
+        /* comb's logits left, then duet_cuda_hc_sinkhorn: post, comb and y the same bits; timed
+         * apart, the pre-mix without the iterations and the iterations alone */
+        if (duet_cuda_hc_sinkhorn_ok(hc)) {
+            size_t nc = (size_t)n * hc * hc;
+            float *y3 = xmalloc(4 * (size_t)n * dim), *p3 = xmalloc(4 * (size_t)n * hc), *c3 = xmalloc(4 * nc);
+            dpoison(ck, a.dpost, 4 * (size_t)n * hc);
+            dpoison(ck, a.dcomb, 4 * nc);
+            dpoison(ck, a.dy, 4 * (size_t)n * dim);
+            a.comb_logits = 1;
+            CK(hcprenorm_call(ck, &a));
+            a.comb_logits = 0;
+            ddownload(ck, y3, a.dy, 4 * (size_t)n * dim);
+            ddownload(ck, p3, a.dpost, 4 * (size_t)n * hc);
+            ddownload(ck, c3, a.dcomb, 4 * nc);
+            row = row_new("hc_pre_norm", "n=%d hc=%d dim=%d iters=%d, comb's logits + hc_sinkhorn", n, hc, dim, iters);
+            row_bytes(&row, y3, y2, 4 * (size_t)n * dim);
+            if (row.pass && (memcmp(p3, p2, 4 * (size_t)n * hc) || memcmp(c3, c2, 4 * nc))) {
+                row.pass = 0;
+                snprintf(row.note, sizeof row.note, "post or comb differ from hc_pre_norm's");
+            }
+            bench_row(ck, &row, hcprenorm_logits_call, &a, 4.0 * (nx + nfn + (size_t)n * (2 * dim + hc + hc * hc)),
+                      2.0 * (double)mix * hc * dim * n + 4.0 * nx, BOUND_FP32);
+            print_row(ck, &row);
+            /* the iterations alone, on the logits in a.dout (free here: hc_pre's output is checked) */
+            CK(hcprenorm_logits_call(ck, &a));
+            ddownload(ck, c3, a.dcomb, 4 * nc);
+            CK(duet_cuda_upload(ck->c, a.dout, c3, 4 * nc));
+            CK(hcsinkhorn_call(ck, &a));
+            ddownload(ck, c3, a.dout, 4 * nc);
+            row = row_new("hc_sinkhorn", "n=%d hc=%d iters=%d", n, hc, iters);
+            row_bytes(&row, c3, c2, 4 * nc);
+            bench_row(ck, &row, hcsinkhorn_call, &a, 8.0 * nc, 4.0 * (double)(iters + 1) * nc, BOUND_FP32);
+            print_row(ck, &row);
+            free(y3); free(p3); free(c3);
+        }
         /* batch invariance (the engine's mode): the last row alone gives the bits it gets among the n
          * (at 64 rows and more the partial sums take eight rows a block, alone four) */
         if (n > 1) {

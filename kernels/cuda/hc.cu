@@ -346,15 +346,13 @@ __device__ float hc_gather(const float *part, int S, int mix, int flat_dim, floa
  * their lanes (shuffles, all in flight at once), then sums them in index order.  HCT > 0: hc
  * known at compile time. */
 template <int HCT>
-__device__ void sinkhorn_warp(const float *mixes, int hc_rt, const float *base, float scale2, int iters, float hc_eps,
-                              float *cbo)
+__device__ void sinkhorn_lanes(float v, int hc_rt, int iters, float hc_eps, float *cbo)
 {
     const int hc = HCT > 0 ? HCT : hc_rt;
     constexpr int CAP = HCT > 0 ? HCT : 5; /* hc * hc <= 32 */
     int lane = threadIdx.x & 31, n2 = hc * hc;
     int j = lane / hc, k = lane % hc;
     bool on = lane < n2;
-    float v = on ? __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale2), base[2 * hc + lane]) : 0.0f;
     float t[CAP];
     auto row = [&](float x) {
 #pragma unroll
@@ -400,6 +398,37 @@ __device__ void sinkhorn_warp(const float *mixes, int hc_rt, const float *base, 
         cbo[lane] = v;
 }
 
+/* comb's logit of lane l < hc*hc (entry l / hc, l % hc), the Sinkhorn's input */
+__device__ __forceinline__ float comb_logit(const float *mixes, int hc, const float *base, float scale2, int lane)
+{
+    return lane < hc * hc ? __fadd_rn(__fmul_rn(mixes[2 * hc + lane], scale2), base[2 * hc + lane]) : 0.0f;
+}
+
+template <int HCT>
+__device__ void sinkhorn_warp(const float *mixes, int hc_rt, const float *base, float scale2, int iters, float hc_eps,
+                              float *cbo)
+{
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    sinkhorn_lanes<HCT>(comb_logit(mixes, hc, base, scale2, threadIdx.x & 31), hc, iters, hc_eps, cbo);
+}
+
+/* duet_cuda_hc_sinkhorn: comb's logits (left by a pre-mix with comb_logits) into comb in place,
+ * a warp a row, sinkhorn_warp's operations from the same values: the same bits. */
+#define HC_SK_WARPS 4
+template <int HCT> __global__ void __launch_bounds__(HC_SK_WARPS * 32) hc_sinkhorn_kernel(int n, int hc_rt, int iters,
+                                                                                        float hc_eps, float *comb)
+{
+    duet_pdl_wait();
+    const int hc = HCT > 0 ? HCT : hc_rt;
+    int row = blockIdx.x * HC_SK_WARPS + (int)(threadIdx.x / 32), lane = threadIdx.x & 31;
+    if (row >= n) /* the warp whole: its shuffles are its own */
+        return;
+    float *cb = comb + (size_t)row * hc * hc;
+    float v = lane < hc * hc ? cb[lane] : 0.0f;
+    __syncwarp();
+    sinkhorn_lanes<HCT>(v, hc, iters, hc_eps, cb);
+}
+
 /* The same for any hc, in one thread (hc*hc > 32). */
 __device__ void sinkhorn_serial(const float *mixes, int hc, const float *base, float scale2, int iters,
                                 float hc_eps, float *cb, float *cbo)
@@ -427,8 +456,8 @@ __device__ __forceinline__ void hc_collapse(const float *xi, const float *pre, i
 template <bool HEAD, int HCT>
 __device__ __forceinline__ void hc_finish_mix(int hc, int dim, int S, const float *part, const float *base,
                                               const float *scale_d, float scale_h, int sinkhorn_iters,
-                                              float hc_eps, float norm_eps, float *post, float *comb, float *vals,
-                                              float *cb_s, float *pre)
+                                              float hc_eps, float norm_eps, int comb_logits, float *post,
+                                              float *comb, float *vals, float *cb_s, float *pre)
 {
     int i = blockIdx.x, mix = HEAD ? hc : (2 + hc) * hc;
     hc_gather(part, S, mix, hc * dim, norm_eps, vals);
@@ -445,7 +474,10 @@ __device__ __forceinline__ void hc_finish_mix(int hc, int dim, int S, const floa
     }
     __syncthreads();
     if (!HEAD && threadIdx.x < 32) {
-        if (hc * hc <= 32)
+        if (comb_logits) { /* hc * hc <= 32: duet_cuda_hc_sinkhorn takes them on */
+            if (threadIdx.x < hc * hc)
+                comb[(size_t)i * hc * hc + threadIdx.x] = comb_logit(mixes, hc, base, scale_d[2], threadIdx.x);
+        } else if (hc * hc <= 32)
             sinkhorn_warp<HCT>(mixes, hc, base, scale_d[2], sinkhorn_iters, hc_eps, comb + (size_t)i * hc * hc);
         else if (threadIdx.x == 0)
             sinkhorn_serial(mixes, hc, base, scale_d[2], sinkhorn_iters, hc_eps, cb_s, comb + (size_t)i * hc * hc);
@@ -458,15 +490,16 @@ __global__ void __launch_bounds__(HC_THREADS) hc_finish_kernel(const float *x, i
                                                                const float *part, const float *base,
                                                                const float *scale_d, float scale_h,
                                                                int sinkhorn_iters, float hc_eps, float norm_eps,
-                                                               float *post, float *comb, float *collapsed)
+                                                               int comb_logits, float *post, float *comb,
+                                                               float *collapsed)
 {
     duet_pdl_wait();
     __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
     __shared__ float cb_s[HC_MAX * HC_MAX];
     __shared__ float pre[HC_MAX];
     const int hc = HCT > 0 ? HCT : hc_rt;
-    hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb,
-                             vals, cb_s, pre);
+    hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, comb_logits,
+                             post, comb, vals, cb_s, pre);
     hc_collapse(x + (size_t)blockIdx.x * hc * dim, pre, hc, dim, collapsed + (size_t)blockIdx.x * dim);
 }
 
@@ -481,8 +514,8 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
                                                               const float *part, const float *base,
                                                               const float *scale_d, float scale_h,
                                                               int sinkhorn_iters, float hc_eps, float norm_eps,
-                                                              float *post, float *comb, const float *norm_w,
-                                                              float eps, float *y)
+                                                              int comb_logits, float *post, float *comb,
+                                                              const float *norm_w, float eps, float *y)
 {
     duet_pdl_wait();
     __shared__ float vals[1 + (2 + HC_MAX) * HC_MAX];
@@ -503,8 +536,8 @@ __global__ void __launch_bounds__(1024) hc_finish_norm_kernel(const float *x, in
             for (int k = 0; k < XK; k++)
                 xk[j][k] = c < dim ? xi[(size_t)k * dim + c] : 0.0f;
         }
-    hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, post, comb,
-                             vals, cb_s, pre);
+    hc_finish_mix<HEAD, HCT>(hc, dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps, comb_logits,
+                             post, comb, vals, cb_s, pre);
     float v[HC_NORM_COLS], ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < HC_NORM_COLS; j++) {
@@ -623,9 +656,13 @@ typedef struct {
 static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool norm, const hc_post_in *hp,
                                const float *x, int n, int hc, int dim, const float *fn, const float *base,
                                const float *scale_d, float scale_h, int sinkhorn_iters, float hc_eps, float norm_eps,
-                               float *post, float *comb, const float *norm_w, float eps, float *y)
+                               float *post, float *comb, const float *norm_w, float eps, float *y,
+                               bool comb_logits = false)
 {
     DUET_TRY(hc_check(c, op, hc, dim, x));
+    if (comb_logits && (head || hc * hc > 32))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: comb's logits asked for with hc %d (hc * hc at most 32)",
+                               op, hc);
     int threads = norm ? duet_cuda_rmsnorm_threads(dim) : HC_THREADS;
     if (norm && dim > HC_NORM_COLS * threads)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: dim %d over %d", op, dim, HC_NORM_COLS * threads);
@@ -664,11 +701,11 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
         if (norm)                                                                                                      \
             DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_finish_norm_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, \
                                                 dim, S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps,          \
-                                                norm_eps, post, comb, norm_w, eps, y));                                \
+                                                norm_eps, comb_logits, post, comb, norm_w, eps, y));                   \
         else                                                                                                           \
             DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_finish_kernel<HEAD, HCT>, dim3(n), dim3(threads), 0, x, hc, dim, \
                                                 S, part, base, scale_d, scale_h, sinkhorn_iters, hc_eps, norm_eps,     \
-                                                post, comb, y));                                                       \
+                                                comb_logits, post, comb, y));                                          \
     } while (0)
     if (head && hc == 4)
         HC_FINISH(true, 4);
@@ -709,12 +746,13 @@ extern "C" int duet_cuda_hc_norm_ok(int hc, int dim)
 extern "C" duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim,
                                                const float *fn, const float *base, const float *scale,
                                                int sinkhorn_iters, float hc_eps, float norm_eps, float *post,
-                                               float *comb, const float *norm_w, float eps, float *y)
+                                               float *comb, const float *norm_w, float eps, float *y,
+                                               int comb_logits)
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_pre_norm");
     return hc_launch(c, "hc_pre_norm", false, true, NULL, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters, hc_eps,
-                     norm_eps, post, comb, norm_w, eps, y);
+                     norm_eps, post, comb, norm_w, eps, y, comb_logits != 0);
 }
 
 extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim,
@@ -739,7 +777,8 @@ extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n
 extern "C" duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
                                                     const float *fn, const float *base, const float *scale,
                                                     int sinkhorn_iters, float hc_eps, float norm_eps, float *post,
-                                                    float *comb, const float *norm_w, float eps, float *y)
+                                                    float *comb, const float *norm_w, float eps, float *y,
+                                                    int comb_logits)
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_post_pre_norm");
@@ -747,7 +786,30 @@ extern "C" duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, in
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_post_pre_norm: hc %d (1..%d)", hc, HC_MAX);
     hc_post_in hp = {f, post, comb};
     return hc_launch(c, "hc_post_pre_norm", false, true, &hp, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters,
-                     hc_eps, norm_eps, post, comb, norm_w, eps, y);
+                     hc_eps, norm_eps, post, comb, norm_w, eps, y, comb_logits != 0);
+}
+
+extern "C" int duet_cuda_hc_sinkhorn_ok(int hc) { return hc >= 1 && hc * hc <= 32; }
+
+extern "C" duet_status_t duet_cuda_hc_sinkhorn(duet_cuda_t *c, int n, int hc, int sinkhorn_iters, float hc_eps,
+                                               float *comb)
+{
+    if (c->exact)
+        return DUET_CUDA_NOT_EXACT(c, "hc_sinkhorn");
+    if (!duet_cuda_hc_sinkhorn_ok(hc))
+        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_sinkhorn: hc %d (hc * hc at most 32)", hc);
+    if (n < 0 || sinkhorn_iters < 0)
+        return duet_cuda_failf(c, DUET_ERR_INVALID, "hc_sinkhorn: %d rows, %d iterations", n, sinkhorn_iters);
+    if (n == 0)
+        return DUET_OK;
+    dim3 grid(duet_cdiv((size_t)n, HC_SK_WARPS));
+    if (hc == 4)
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_sinkhorn_kernel<4>, grid, dim3(HC_SK_WARPS * 32), 0, n, hc,
+                                            sinkhorn_iters, hc_eps, comb));
+    else
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, hc_sinkhorn_kernel<0>, grid, dim3(HC_SK_WARPS * 32), 0, n, hc,
+                                            sinkhorn_iters, hc_eps, comb));
+    return DUET_OK;
 }
 
 extern "C" duet_status_t duet_cuda_hc_post_head_norm(duet_cuda_t *c, float *x, int n, int hc, int dim,

@@ -28,7 +28,14 @@ int duet_cuda_hc_norm_ok(int hc, int dim);
 duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                     const float *base, const float *scale, int sinkhorn_iters, float hc_eps,
                                     float norm_eps, float *post, float *comb, const float *norm_w, float eps,
-                                    float *y);
+                                    float *y, int comb_logits);
+/* comb_logits (hc_pre_norm, hc_post_pre_norm; only where duet_cuda_hc_sinkhorn_ok(hc)): comb is
+ * left as its logits, the row softmax's and Sinkhorn iterations' input, and duet_cuda_hc_sinkhorn
+ * turns them into comb with the same bits as the operation's own: the iterations, one warp's
+ * serial chain that only the next hc_post reads, can then run on another stream (a fork after the
+ * pre-mix, a join before that hc_post) while y goes on to its matmuls. */
+int duet_cuda_hc_sinkhorn_ok(int hc);
+duet_status_t duet_cuda_hc_sinkhorn(duet_cuda_t *c, int n, int hc, int sinkhorn_iters, float hc_eps, float *comb);
 /* hc_head followed by the rmsnorm, the same way. */
 duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
                                      const float *base, float scale, float hc_eps, float norm_eps,
@@ -41,7 +48,7 @@ duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, int n, int 
 duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
                                          const float *fn, const float *base, const float *scale, int sinkhorn_iters,
                                          float hc_eps, float norm_eps, float *post, float *comb, const float *norm_w,
-                                         float eps, float *y);
+                                         float eps, float *y, int comb_logits);
 duet_status_t duet_cuda_hc_post_head_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
                                           const float *post, const float *comb, const float *fn, const float *base,
                                           float scale, float hc_eps, float norm_eps, const float *norm_w, float eps,

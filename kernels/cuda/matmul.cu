@@ -311,6 +311,18 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #ifndef TC_NT1_MAX_ROW_BLOCKS
 #define TC_NT1_MAX_ROW_BLOCKS 4
 #endif
+/* ... and launches of at most TC_NT1_FEW_ROW_BLOCKS row blocks (1,536 rows: a layer's wq_a and wkv
+ * in one multi launch, a compressor's pair) and TC_NT1_FEW_MAX_N tokens too.  Measured on the H100
+ * with one-group tiles up to 12 row blocks at any n up to 256: fp8 1024x4096 at 32 tokens 16.96
+ * -> 15.68 us, fp8 1000x1024 at 20 and 45 tokens 8% and 13% faster, bf16 1024x4224 at 13 tokens
+ * 11% faster; but at 130 and 200 tokens bf16 1024-row launches 36-45% slower and fp8 1024x4096 at
+ * 256 tokens 26% slower, hence the token limit (docs/PERF.md).  0: off. */
+#ifndef TC_NT1_FEW_ROW_BLOCKS
+#define TC_NT1_FEW_ROW_BLOCKS 12
+#endif
+#ifndef TC_NT1_FEW_MAX_N
+#define TC_NT1_FEW_MAX_N 48
+#endif
 
 /* CPR: 16-byte chunks of a row's unit slice a lane holds (bf16 256 B, fp8 128 B a row; fp4
  * stages whole rows instead, below); QPC: column quads a chunk holds (CPR * QPC = 8 k-steps);
@@ -1455,12 +1467,14 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
 }
 
 /* The groups of 8 tokens a tile of a launch of n tokens over row_blocks row blocks holds at most
- * (TC_NT2_MAX_ROW_BLOCKS above).  A token's result does not depend on its tile, so either way
- * gives the same bits. */
+ * (TC_NT2_MAX_ROW_BLOCKS and TC_NT1_FEW_ROW_BLOCKS above).  A token's result does not depend on
+ * its tile, so either way gives the same bits. */
 static int tc_max_nt(int row_blocks, int n)
 {
     if (n > TC_NT2_MAX_N)
         return TC_MAX_NT;
+    if (n <= TC_NT1_FEW_MAX_N && row_blocks <= TC_NT1_FEW_ROW_BLOCKS)
+        return 1;
     return row_blocks <= TC_NT1_MAX_ROW_BLOCKS ? 1 : row_blocks <= TC_NT2_MAX_ROW_BLOCKS ? 2 : TC_MAX_NT;
 }
 
