@@ -311,14 +311,16 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #ifndef TC_NT1_MAX_ROW_BLOCKS
 #define TC_NT1_MAX_ROW_BLOCKS 4
 #endif
-/* ... and launches of at most TC_NT1_FEW_ROW_BLOCKS row blocks (1,536 rows: a layer's wq_a and wkv
- * in one multi launch, a compressor's pair) and TC_NT1_FEW_MAX_N tokens too.  Measured on the H100
- * with one-group tiles up to 12 row blocks at any n up to 256: fp8 1024x4096 at 32 tokens 16.96
- * -> 15.68 us, fp8 1000x1024 at 20 and 45 tokens 8% and 13% faster, bf16 1024x4224 at 13 tokens
- * 11% faster; but at 130 and 200 tokens bf16 1024-row launches 36-45% slower and fp8 1024x4096 at
- * 256 tokens 26% slower, hence the token limit (docs/PERF.md).  0: off. */
+/* ... and launches of at most TC_NT1_FEW_ROW_BLOCKS row blocks (1,024 rows: a C128 compressor's pair
+ * in one multi launch) and TC_NT1_FEW_MAX_N tokens too.  Measured on the H100 with
+ * one-group tiles up to 12 row blocks at any n up to 256: fp8 1024x4096 at 32 tokens 16.96 -> 15.68
+ * us, fp8 1000x1024 at 20 and 45 tokens 8% and 13% faster, bf16 1024x4224 at 13 tokens 11% faster,
+ * in the slice's step (Nsight, cold L2) the bf16 multi launch of 8 row blocks 22.2 -> 19.8 us; but
+ * the fp8 one of 12 (wq_a and wkv) 16.3 -> 18.5 us, its four token tiles reading the weights from
+ * DRAM a third more, hence 8; at 130 and 200 tokens bf16 1024-row launches 36-45% slower and fp8
+ * 1024x4096 at 256 tokens 26% slower, hence the token limit (docs/PERF.md).  0: off. */
 #ifndef TC_NT1_FEW_ROW_BLOCKS
-#define TC_NT1_FEW_ROW_BLOCKS 12
+#define TC_NT1_FEW_ROW_BLOCKS 8
 #endif
 #ifndef TC_NT1_FEW_MAX_N
 #define TC_NT1_FEW_MAX_N 48
