@@ -3405,6 +3405,21 @@ static duet_status_t hcpostheadnorm_call(ck_t *ck, void *p)
                                        a->scale_head, 1e-6f, 1e-6f, a->dnw, 1e-6f, a->dy);
 }
 
+/* variant v's y, x, post and comb against variant 0's (the two operations), bit for bit */
+static void hc_same_as_two(row_t *row, int v, float *const *hx, float *const *hp, float *const *hcb,
+                           float *const *hy, size_t nx, size_t np, size_t nc, size_t ny)
+{
+    row_bytes(row, hy[v], hy[0], 4 * ny);
+    const char *what = memcmp(hx[v], hx[0], 4 * nx) ? "x"
+                       : memcmp(hp[v], hp[0], 4 * np) ? "post"
+                       : memcmp(hcb[v], hcb[0], 4 * nc) ? "comb"
+                                                        : NULL;
+    if (row->pass && what) {
+        row->pass = 0;
+        snprintf(row->note, sizeof row->note, "%s differs from the two operations'", what);
+    }
+}
+
 /* hc_post followed by hc_pre_norm (head: hc_head_norm) as one operation against the two, in the
  * default and the batch-invariant split: x, post, comb and y bit for bit.  post and comb start
  * as the CPU's (a pre-mix's), f fresh.  !head: the fused operation with comb's logits left and
@@ -3446,15 +3461,7 @@ static void case_hc_post_fused(ck_t *ck, const hc_arg_t *a0, const float *x, con
         }
         row_t row = row_new(head ? "hc_post_head_norm" : "hc_post_pre_norm", "n=%d hc=%d dim=%d%s", n, hc, dim,
                             inv ? " invariant" : "");
-        row_bytes(&row, hy[1], hy[0], 4 * ny);
-        const char *what = memcmp(hx[1], hx[0], 4 * nx) ? "x"
-                           : memcmp(hp[1], hp[0], 4 * np) ? "post"
-                           : memcmp(hcb[1], hcb[0], 4 * nc) ? "comb"
-                                                            : NULL;
-        if (row.pass && what) {
-            row.pass = 0;
-            snprintf(row.note, sizeof row.note, "%s differs from the two operations'", what);
-        }
+        hc_same_as_two(&row, 1, hx, hp, hcb, hy, nx, np, nc, ny);
         if (!inv) /* each call updates x again: the same work on other values */
             bench_row(ck, &row, head ? hcpostheadnorm_call : hcpostprenorm_call, &b[1],
                       4.0 * (2 * nx + (head ? (size_t)hc * hc * dim : (size_t)(2 + hc) * hc * hc * dim) + 2 * ny),
@@ -3463,15 +3470,7 @@ static void case_hc_post_fused(ck_t *ck, const hc_arg_t *a0, const float *x, con
         if (nv > 2) {
             row = row_new("hc_post_pre_norm", "n=%d hc=%d dim=%d%s, comb's logits + hc_sinkhorn", n, hc, dim,
                           inv ? " invariant" : "");
-            row_bytes(&row, hy[2], hy[0], 4 * ny);
-            what = memcmp(hx[2], hx[0], 4 * nx) ? "x"
-                   : memcmp(hp[2], hp[0], 4 * np) ? "post"
-                   : memcmp(hcb[2], hcb[0], 4 * nc) ? "comb"
-                                                    : NULL;
-            if (row.pass && what) {
-                row.pass = 0;
-                snprintf(row.note, sizeof row.note, "%s differs from the two operations'", what);
-            }
+            hc_same_as_two(&row, 2, hx, hp, hcb, hy, nx, np, nc, ny);
             print_row(ck, &row);
         }
         for (int v = 0; v < nv; v++) {
