@@ -15,8 +15,9 @@
 #define ROUTE_STATIC_SMEM 256
 #define SORT_THREADS 1024
 #define SORT_SEGMENT 256
-/* static shared memory of moe_sort_kernel: the warps' totals of its three scans */
-#define SORT_STATIC_SMEM (3 * (SORT_THREADS / 32) * sizeof(int))
+/* static shared memory of moe_sort_kernel: the warps' totals of its four scans (the counts and
+ * three tile sizes) */
+#define SORT_STATIC_SMEM (4 * (SORT_THREADS / 32) * sizeof(int))
 static_assert(SORT_THREADS % 32 == 0 && SORT_THREADS <= 1024, "moe_sort scans whole warps, at most 32");
 
 __device__ __forceinline__ float moe_score(int f, float z)

@@ -17,7 +17,7 @@
  *                position, ascending rows within an expert) and pos (the sorted position
  *                of assignment r*K + j; -1 for an id outside [0, E)).  Deterministic.
  *                The assignments are counted and placed in up to 32 segments at once
- *                (fewer for small batches or many experts); n_experts <= 12192.
+ *                (fewer for small batches or many experts); n_experts <= 12160.
  *   moe_combine  out[r] = sum over r's assignments in ascending expert id (then k) of
  *                y[pos] * w, from +0, then + shared[r] when shared is not NULL: the CPU's
  *                order of accumulation, each step one IEEE multiply and one add (no
