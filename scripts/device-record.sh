@@ -54,7 +54,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$do_fwd" = 1 ] || [ "$do_agents" = 1 ] || { echo "device-record: --forward-only and --agents-only leave nothing to run" >&2; exit 2; }
 
-WORK="$(mktemp -d /tmp/duet-record.XXXXXX)" || exit 1
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/duet-record.XXXXXX")" || exit 1
 FOUT="$WORK/forward" AOUT="$WORK/agents"
 mkdir -p "$FOUT" "$AOUT"
 SUM="$WORK/summary.txt"
