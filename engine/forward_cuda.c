@@ -1331,6 +1331,12 @@ static duet_status_t mm(fc_t *F, const duet_weight_t *w, int rb, int re, const f
     return DUET_OK;
 }
 
+/* comb's Sinkhorn iterations over the logits the last pre-mix left in F->comb, queued on cu */
+static duet_status_t sinkhorn_on(fc_t *F, duet_cuda_t *cu)
+{
+    return duet_cuda_hc_sinkhorn(cu, F->R, F->c->hc_mult, F->c->hc_sinkhorn_iters, (float)F->c->hc_eps, F->comb);
+}
+
 /* comb's Sinkhorn iterations of the last pre-mix (left as logits there: hc_pre_norm) queued on the
  * side stream, at a fork that the sublayer makes anyway (its queries', its shared expert's), ahead
  * of the side stream's own work: they run beside the main stream's matmuls instead of holding up
@@ -1340,8 +1346,7 @@ static duet_status_t sinkhorn_queue(fc_t *F, duet_err_t *err)
 {
     if (!F->sk_pending)
         return DUET_OK;
-    if (duet_cuda_hc_sinkhorn(F->side, F->R, F->c->hc_mult, F->c->hc_sinkhorn_iters, (float)F->c->hc_eps, F->comb) !=
-        DUET_OK)
+    if (sinkhorn_on(F, F->side) != DUET_OK)
         return cuda_fail(F->side, DUET_ERR_CUDA, err);
     F->sk_pending = 0;
     F->sk_side = 1;
@@ -1354,8 +1359,7 @@ static duet_status_t sinkhorn_queue(fc_t *F, duet_err_t *err)
 static duet_status_t sinkhorn_ready(fc_t *F)
 {
     if (F->sk_pending) {
-        DUET_TRY(duet_cuda_hc_sinkhorn(F->cu, F->R, F->c->hc_mult, F->c->hc_sinkhorn_iters, (float)F->c->hc_eps,
-                                       F->comb));
+        DUET_TRY(sinkhorn_on(F, F->cu));
         F->sk_pending = 0;
     }
     if (F->sk_side) {

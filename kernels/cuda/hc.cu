@@ -424,8 +424,7 @@ template <int HCT> __global__ void __launch_bounds__(HC_SK_WARPS * 32) hc_sinkho
     if (row >= n) /* the warp whole: its shuffles are its own */
         return;
     float *cb = comb + (size_t)row * hc * hc;
-    float v = lane < hc * hc ? cb[lane] : 0.0f;
-    __syncwarp();
+    float v = lane < hc * hc ? cb[lane] : 0.0f; /* each lane writes back only its own entry */
     sinkhorn_lanes<HCT>(v, hc, iters, hc_eps, cb);
 }
 
@@ -660,7 +659,7 @@ static duet_status_t hc_launch(duet_cuda_t *c, const char *op, bool head, bool n
                                bool comb_logits = false)
 {
     DUET_TRY(hc_check(c, op, hc, dim, x));
-    if (comb_logits && (head || hc * hc > 32))
+    if (comb_logits && (head || !duet_cuda_hc_sinkhorn_ok(hc)))
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "%s: comb's logits asked for with hc %d (hc * hc at most 32)",
                                op, hc);
     int threads = norm ? duet_cuda_rmsnorm_threads(dim) : HC_THREADS;
@@ -740,7 +739,8 @@ extern "C" duet_status_t duet_cuda_hc_post(duet_cuda_t *c, float *x, int n, int 
 
 extern "C" int duet_cuda_hc_norm_ok(int hc, int dim)
 {
-    return hc >= 1 && hc <= HC_MAX && dim > 0 && (hc * dim) % 4 == 0 && dim <= HC_NORM_COLS * duet_cuda_rmsnorm_threads(dim);
+    return hc >= 1 && hc <= HC_MAX && dim > 0 && (hc * dim) % 4 == 0 &&
+           dim <= HC_NORM_COLS * duet_cuda_rmsnorm_threads(dim);
 }
 
 extern "C" duet_status_t duet_cuda_hc_pre_norm(duet_cuda_t *c, const float *x, int n, int hc, int dim,
@@ -761,8 +761,8 @@ extern "C" duet_status_t duet_cuda_hc_head_norm(duet_cuda_t *c, const float *x, 
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_head_norm");
-    return hc_launch(c, "hc_head_norm", true, true, NULL, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL,
-                     NULL, norm_w, eps, y);
+    return hc_launch(c, "hc_head_norm", true, true, NULL, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps,
+                     NULL, NULL, norm_w, eps, y);
 }
 
 extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n, int hc, int dim, const float *fn,
@@ -770,8 +770,8 @@ extern "C" duet_status_t duet_cuda_hc_head(duet_cuda_t *c, const float *x, int n
 {
     if (c->exact)
         return duet_cuda_exact_hc_head(c, x, n, hc, dim, fn, base, scale, hc_eps, norm_eps, y);
-    return hc_launch(c, "hc_head", true, false, NULL, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL, NULL,
-                     NULL, 0.0f, y);
+    return hc_launch(c, "hc_head", true, false, NULL, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps, norm_eps, NULL,
+                     NULL, NULL, 0.0f, y);
 }
 
 extern "C" duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, int n, int hc, int dim, const float *f,
@@ -782,8 +782,6 @@ extern "C" duet_status_t duet_cuda_hc_post_pre_norm(duet_cuda_t *c, float *x, in
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_post_pre_norm");
-    if (hc < 1 || hc > HC_MAX)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_post_pre_norm: hc %d (1..%d)", hc, HC_MAX);
     hc_post_in hp = {f, post, comb};
     return hc_launch(c, "hc_post_pre_norm", false, true, &hp, x, n, hc, dim, fn, base, scale, 0.0f, sinkhorn_iters,
                      hc_eps, norm_eps, post, comb, norm_w, eps, y, comb_logits != 0);
@@ -819,8 +817,6 @@ extern "C" duet_status_t duet_cuda_hc_post_head_norm(duet_cuda_t *c, float *x, i
 {
     if (c->exact)
         return DUET_CUDA_NOT_EXACT(c, "hc_post_head_norm");
-    if (hc < 1 || hc > HC_MAX)
-        return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "hc_post_head_norm: hc %d (1..%d)", hc, HC_MAX);
     hc_post_in hp = {f, post, comb};
     return hc_launch(c, "hc_post_head_norm", true, true, &hp, x, n, hc, dim, fn, base, NULL, scale, 0, hc_eps,
                      norm_eps, NULL, NULL, norm_w, eps, y);
