@@ -643,6 +643,9 @@ static int row_refused(ck_t *ck, row_t *row, duet_status_t st, const char *op)
     return 0;
 }
 
+/* case_matmul's weights take these chunk units (duet_weight_t.chunk_units; 0: the default) */
+static int mm_chunk_units;
+
 static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t dt, duet_dtype_t sdt, int rows,
                         int cols, int rb, int re, int n, int n_check, double tol)
 {
@@ -653,12 +656,16 @@ static void case_matmul(ck_t *ck, const char *op, mm_kind_t kind, duet_dtype_t d
     char range[32] = "";
     if (rb != 0 || re != rows)
         snprintf(range, sizeof range, " r%d:%d", rb, re);
-    row_t row = row_new(op, "%s %dx%d%s n=%d%s", dt_short(dt, sdt), rows, cols, range, n, kind_tag(kind));
+    char chunks[32] = "";
+    if (mm_chunk_units)
+        snprintf(chunks, sizeof chunks, " chunks of %d", mm_chunk_units);
+    row_t row = row_new(op, "%s %dx%d%s n=%d%s%s", dt_short(dt, sdt), rows, cols, range, n, kind_tag(kind), chunks);
     const char *only = getenv("DUET_CHECK_CASE"); /* one case (profiling): a substring of its shape */
     if (only && *only && !strstr(row.shape, only))
         return;
     weight_t W;
     weight_make(ck, &r, &W, dt, rows, cols, sdt);
+    W.dw.chunk_units = mm_chunk_units;
     int m = re - rb;
     float *x = rand_f32(&r, (size_t)n * cols, 1.0f);
     float *dx = dupload(ck, x, sizeof(float) * (size_t)n * cols);
@@ -1050,6 +1057,18 @@ static void group_matmul(ck_t *ck)
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 1, 1, tg);   /* expert */
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F4_E2M1X2, E8, 2048, 4096, 0, 2048, 32, 32, tg);
     case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 4096, 4096, 0, 4096, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 256, 4096, 0, 256, 32, 32, tg); /* the MoE gate */
+    /* weights of their own chunks (the MoE gate's 2 units): the CPU within the tolerance, rows run
+     * alone bit for bit as in the batch (at 128 rows of the 16384-row weight the launch is not
+     * split along the columns, alone it is) */
+    mm_chunk_units = 2;
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 256, 4096, 0, 256, 1, 1, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 256, 4096, 0, 256, 32, 32, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 16384, 4096, 0, 16384, 128, 8, tg);
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_BF16, E8, 1024, 4224, 32, 1000, 13, 13, tg); /* a last chunk of 1 */
+    mm_chunk_units = 3;
+    case_matmul(ck, "matmul", MM_GEMV_TC, DUET_DT_F8_E4M3, E8, 1024, 4096, 0, 1024, 32, 32, tg);
+    mm_chunk_units = 0;
     /* fp4 in the tiled layout: bit for bit the checkpoint layout's results */
     static const int tiled_n[] = {1, 2, 8, 20, 32, 40};
     for (size_t i = 0; i < sizeof tiled_n / sizeof tiled_n[0]; i++)
