@@ -37,6 +37,33 @@ __device__ __forceinline__ bool better(float av, int ai, float bv, int bi)
     return av > bv || (av == bv && ai < bi);
 }
 
+/* The warp's best (value, index) of its lanes' candidates, in every lane: a total order, so the
+ * same whichever lane held which */
+__device__ __forceinline__ void warp_best(float &v, int &vi)
+{
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, vi, o);
+        if (better(ov, oi, v, vi)) {
+            v = ov;
+            vi = oi;
+        }
+    }
+}
+
+/* the picks in ascending ids, as duet_cpu_topk (K is small: an insertion sort) */
+__device__ void ids_ascending(int *chosen, int K)
+{
+    for (int i = 1; i < K; i++) {
+        int v = chosen[i], j = i - 1;
+        while (j >= 0 && chosen[j] > v) {
+            chosen[j + 1] = chosen[j];
+            j--;
+        }
+        chosen[j + 1] = v;
+    }
+}
+
 /* Row r's weights from its scores and picks (ascending ids): summed, normalized and scaled in
  * the CPU's order. */
 __device__ void route_weights(const duet_cuda_moe_route_t &p, const float *sc, const int *chosen, int r, int32_t *sel,
@@ -134,29 +161,15 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
                     v = bv[e];
                     vi = e;
                 }
-            for (int o = 16; o; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, v, o);
-                int oi = __shfl_xor_sync(0xffffffffu, vi, o);
-                if (better(ov, oi, v, vi)) {
-                    v = ov;
-                    vi = oi;
-                }
-            }
+            warp_best(v, vi);
             if (lane == 0) {
                 chosen[k] = vi;
                 taken[vi] = 1;
             }
             __syncwarp();
         }
-        if (tid == 0) /* ascending ids, as duet_cpu_topk */
-            for (int i = 1; i < K; i++) {
-                int v = chosen[i], j = i - 1;
-                while (j >= 0 && chosen[j] > v) {
-                    chosen[j + 1] = chosen[j];
-                    j--;
-                }
-                chosen[j + 1] = v;
-            }
+        if (tid == 0)
+            ids_ascending(chosen, K);
         if (tid == 0)
             route_weights(p, sc, chosen, r, sel, wt);
     }
@@ -349,29 +362,15 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_route_sort_kernel(duet_cuda_
                         vi = e;
                     }
                 }
-                for (int o = 16; o; o >>= 1) {
-                    float ov = __shfl_xor_sync(0xffffffffu, v, o);
-                    int oi = __shfl_xor_sync(0xffffffffu, vi, o);
-                    if (better(ov, oi, v, vi)) {
-                        v = ov;
-                        vi = oi;
-                    }
-                }
+                warp_best(v, vi);
                 if ((vi & 31) == lane)
                     taken |= 1u << (vi >> 5);
                 if (lane == 0)
                     chosen[k] = vi;
             }
             __syncwarp();
-            if (lane == 0) /* ascending ids, as duet_cpu_topk */
-                for (int i = 1; i < K; i++) {
-                    int v = chosen[i], j = i - 1;
-                    while (j >= 0 && chosen[j] > v) {
-                        chosen[j + 1] = chosen[j];
-                        j--;
-                    }
-                    chosen[j + 1] = v;
-                }
+            if (lane == 0)
+                ids_ascending(chosen, K);
         }
         __syncwarp();
         if (lane == 0)
