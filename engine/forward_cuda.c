@@ -57,6 +57,8 @@ struct duet_model_cuda {
     int no_blockdiag;   /* DUET_CUDA_WO_BLOCKDIAG=0: wo_a as the grouped launch (for comparison) */
     int no_post_fuse;   /* DUET_CUDA_HC_POST_FUSE=0: hc_post as its own operation (for comparison) */
     int no_sk_side;     /* DUET_CUDA_HC_SINKHORN_SIDE=0: comb's Sinkhorn in the pre-mix (for comparison) */
+    int gate_chunks;    /* the MoE gate's chunk units (GATE_CHUNK_UNITS; DUET_CUDA_GATE_CHUNKS) */
+    int no_route_sort;  /* DUET_CUDA_MOE_ROUTE_SORT=0: routing and its sort as two launches (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -129,6 +131,13 @@ static size_t weight_scale_bytes(const duet_weight_t *w)
         return (size_t)w->rows * (size_t)w->scale_cols * es;
     return 0;
 }
+
+/* The MoE gate's matmul (256 x 4096 bf16 at V4-Flash widths: two row blocks of the tensor-core
+ * decode kernel) totalled in chunks of this many units of 128 columns instead of the kernel's
+ * default, so that a decode step's launch splits along the columns into 16 chunks instead of 4:
+ * four times the blocks (32 at batch 32, 8 at batch 1 before).  Other bits than the default
+ * grouping, the same at every batch size.  DUET_CUDA_GATE_CHUNKS=N sets N (0: the default). */
+#define GATE_CHUNK_UNITS 2
 
 static duet_status_t dev_weight(duet_model_cuda_t *mc, const duet_weight_t *h, duet_weight_t *d, duet_err_t *err)
 {
@@ -244,6 +253,7 @@ static duet_status_t upload_layer(duet_model_cuda_t *mc, int l, duet_err_t *err)
     DUET_TRY(upload_wo_table(mc, l, err));
     DUET_TRY(dev_weight(mc, &h->wo_b, &d->wo_b, err));
     DUET_TRY(dev_weight(mc, &h->gate, &d->gate, err));
+    d->gate.chunk_units = mc->gate_chunks;
     DUET_TRY(dev_floats(mc, h->attn_norm, D, &d->attn_norm, err));
     DUET_TRY(dev_floats(mc, h->ffn_norm, D, &d->ffn_norm, err));
     DUET_TRY(dev_floats(mc, h->q_norm, c->q_lora_rank, &d->q_norm, err));
@@ -355,6 +365,20 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_post_fuse = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_HC_SINKHORN_SIDE"); /* 0: comb's Sinkhorn in the pre-mix (for comparison) */
         mc->no_sk_side = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_MOE_ROUTE_SORT"); /* 0: routing and its sort as two launches (for comparison) */
+        mc->no_route_sort = ev && *ev && atoi(ev) == 0;
+        ev = getenv("DUET_CUDA_GATE_CHUNKS"); /* the MoE gate's chunk units (0: the kernel's default) */
+        mc->gate_chunks = GATE_CHUNK_UNITS;
+        if (ev && *ev) {
+            char *end;
+            long v = strtol(ev, &end, 10);
+            if (*end || v < 0 || v > 1024) {
+                duet_model_cuda_destroy(&mc);
+                return duet_err_set(err, DUET_ERR_INVALID,
+                                    "DUET_CUDA_GATE_CHUNKS=%s: not a count of 128-column units (0 to 1024)", ev);
+            }
+            mc->gate_chunks = (int)v;
+        }
         ev = getenv("DUET_CUDA_EXACT"); /* 1: the CPU engine's bits (duet_cuda_set_exact) */
         if (ev && atoi(ev) != 0)
             duet_cuda_set_exact(c, 1);
@@ -1732,8 +1756,13 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
         .vocab = c->vocab_size,
     };
     int32_t *offs = F->m_offs + (size_t)layer * (E + 1);
-    CU(duet_cuda_moe_route(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt));
-    CU(duet_cuda_moe_sort(F->cu, F->m_sel, R, K, E, offs, F->m_tiles, F->m_xrow, F->m_pos));
+    if (F->mc->no_route_sort) {
+        CU(duet_cuda_moe_route(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt));
+        CU(duet_cuda_moe_sort(F->cu, F->m_sel, R, K, E, offs, F->m_tiles, F->m_xrow, F->m_pos));
+    } else { /* one launch at a decode step's rows */
+        CU(duet_cuda_moe_route_sort(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt, offs, F->m_tiles, F->m_xrow,
+                                    F->m_pos));
+    }
     int T = F->mc->tp_size;
     if (T > 1) /* this rank's experts only, at their usual sorted positions */
         CU(duet_cuda_moe_tiles_own(F->cu, F->m_tiles, E, F->mc->e0, F->mc->e1));

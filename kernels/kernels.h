@@ -33,6 +33,10 @@ typedef struct {
     duet_dtype_t scale_dtype; /* F8_E8M0 or F32 */
     int scale_cols;           /* columns of the scale grid */
     int tiled;                /* 0: the layouts above; 1: fp4 tiled (duet_cuda_weight_tile; device copies) */
+    /* device copies, the tensor-core decode kernel: its running total's chunks in units of 128
+     * columns (0: the kernel's default).  Another grouping gives other bits, the same ones at
+     * every batch size; a weight set so takes only that kernel (kernels/cuda/matmul.cu). */
+    int chunk_units;
 } duet_weight_t;
 
 /* Interleaved RoPE frequencies: one inverse frequency per pair. */

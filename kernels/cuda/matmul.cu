@@ -45,6 +45,7 @@ struct gemv_args {
     /* the loading-warp kernel on a block-diagonal product (duet_cuda_matmul_blockdiag): rows
      * row_begin + [g xg_rows, (g + 1) xg_rows) read the split x's units from g xg_units on; 0: none */
     int xg_rows, xg_units;
+    int chunk_units; /* the running total's chunks (tc_chunk_units) */
 };
 
 template <int WT> struct wt_traits;
@@ -286,6 +287,14 @@ __global__ void __launch_bounds__(GEMV_MAX_SPLIT * 32) gemv_kernel(gemv_args a)
 #define TC_CHUNK_UNITS 8
 #endif
 #define TC_SPLIT_MAX_BYTES ((size_t)64 << 20)
+/* A weight's chunks: its own (duet_weight_t.chunk_units) where set, else TC_CHUNK_UNITS.  A weight
+ * of other chunks takes the decode kernel only (gemv_tc_*, dense and multi launches): the
+ * loading-warp, wide and grouped launches total by TC_CHUNK_UNITS. */
+static inline int tc_chunk_units(const duet_weight_t *w)
+{
+    return w->chunk_units > 0 ? w->chunk_units : TC_CHUNK_UNITS;
+}
+static inline bool tc_own_chunks(const duet_weight_t *w) { return tc_chunk_units(w) != TC_CHUNK_UNITS; }
 /* grouped launches of fewer blocks than this many an SM are split along the columns; a build
  * setting for timing variants (a batch-32 step of the slice fixture routes to about 135
  * experts: 4,320 working blocks of 32 units (w1 and w3) or 16 (w2), 8.2 rounds of 132 SMs'
@@ -772,12 +781,13 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         }
     }
 
-    int units = a.cols / 128;
+    int units = a.cols / 128, cu = a.chunk_units > 0 ? a.chunk_units : TC_CHUNK_UNITS;
     int ub = 0, ue = units;
     if (sp.chunks > 1) {
-        ub = blockIdx.z * TC_CHUNK_UNITS;
-        ue = min(ub + TC_CHUNK_UNITS, units);
+        ub = blockIdx.z * cu;
+        ue = min(ub + cu, units);
     }
+    int chunk_end = ub + cu; /* the unit after the current chunk's last */
 
     /* The loads walk the block's units in order, one a call (ub, ub + 1, ...): each source is a
      * running pointer that a call moves on by a unit, instead of a product by the unit's index
@@ -1227,7 +1237,8 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
                 const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
                 tc_fold<NT>(pc, part, one);
             }
-            if ((u + 1) % TC_CHUNK_UNITS == 0 || u + 1 == units) {
+            if (u + 1 == chunk_end || u + 1 == units) {
+                chunk_end += cu;
                 if constexpr (TOT_SMEM) {
                     tc_each<NT>([&](int mt, int nt, int e) {
                         float &t = tot_s[((mt * NT + nt) * 4 + e) * (TC_WARPS * 32)];
@@ -1341,12 +1352,13 @@ static duet_status_t tc_split_buffers(duet_cuda_t *c, size_t part_bytes, int cou
 }
 
 /* Whether a launch of `blocks` tiles (a counter each) over `cols` columns is split along the
- * columns, a block per TC_CHUNK_UNITS-unit chunk: when it has fewer tiles than `waves` an SM
- * and the partials (`outputs` floats a chunk) fit TC_SPLIT_MAX_BYTES.  sp->chunks stays 1
- * otherwise. */
-static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, long blocks, int waves, size_t outputs, tc_split *sp)
+ * columns, a block per chunk of `cu` units (the weight's tc_chunk_units): when it has fewer tiles
+ * than `waves` an SM and the partials (`outputs` floats a chunk) fit TC_SPLIT_MAX_BYTES.
+ * sp->chunks stays 1 otherwise. */
+static duet_status_t tc_split_plan(duet_cuda_t *c, int cols, int cu, long blocks, int waves, size_t outputs,
+                                   tc_split *sp)
 {
-    int chunks = duet_cdiv(cols / 128, TC_CHUNK_UNITS), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    int chunks = duet_cdiv(cols / 128, cu), sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
     size_t part_bytes = sizeof(float) * (size_t)chunks * outputs;
     *sp = tc_split{NULL, NULL, 1};
     if (chunks > 1 && blocks < (long)waves * sms && part_bytes <= TC_SPLIT_MAX_BYTES) {
@@ -1462,7 +1474,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_launch_nt(duet_cuda_t *c,
     int rows = a.row_end - a.row_begin;
     int row_blocks = duet_cdiv(rows, TC_BLOCK_ROWS), tok_tiles = duet_cdiv(a.n, 8 * NT);
     tc_split sp;
-    DUET_TRY(tc_split_plan(c, a.cols, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
+    DUET_TRY(tc_split_plan(c, a.cols, a.chunk_units, (long)row_blocks * tok_tiles, 1, (size_t)a.n * rows, &sp));
     dim3 grid(row_blocks, tok_tiles, sp.chunks);
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_tc_kernel<WT, NT>, grid, dim3(TC_WARPS * 32), smem, a, sp));
     return DUET_OK;
@@ -1552,7 +1564,7 @@ template <int WT, int NT> static duet_status_t gemv_tc_multi_nt(duet_cuda_t *c, 
     for (int i = 0; i < m.n_parts; i++)
         rows += (size_t)(m.row_end[i] - m.row_begin[i]);
     tc_split sp;
-    DUET_TRY(tc_split_plan(c, a.cols, (long)tiles * tok_tiles, 1, (size_t)a.n * rows, &sp));
+    DUET_TRY(tc_split_plan(c, a.cols, a.chunk_units, (long)tiles * tok_tiles, 1, (size_t)a.n * rows, &sp));
     for (int i = 0, acc = 0; i < m.n_parts; i++) { /* each part's chunk planes, one after another */
         m.part_off[i] = (size_t)sp.chunks * a.n * acc;
         acc += m.row_end[i] - m.row_begin[i];
@@ -1679,6 +1691,7 @@ static void gemv_args_of(const duet_weight_t *w, int row_begin, int row_end, con
     a->n = n;
     a->y = y;
     a->tiled = w->tiled;
+    a->chunk_units = tc_chunk_units(w);
 }
 
 extern "C" duet_status_t duet_cuda_matmul_gemv(duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end,
@@ -1941,7 +1954,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32,
 static int grouped_kind(const duet_weight_t *w, const float *x)
 {
     int wt = weight_kind(w);
-    if (wt < 0 || w->rows <= 0 || w->cols <= 0)
+    if (wt < 0 || w->rows <= 0 || w->cols <= 0 || tc_own_chunks(w))
         return -1;
     if (w->dtype == DUET_DT_F4_E2M1X2 && w->cols % 32)
         return -1;
@@ -2045,8 +2058,8 @@ extern "C" duet_status_t duet_cuda_matmul_grouped(duet_cuda_t *c, const duet_cud
         /* few tiles (a batch of one or two tokens): split along the columns, as the plain
          * launch does, so that the SMs are not left with a wave and a half of long blocks */
         tc_split sp;
-        DUET_TRY(tc_split_plan(c, w->cols, (long)grid.x * grid.y, TC_GROUP_SPLIT_WAVES, (size_t)n_mat * n * w->rows,
-                               &sp));
+        DUET_TRY(tc_split_plan(c, w->cols, a.chunk_units, (long)grid.x * grid.y, TC_GROUP_SPLIT_WAVES,
+                               (size_t)n_mat * n * w->rows, &sp));
         grid.z = sp.chunks;
         if (wt == WT_BF16)
             DUET_TRY(tc_group_launch<WT_BF16>(c, a, g, sp, grid, nt, n));
@@ -2722,7 +2735,7 @@ static bool wide_plain_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_
 static bool wide_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, const float *x, int n)
 {
     return TC_WIDE_MIN_N > 0 && n >= TC_WIDE_MIN_N && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
-           wide_plain_ok(c, w, row_begin, x);
+           !tc_own_chunks(w) && wide_plain_ok(c, w, row_begin, x);
 }
 
 /* bf16 weights in the tiled layout (the output head), where the blocks fill the GPU once at least:
@@ -2734,14 +2747,15 @@ static bool wide_bf16_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_b
     size_t blocks = (size_t)duet_cdiv((size_t)(row_end > row_begin ? row_end - row_begin : 0),
                               wide_form<false, WT_BF16>::ROWS) * duet_cdiv((size_t)n, WIDE_TOK);
     return TC_WIDE_BF16_MIN_N > 0 && n >= TC_WIDE_BF16_MIN_N && w->dtype == DUET_DT_BF16 && w->tiled &&
-           wide_plain_ok(c, w, row_begin, x) && blocks >= (size_t)c->info.sm_count;
+           !tc_own_chunks(w) && wide_plain_ok(c, w, row_begin, x) && blocks >= (size_t)c->info.sm_count;
 }
 
 /* The grouped launches' experts (shaped like proto, tensor-core eligible: grouped_kind 1) at n
  * positions over E experts */
 static bool wide_group_ok(const duet_cuda_t *c, const duet_weight_t *w, int n, int E)
 {
-    if (TC_WIDE_GROUP_MIN_AVG <= 0 || (long)n < (long)TC_WIDE_GROUP_MIN_AVG * E || !wide_arch(c) || w->cols % 128)
+    if (TC_WIDE_GROUP_MIN_AVG <= 0 || (long)n < (long)TC_WIDE_GROUP_MIN_AVG * E || !wide_arch(c) || w->cols % 128 ||
+        tc_own_chunks(w))
         return false;
     if (w->dtype == DUET_DT_F8_E4M3)
         return !w->tiled;
@@ -3201,8 +3215,8 @@ static int ws_plan(const duet_cuda_t *c, int rows, int cols)
 static bool ws_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, int row_end, const float *x, int n)
 {
     return TC_WS_MIN_N > 0 && n >= TC_WS_MIN_N && n <= WS_TOK && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
-           wide_arch(c) && w->cols % 128 == 0 && row_begin % 16 == 0 && (uintptr_t)x % 16 == 0 &&
-           (uintptr_t)w->data % 16 == 0 && ws_env_on() && row_end > row_begin &&
+           !tc_own_chunks(w) && wide_arch(c) && w->cols % 128 == 0 && row_begin % 16 == 0 &&
+           (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0 && ws_env_on() && row_end > row_begin &&
            ws_plan(c, row_end - row_begin, w->cols) > 0 && ws_encoder();
 }
 
@@ -3382,6 +3396,7 @@ extern "C" int duet_cuda_matmul_multi_ok(const duet_cuda_mm_part_t *parts, int n
     for (int i = 0; i < n_parts; i++) {
         const duet_weight_t *w = parts[i].w;
         if (w->tiled || w->dtype != parts[0].w->dtype || w->cols != parts[0].w->cols ||
+            tc_chunk_units(w) != tc_chunk_units(parts[0].w) ||
             (w->scale_dtype != parts[0].w->scale_dtype && w->scale) || parts[i].row_end <= parts[i].row_begin ||
             parts[i].row_end > w->rows || !duet_cuda_matmul_invariant_tc(w, parts[i].row_begin, x))
             return 0;
