@@ -58,7 +58,6 @@ struct duet_model_cuda {
     int no_post_fuse;   /* DUET_CUDA_HC_POST_FUSE=0: hc_post as its own operation (for comparison) */
     int no_sk_side;     /* DUET_CUDA_HC_SINKHORN_SIDE=0: comb's Sinkhorn in the pre-mix (for comparison) */
     int gate_chunks;    /* the MoE gate's chunk units (GATE_CHUNK_UNITS; DUET_CUDA_GATE_CHUNKS) */
-    int no_route_sort;  /* DUET_CUDA_MOE_ROUTE_SORT=0: routing and its sort as two launches (for comparison) */
     /* tensor parallelism (forward_cuda.h): this rank's share */
     int tp_rank, tp_size;
     int h0, h1, g0, g1, e0, e1; /* heads, output groups, routed experts [begin, end) */
@@ -365,8 +364,6 @@ duet_status_t duet_model_cuda_upload_tp(duet_cuda_t *c, const duet_model_t *m, i
         mc->no_post_fuse = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_HC_SINKHORN_SIDE"); /* 0: comb's Sinkhorn in the pre-mix (for comparison) */
         mc->no_sk_side = ev && *ev && atoi(ev) == 0;
-        ev = getenv("DUET_CUDA_MOE_ROUTE_SORT"); /* 0: routing and its sort as two launches (for comparison) */
-        mc->no_route_sort = ev && *ev && atoi(ev) == 0;
         ev = getenv("DUET_CUDA_GATE_CHUNKS"); /* the MoE gate's chunk units (0: the kernel's default) */
         mc->gate_chunks = GATE_CHUNK_UNITS;
         if (ev && *ev) {
@@ -1756,13 +1753,8 @@ static duet_status_t moe_grouped(fc_t *F, int layer, duet_err_t *err)
         .vocab = c->vocab_size,
     };
     int32_t *offs = F->m_offs + (size_t)layer * (E + 1);
-    if (F->mc->no_route_sort) {
-        CU(duet_cuda_moe_route(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt));
-        CU(duet_cuda_moe_sort(F->cu, F->m_sel, R, K, E, offs, F->m_tiles, F->m_xrow, F->m_pos));
-    } else { /* one launch at a decode step's rows */
-        CU(duet_cuda_moe_route_sort(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt, offs, F->m_tiles, F->m_xrow,
-                                    F->m_pos));
-    }
+    CU(duet_cuda_moe_route(F->cu, &rp, F->logit, R, F->m_sel, F->m_wt));
+    CU(duet_cuda_moe_sort(F->cu, F->m_sel, R, K, E, offs, F->m_tiles, F->m_xrow, F->m_pos));
     int T = F->mc->tp_size;
     if (T > 1) /* this rank's experts only, at their usual sorted positions */
         CU(duet_cuda_moe_tiles_own(F->cu, F->m_tiles, E, F->mc->e0, F->mc->e1));

@@ -2857,80 +2857,6 @@ static void case_moe_sort(ck_t *ck, int rows, int K, int E, int bad)
     duet_cuda_free(ck->c, dxr); duet_cuda_free(ck->c, dpos);
 }
 
-typedef struct {
-    const route_arg_t *r;
-    int32_t *dsel, *offs, *tiles, *xrow, *pos;
-    float *dwt;
-} route_sort_arg_t;
-
-static duet_status_t route_sort_call(ck_t *ck, void *p)
-{
-    route_sort_arg_t *a = p;
-    return duet_cuda_moe_route_sort(ck->c, &a->r->p, a->r->dlogit, a->r->rows, a->dsel, a->dwt, a->offs, a->tiles,
-                                    a->xrow, a->pos);
-}
-
-/* duet_cuda_moe_route_sort against moe_route (whose outputs r->dsel, r->dwt hold) then moe_sort:
- * ids, weights, offsets, tiles, rows and positions bit for bit */
-static void case_moe_route_sort(ck_t *ck, const route_arg_t *r, const char *shape)
-{
-    int rows = r->rows, K = r->p.top_k, E = r->p.n_experts;
-    size_t n = (size_t)rows * K, nt = DUET_CUDA_MOE_TILE_ROWS * (size_t)(E + 1);
-    int32_t *h[2][5];
-    float *hw[2];
-    route_sort_arg_t b[2];
-    for (int v = 0; v < 2; v++) { /* 0: the two operations, 1: the one */
-        b[v].r = r;
-        b[v].dsel = v ? dmalloc(ck, 4 * n) : r->dsel;
-        b[v].dwt = v ? dmalloc(ck, 4 * n) : r->dwt;
-        b[v].offs = dmalloc(ck, 4 * (size_t)(E + 1));
-        b[v].tiles = dmalloc(ck, 4 * nt);
-        b[v].xrow = dmalloc(ck, 4 * n);
-        b[v].pos = dmalloc(ck, 4 * n);
-        int32_t *dp[] = {b[v].dsel, b[v].offs, b[v].tiles, b[v].xrow, b[v].pos};
-        for (int k = v ? 0 : 1; k < 5; k++)
-            dpoison(ck, dp[k], k == 1 ? 4 * (size_t)(E + 1) : k == 2 ? 4 * nt : 4 * n);
-        if (v)
-            dpoison(ck, b[v].dwt, 4 * n);
-    }
-    CK(duet_cuda_moe_sort(ck->c, r->dsel, rows, K, E, b[0].offs, b[0].tiles, b[0].xrow, b[0].pos));
-    CK(route_sort_call(ck, &b[1]));
-    for (int v = 0; v < 2; v++) {
-        const int32_t *dp[] = {b[v].dsel, b[v].offs, b[v].tiles, b[v].xrow, b[v].pos};
-        const size_t sz[] = {n, (size_t)E + 1, nt, n, n};
-        for (int k = 0; k < 5; k++) {
-            h[v][k] = xmalloc(4 * sz[k]);
-            ddownload(ck, h[v][k], dp[k], 4 * sz[k]);
-        }
-        hw[v] = xmalloc(4 * n);
-        ddownload(ck, hw[v], b[v].dwt, 4 * n);
-    }
-    row_t row = row_new("moe_route_sort", "%s%s", shape,
-                        duet_cuda_moe_route_sort_ok(&r->p, rows) ? "" : " (two launches)");
-    static const char *const parts[] = {"ids", "offsets", "tiles", "rows", "positions"};
-    const int32_t *gp[] = {h[1][0], h[1][1], h[1][2], h[1][3], h[1][4]}, *rp[] = {h[0][0], h[0][1], h[0][2], h[0][3],
-                                                                                   h[0][4]};
-    const size_t np[] = {n, (size_t)E + 1, nt, (size_t)h[0][1][E], n};
-    row_i32_parts(&row, 5, parts, gp, rp, np);
-    if (row.pass && memcmp(hw[1], hw[0], 4 * n)) {
-        row.pass = 0;
-        snprintf(row.note, sizeof row.note, "weights differ from moe_route's");
-    }
-    bench_row(ck, &row, route_sort_call, &b[1], 4.0 * rows * E + 16.0 * n + 16.0 * (E + 1), 0.0, BOUND_MEM);
-    print_row(ck, &row);
-    for (int v = 0; v < 2; v++) {
-        for (int k = 0; k < 5; k++)
-            free(h[v][k]);
-        free(hw[v]);
-        if (v) {
-            duet_cuda_free(ck->c, b[v].dsel);
-            duet_cuda_free(ck->c, b[v].dwt);
-        }
-        duet_cuda_free(ck->c, b[v].offs); duet_cuda_free(ck->c, b[v].tiles);
-        duet_cuda_free(ck->c, b[v].xrow); duet_cuda_free(ck->c, b[v].pos);
-    }
-}
-
 static void case_moe_route(ck_t *ck, int rows, int E, int K, int scoring, int hash, int ties)
 {
     rng_t r;
@@ -2981,10 +2907,6 @@ static void case_moe_route(ck_t *ck, int rows, int E, int K, int scoring, int ha
     row = row_new("moe_route", "wts %s r%d E%d k%d %s", sn[scoring], rows, E, K, what);
     row_f32_bits(&row, gw, cw, (size_t)rows * K); /* ref_math.h's functions, the CPU's order */
     print_row(ck, &row);
-    CK(route_call(ck, &a)); /* its outputs again (the timing above ran it on the same inputs) */
-    char shape[64];
-    snprintf(shape, sizeof shape, "%s r%d E%d k%d %s", sn[scoring], rows, E, K, what);
-    case_moe_route_sort(ck, &a, shape);
     free(logit); free(bias); free(tok); free(tab); free(gs); free(cs); free(gw); free(cw);
     duet_cuda_free(ck->c, (void *)a.p.bias); duet_cuda_free(ck->c, (void *)a.p.tid2eid);
     duet_cuda_free(ck->c, (void *)a.p.tok); duet_cuda_free(ck->c, a.dlogit);

@@ -37,33 +37,6 @@ __device__ __forceinline__ bool better(float av, int ai, float bv, int bi)
     return av > bv || (av == bv && ai < bi);
 }
 
-/* The warp's best (value, index) of its lanes' candidates, in every lane: a total order, so the
- * same whichever lane held which */
-__device__ __forceinline__ void warp_best(float &v, int &vi)
-{
-    for (int o = 16; o; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, vi, o);
-        if (better(ov, oi, v, vi)) {
-            v = ov;
-            vi = oi;
-        }
-    }
-}
-
-/* the picks in ascending ids, as duet_cpu_topk (K is small: an insertion sort) */
-__device__ void ids_ascending(int *chosen, int K)
-{
-    for (int i = 1; i < K; i++) {
-        int v = chosen[i], j = i - 1;
-        while (j >= 0 && chosen[j] > v) {
-            chosen[j + 1] = chosen[j];
-            j--;
-        }
-        chosen[j + 1] = v;
-    }
-}
-
 /* Row r's weights from its scores and picks (ascending ids): summed, normalized and scaled in
  * the CPU's order. */
 __device__ void route_weights(const duet_cuda_moe_route_t &p, const float *sc, const int *chosen, int r, int32_t *sel,
@@ -161,15 +134,29 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
                     v = bv[e];
                     vi = e;
                 }
-            warp_best(v, vi);
+            for (int o = 16; o; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, v, o);
+                int oi = __shfl_xor_sync(0xffffffffu, vi, o);
+                if (better(ov, oi, v, vi)) {
+                    v = ov;
+                    vi = oi;
+                }
+            }
             if (lane == 0) {
                 chosen[k] = vi;
                 taken[vi] = 1;
             }
             __syncwarp();
         }
-        if (tid == 0)
-            ids_ascending(chosen, K);
+        if (tid == 0) /* ascending ids, as duet_cpu_topk */
+            for (int i = 1; i < K; i++) {
+                int v = chosen[i], j = i - 1;
+                while (j >= 0 && chosen[j] > v) {
+                    chosen[j + 1] = chosen[j];
+                    j--;
+                }
+                chosen[j + 1] = v;
+            }
         if (tid == 0)
             route_weights(p, sc, chosen, r, sel, wt);
     }
@@ -179,9 +166,12 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(duet_cuda_moe_
  * counts expert e in segment s, then becomes the place of segment s's first assignment to e
  * (the expert's offset plus its counts in the segments before), so every warp places its own
  * segment at once and the order within an expert stays the assignments' order. */
-__device__ void moe_sort_block(const int32_t *sel, int n, int K, int E, int ns, int seg, int32_t *offs,
-                               int32_t *tiles, int32_t *xrow, int32_t *pos, int32_t *cnt /* [ns][E] shared */)
+__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *sel, int n, int K, int E, int ns,
+                                                                 int seg, int32_t *offs, int32_t *tiles,
+                                                                 int32_t *xrow, int32_t *pos)
 {
+    duet_pdl_wait();
+    extern __shared__ int32_t cnt[]; /* [ns][E] */
     int tid = threadIdx.x, bd = blockDim.x;
     for (int i = tid; i < ns * E; i += bd)
         cnt[i] = 0;
@@ -288,99 +278,6 @@ __device__ void moe_sort_block(const int32_t *sel, int n, int K, int E, int ns, 
     }
 }
 
-__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(const int32_t *sel, int n, int K, int E, int ns,
-                                                                 int seg, int32_t *offs, int32_t *tiles,
-                                                                 int32_t *xrow, int32_t *pos)
-{
-    duet_pdl_wait();
-    extern __shared__ int32_t cnt[]; /* [ns][E] */
-    moe_sort_block(sel, n, K, E, ns, seg, offs, tiles, xrow, pos, cnt);
-}
-
-/* moe_route and moe_sort in one block of SORT_THREADS for a decode step's rows: a warp routes a
- * row at a time (its scores in the warp's own shared row, the top-k candidates in registers,
- * ROUTE_WARP_E experts a lane at most), then the block sorts, as the two kernels do, with the
- * same operations in the same order: the same bits, one launch and its wait fewer. */
-#define ROUTE_WARP_E 8
-__global__ void __launch_bounds__(SORT_THREADS) moe_route_sort_kernel(duet_cuda_moe_route_t p, const float *logits,
-                                                                       int n_rows, int ns, int seg, int32_t *sel,
-                                                                       float *wt, int32_t *offs, int32_t *tiles,
-                                                                       int32_t *xrow, int32_t *pos)
-{
-    duet_pdl_wait();
-    extern __shared__ float rsm[]; /* [SORT_THREADS / 32][E] the warps' scores, then [ns][E] counts */
-    __shared__ int chosen_w[SORT_THREADS / 32][DUET_CUDA_MOE_MAX_K];
-    int E = p.n_experts, K = p.top_k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float *sc = rsm + (size_t)warp * E;
-    int *chosen = chosen_w[warp];
-    for (int r = warp; r < n_rows; r += nw) {
-        const float *lg = logits + (size_t)r * E;
-        for (int e = lane; e < E; e += 32)
-            sc[e] = moe_score(p.scoring, lg[e]);
-        __syncwarp();
-        if (p.scoring == SCORE_SOFTMAX) {
-            float mx = -INFINITY;
-            for (int e = lane; e < E; e += 32)
-                mx = sc[e] > mx ? sc[e] : mx;
-            for (int o = 16; o; o >>= 1) {
-                float v = __shfl_xor_sync(0xffffffffu, mx, o);
-                mx = v > mx ? v : mx;
-            }
-            for (int e = lane; e < E; e += 32)
-                sc[e] = duet_ref_expf(__fsub_rn(sc[e], mx));
-            __syncwarp();
-            float s = 0.0f; /* the CPU's sequential sum, every lane the same */
-            if (lane == 0)
-                for (int e = 0; e < E; e++)
-                    s = __fadd_rn(s, sc[e]);
-            s = __shfl_sync(0xffffffffu, s, 0);
-            for (int e = lane; e < E; e += 32)
-                sc[e] = __fdiv_rn(sc[e], s);
-            __syncwarp();
-        }
-        if (p.tid2eid) {
-            int t = p.tok[r];
-            if (lane < K)
-                chosen[lane] = (t >= 0 && t < p.vocab) ? p.tid2eid[(size_t)t * K + lane] : -1;
-        } else {
-            float bv[ROUTE_WARP_E];
-            unsigned taken = 0; /* bit j: expert lane + 32 j picked */
-#pragma unroll
-            for (int j = 0; j < ROUTE_WARP_E; j++) {
-                int e = lane + 32 * j;
-                float b = e < E ? __fadd_rn(sc[e], p.bias ? p.bias[e] : 0.0f) : -INFINITY;
-                bv[j] = b != b ? -INFINITY : b;
-            }
-            for (int k = 0; k < K; k++) {
-                float v = -INFINITY;
-                int vi = INT_MAX;
-#pragma unroll
-                for (int j = 0; j < ROUTE_WARP_E; j++) {
-                    int e = lane + 32 * j;
-                    if (e < E && !(taken >> j & 1u) && better(bv[j], e, v, vi)) {
-                        v = bv[j];
-                        vi = e;
-                    }
-                }
-                warp_best(v, vi);
-                if ((vi & 31) == lane)
-                    taken |= 1u << (vi >> 5);
-                if (lane == 0)
-                    chosen[k] = vi;
-            }
-            __syncwarp();
-            if (lane == 0)
-                ids_ascending(chosen, K);
-        }
-        __syncwarp();
-        if (lane == 0)
-            route_weights(p, sc, chosen, r, sel, wt);
-        __syncwarp();
-    }
-    __syncthreads(); /* sel written by the block's warps: visible to the whole block from here */
-    moe_sort_block(sel, n_rows * K, K, E, ns, seg, offs, tiles, xrow, pos, (int32_t *)rsm);
-}
-
 __global__ void moe_combine_kernel(const int32_t *sel, const float *wt, const int32_t *pos, int K, const float *y,
                                    const float *shared, int dim, float *out)
 {
@@ -441,19 +338,6 @@ extern "C" duet_status_t duet_cuda_moe_route(duet_cuda_t *c, const duet_cuda_moe
 extern "C" int duet_cuda_moe_wide_tile(void) { return DUET_CUDA_MOE_WIDE_TILE; }
 extern "C" int duet_cuda_moe_wg_tile(void) { return DUET_CUDA_MOE_WG_TILE; }
 
-/* moe_sort's segments: a segment a warp, each of at least SORT_SEGMENT assignments (fewer and the
- * segments' counts cost more than the walk they save), as many as smem_max bytes of counts hold */
-static void sort_segments(int n, int n_experts, size_t smem_max, int *ns_out, int *seg_out)
-{
-    size_t row = (size_t)n_experts * sizeof(int32_t);
-    int ns = n / SORT_SEGMENT;
-    ns = ns < SORT_THREADS / 32 ? ns : SORT_THREADS / 32;
-    ns = (size_t)ns * row <= smem_max ? ns : (int)(smem_max / row);
-    ns = ns > 1 ? ns : 1;
-    *ns_out = ns;
-    *seg_out = (n + ns - 1) / ns;
-}
-
 extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k,
                                             int n_experts, int32_t *offs, int32_t *tiles, int32_t *xrow,
                                             int32_t *pos)
@@ -463,44 +347,15 @@ extern "C" duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, 
     const size_t smem_max = 48 * 1024 - SORT_STATIC_SMEM, row = (size_t)n_experts * sizeof(int32_t);
     if (row > smem_max)
         return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "moe_sort: %d experts (shared memory)", n_experts);
-    int n = n_rows * top_k, ns, seg;
-    sort_segments(n, n_experts, smem_max, &ns, &seg);
+    /* a segment a warp, each of at least SORT_SEGMENT assignments (fewer and the segments'
+     * counts cost more than the walk they save), as many as shared memory holds */
+    int n = n_rows * top_k, ns = n / SORT_SEGMENT;
+    ns = ns < SORT_THREADS / 32 ? ns : SORT_THREADS / 32;
+    ns = (size_t)ns * row <= smem_max ? ns : (int)(smem_max / row);
+    ns = ns > 1 ? ns : 1;
+    int seg = (n + ns - 1) / ns;
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, moe_sort_kernel, dim3(1), dim3(SORT_THREADS), (size_t)ns * row, sel, n,
                                         top_k, n_experts, ns, seg, offs, tiles, xrow, pos));
-    return DUET_OK;
-}
-
-/* static shared memory of moe_route_sort_kernel: moe_sort's and the warps' picks */
-#define ROUTE_SORT_STATIC_SMEM (SORT_STATIC_SMEM + (SORT_THREADS / 32) * DUET_CUDA_MOE_MAX_K * sizeof(int) + 256)
-
-extern "C" int duet_cuda_moe_route_sort_ok(const duet_cuda_moe_route_t *p, int n_rows)
-{
-    size_t smem_max = 48 * 1024 - ROUTE_SORT_STATIC_SMEM;
-    return n_rows > 0 && n_rows <= DUET_CUDA_MOE_ROUTE_SORT_MAX_ROWS && p->n_experts > 0 &&
-           p->n_experts <= 32 * ROUTE_WARP_E && (size_t)(SORT_THREADS / 32) * p->n_experts * sizeof(float) <= smem_max;
-}
-
-extern "C" duet_status_t duet_cuda_moe_route_sort(duet_cuda_t *c, const duet_cuda_moe_route_t *p, const float *logits,
-                                                  int n_rows, int32_t *sel, float *wt, int32_t *offs, int32_t *tiles,
-                                                  int32_t *xrow, int32_t *pos)
-{
-    if (p->n_experts <= 0 || p->top_k <= 0 || p->top_k > DUET_CUDA_MOE_MAX_K || p->top_k > p->n_experts ||
-        (p->tid2eid && !p->tok))
-        return duet_cuda_failf(c, DUET_ERR_INVALID, "moe_route_sort: %d experts, top-%d (at most %d)", p->n_experts,
-                               p->top_k, DUET_CUDA_MOE_MAX_K);
-    if (n_rows <= 0)
-        return DUET_OK;
-    if (!duet_cuda_moe_route_sort_ok(p, n_rows)) { /* the two launches */
-        DUET_TRY(duet_cuda_moe_route(c, p, logits, n_rows, sel, wt));
-        return duet_cuda_moe_sort(c, sel, n_rows, p->top_k, p->n_experts, offs, tiles, xrow, pos);
-    }
-    const size_t smem_max = 48 * 1024 - ROUTE_SORT_STATIC_SMEM, row = (size_t)p->n_experts * sizeof(int32_t);
-    int n = n_rows * p->top_k, ns, seg;
-    sort_segments(n, p->n_experts, smem_max, &ns, &seg);
-    size_t smem = (size_t)(SORT_THREADS / 32) * row;
-    smem = smem > (size_t)ns * row ? smem : (size_t)ns * row;
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, moe_route_sort_kernel, dim3(1), dim3(SORT_THREADS), smem, *p, logits, n_rows,
-                                        ns, seg, sel, wt, offs, tiles, xrow, pos));
     return DUET_OK;
 }
 

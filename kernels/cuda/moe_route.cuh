@@ -56,13 +56,6 @@ int duet_cuda_moe_wg_tile(void);
 /* sel (n_rows, K) -> offs (E+1), tiles (DUET_CUDA_MOE_TILE_ROWS, E+1), xrow (n_rows*K), pos (n_rows*K). */
 duet_status_t duet_cuda_moe_sort(duet_cuda_t *c, const int32_t *sel, int n_rows, int top_k, int n_experts,
                                  int32_t *offs, int32_t *tiles, int32_t *xrow, int32_t *pos);
-/* moe_route then moe_sort, the same outputs bit for bit: in one launch where
- * duet_cuda_moe_route_sort_ok (a decode step's rows, at most 256 experts), else the two. */
-#define DUET_CUDA_MOE_ROUTE_SORT_MAX_ROWS 64
-int duet_cuda_moe_route_sort_ok(const duet_cuda_moe_route_t *p, int n_rows);
-duet_status_t duet_cuda_moe_route_sort(duet_cuda_t *c, const duet_cuda_moe_route_t *p, const float *logits,
-                                       int n_rows, int32_t *sel, float *wt, int32_t *offs, int32_t *tiles,
-                                       int32_t *xrow, int32_t *pos);
 /* y (n_rows*K, dim) in sorted order; shared (n_rows, dim) or NULL; out (n_rows, dim). */
 duet_status_t duet_cuda_moe_combine(duet_cuda_t *c, const int32_t *sel, const float *wt, const int32_t *pos,
                                     int n_rows, int top_k, const float *y, const float *shared, int dim, float *out);
