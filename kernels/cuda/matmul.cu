@@ -45,7 +45,7 @@ struct gemv_args {
     /* the loading-warp kernel on a block-diagonal product (duet_cuda_matmul_blockdiag): rows
      * row_begin + [g xg_rows, (g + 1) xg_rows) read the split x's units from g xg_units on; 0: none */
     int xg_rows, xg_units;
-    int chunk_units; /* the running total's chunks (tc_chunk_units) */
+    int chunk_units; /* the running total's chunks (tc_chunk_units: every gemv_args is made by gemv_args_of) */
 };
 
 template <int WT> struct wt_traits;
@@ -781,7 +781,7 @@ __device__ __forceinline__ void gemv_tc_body(const gemv_args &a, const TM &tm, i
         }
     }
 
-    int units = a.cols / 128, cu = a.chunk_units > 0 ? a.chunk_units : TC_CHUNK_UNITS;
+    int units = a.cols / 128, cu = a.chunk_units; /* the weight's chunks (gemv_args_of: tc_chunk_units) */
     int ub = 0, ue = units;
     if (sp.chunks > 1) {
         ub = blockIdx.z * cu;
