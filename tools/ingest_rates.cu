@@ -127,14 +127,17 @@ __device__ __forceinline__ void mb_wait(uint32_t b, unsigned parity)
     }
 }
 
-/* The stage pipeline: warp W (its lane 0) fills S stages of B bytes a unit, in unit order; warps
- * 0 .. W - 1 wait for a stage, each lane xors the 16-byte words lane, lane + 32, ... of it, and
- * the warp gives it back.  MODE 0: unit u of block b is the contiguous run at (b * units + u) * B;
- * MODE 1: a box of B / R bytes by R rows of the 2D map (rows of 1024 bytes), columns u * B / R,
- * rows b * R. */
+/* The stage pipeline: warp W (its lane 0) fills S stages of B (+ X) bytes a unit, in unit order;
+ * warps 0 .. W - 1 wait for a stage, each lane xors the 16-byte words lane, lane + 32, ... of it,
+ * and the warp gives it back.  MODE 0: unit u of block b is the contiguous run at (b * units + u)
+ * * B; MODE 1: a box of B / R bytes by R rows of the 2D map (rows of rowb bytes), block b the row
+ * block b % rbk of the 1024-column chunk b / rbk, unit u the chunk's columns u * B / R on; with X >
+ * 0 the stage also gets X bytes of an x image (xs + (chunk * units + u) * X, the same for every row
+ * block, so mostly read from L2) by a bulk copy, as the loading-warp kernel's split x. */
 template <int MODE>
-__global__ void __launch_bounds__(544) pipe_k(const uint8_t *src, const __grid_constant__ CUtensorMap map, int S,
-                                              int B, int R, int units, int W, span_t *sp, uint32_t *sums)
+__global__ void __launch_bounds__(544)
+    pipe_k(const uint8_t *src, const __grid_constant__ CUtensorMap map, const uint8_t *xs, int S, int B, int X, int R,
+           int rbk, int units, int W, span_t *sp, uint32_t *sums)
 {
     uint32_t v = 0;
     span_begin(sp);
@@ -142,6 +145,7 @@ __global__ void __launch_bounds__(544) pipe_k(const uint8_t *src, const __grid_c
     extern __shared__ __align__(128) uint8_t smem_[];
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(smem_);
     const uint32_t st0 = (bar0 + 256 + 127) & ~127u; /* the stages from a 128-byte boundary */
+    const int SB = B + X, bx = (int)blockIdx.x % rbk, ch = (int)blockIdx.x / rbk;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++) {
@@ -157,8 +161,8 @@ __global__ void __launch_bounds__(544) pipe_k(const uint8_t *src, const __grid_c
                 int s = u % S;
                 if (u >= S)
                     mb_wait(bar0 + 8 * (16 + s), (unsigned)(u / S - 1) & 1u);
-                uint32_t dst = st0 + s * B, full = bar0 + 8 * s;
-                mb_expect(full, B);
+                uint32_t dst = st0 + s * SB, full = bar0 + 8 * s;
+                mb_expect(full, SB);
                 if (MODE == 0)
                     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
                                  "[%3];" ::"r"(dst),
@@ -167,16 +171,21 @@ __global__ void __launch_bounds__(544) pipe_k(const uint8_t *src, const __grid_c
                 else
                     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
                                  "[%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-                                 "l"(reinterpret_cast<uint64_t>(&map)), "r"(u * (B / R)), "r"((int)blockIdx.x * R),
+                                 "l"(reinterpret_cast<uint64_t>(&map)), "r"(ch * 1024 + u * (B / R)), "r"(bx * R),
                                  "r"(full)
+                                 : "memory");
+                if (X > 0)
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+                                 "[%3];" ::"r"(dst + B),
+                                 "l"(xs + ((size_t)ch * units + u) * X), "r"(X), "r"(full)
                                  : "memory");
             }
     } else if (warp < W) {
         for (int u = 0; u < units; u++) {
             int s = u % S;
             mb_wait(bar0 + 8 * s, (unsigned)(u / S) & 1u);
-            const uint4 *st = reinterpret_cast<const uint4 *>(smem_ + (st0 - bar0) + (size_t)s * B);
-            for (int i = warp * 32 + lane; i < B / 16; i += 32 * W) {
+            const uint4 *st = reinterpret_cast<const uint4 *>(smem_ + (st0 - bar0) + (size_t)s * SB);
+            for (int i = warp * 32 + lane; i < SB / 16; i += 32 * W) {
                 uint4 a = st[i];
                 v ^= a.x ^ a.y ^ a.z ^ a.w;
             }
@@ -189,10 +198,17 @@ __global__ void __launch_bounds__(544) pipe_k(const uint8_t *src, const __grid_c
     span_end(sp, v, sums);
 }
 
-__global__ void flush_k(uint4 *p, size_t n16)
+/* the L2 emptied of the source by reading (not writing: dirty lines would be written back while
+ * the timed launch reads) a buffer of ten times its size */
+__global__ void flush_k(const uint4 *p, size_t n16, uint32_t *sink)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = make_uint4((uint32_t)i, 0, 0, 0);
+    uint32_t acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcg(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u)
+        *sink = acc;
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encoder()
@@ -209,6 +225,9 @@ struct form_t {
     const char *name;
     int mode; /* -1 ldg, 0 bulk, 1 box */
     int S, B, R, W, blocks_per_sm_hint;
+    int X;         /* the x image's bytes a stage (box forms) */
+    size_t T;      /* bytes of weights (0: the table's sizes) */
+    int rowb;      /* a weight row's bytes (box forms; 0: 1024) */
 };
 
 int main(int argc, char **argv)
@@ -241,6 +260,7 @@ int main(int argc, char **argv)
         return 1;
     }
     const size_t big = (size_t)2 << 30, maxT = (size_t)32 << 20, flushN = (size_t)512 << 20;
+    const size_t xmax = (size_t)1 << 20; /* the x images: up to 8 chunks of 8 units of 16 KB */
     uint8_t *a, *b, *fl;
     CK(cudaMalloc(&a, big));
     CK(cudaMalloc(&b, big));
@@ -250,13 +270,14 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&sp, sizeof(span_t)));
     CK(cudaMalloc(&sums, 4096 * sizeof(uint32_t)));
     /* the source: seeded bytes (the first 32 MiB), so each form's sums can be checked */
-    std::vector<uint8_t> host(maxT);
+    std::vector<uint8_t> host(maxT + xmax);
     uint64_t s = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < maxT; i++) {
+    for (size_t i = 0; i < maxT + xmax; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         host[i] = (uint8_t)s;
     }
-    CK(cudaMemcpy(a, host.data(), maxT, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(a, host.data(), maxT + xmax, cudaMemcpyHostToDevice));
+    CK(cudaMemset(fl, 0x3c, flushN));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -273,35 +294,44 @@ int main(int argc, char **argv)
     }
     double copy_gbs = 2.0 * big / (best * 1e-3) / 1e9;
     printf("copy ceiling: 2 GiB device to device, %.1f GB/s (bytes read + written)\n\n", copy_gbs);
-    CK(cudaFuncSetAttribute(pipe_k<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-    CK(cudaFuncSetAttribute(pipe_k<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    CK(cudaFuncSetAttribute(pipe_k<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+    CK(cudaFuncSetAttribute(pipe_k<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
 
+    const size_t MiB = (size_t)1 << 20;
     const form_t forms[] = {
-        {"ldg 512 thr, 1 blk/SM", -1, 0, 0, 0, 0, 1},
-        {"ldg 512 thr, 2 blk/SM", -1, 0, 0, 0, 0, 2},
-        {"ldg 512 thr, 4 blk/SM", -1, 0, 0, 0, 0, 4},
-        {"bulk S4 x 32K", 0, 4, 32768, 0, 4, 1},
-        {"bulk S6 x 32K", 0, 6, 32768, 0, 4, 1},
-        {"bulk S8 x 16K", 0, 8, 16384, 0, 4, 1},
-        {"bulk S12 x 16K", 0, 12, 16384, 0, 4, 1},
-        {"bulk S3 x 32K, 2 blk/SM", 0, 3, 32768, 0, 4, 2},
-        {"bulk S6 x 16K, 2 blk/SM", 0, 6, 16384, 0, 4, 2},
-        {"box 128B x 256 rows S4", 1, 4, 32768, 256, 4, 1},
-        {"box 128B x 256 rows S4, 16 warps", 1, 4, 32768, 256, 16, 1},
-        {"box 128B x 256 rows S6", 1, 6, 32768, 256, 4, 1},
-        {"box 128B x 128 rows S8", 1, 8, 16384, 128, 4, 1},
-        {"box 128B x 128 rows S6, 2 blk/SM", 1, 6, 16384, 128, 4, 2},
-        {"box2 256B x 128 rows S6", 1, 6, 32768, 128, 4, 1},
-        {"box2 256B x 128 rows S3, 2 blk/SM", 1, 3, 32768, 128, 4, 2},
-        {"box2 256B x 64 rows S12", 1, 12, 16384, 64, 4, 1},
+        {"ldg 512 thr, 1 blk/SM", -1, 0, 0, 0, 0, 1, 0, 0, 0},
+        {"ldg 512 thr, 2 blk/SM", -1, 0, 0, 0, 0, 2, 0, 0, 0},
+        {"ldg 512 thr, 4 blk/SM", -1, 0, 0, 0, 0, 4, 0, 0, 0},
+        {"bulk S4 x 32K", 0, 4, 32768, 0, 4, 1, 0, 0, 0},
+        {"bulk S8 x 16K", 0, 8, 16384, 0, 4, 1, 0, 0, 0},
+        {"bulk S3 x 32K, 2 blk/SM", 0, 3, 32768, 0, 4, 2, 0, 0, 0},
+        {"bulk S6 x 16K, 2 blk/SM", 0, 6, 16384, 0, 4, 2, 0, 0, 0},
+        {"box 128B x 256 rows S4", 1, 4, 32768, 256, 4, 1, 0, 0, 0},
+        {"box 128B x 128 rows S6, 2 blk/SM", 1, 6, 16384, 128, 4, 2, 0, 0, 0},
+        {"box 128B x 64 rows S4", 1, 4, 8192, 64, 4, 1, 0, 0, 0},
+        {"box 128B x 64 rows S8", 1, 8, 8192, 64, 4, 1, 0, 0, 0},
+        {"box2 256B x 128 rows S3, 2 blk/SM", 1, 3, 32768, 128, 4, 2, 0, 0, 0},
+        /* the loading-warp kernel's forms at their launches' shapes, weights and the split x */
+        {"wq_b form: 256 rows + x, S4", 1, 4, 32768, 256, 16, 1, 16384, 32 * MiB, 1024},
+        {"wq_b form: 256 rows, no x, S4", 1, 4, 32768, 256, 16, 1, 0, 32 * MiB, 1024},
+        {"wq_b paired: 128 rows + x, S3, 2 blk/SM", 1, 3, 16384, 128, 8, 2, 16384, 32 * MiB, 1024},
+        {"wo_b paired: 128 rows + x, S3, 2 blk/SM", 1, 3, 16384, 128, 8, 2, 16384, 32 * MiB, 8192},
+        {"wo_b paired: 128 rows, no x, S3, 2 blk/SM", 1, 3, 16384, 128, 8, 2, 0, 32 * MiB, 8192},
+        {"w2 form: 64 rows + x, S4", 1, 4, 8192, 64, 4, 1, 16384, 8 * MiB, 2048},
+        {"w2 form: 64 rows, no x, S4", 1, 4, 8192, 64, 4, 1, 0, 8 * MiB, 2048},
+        {"w2 as 2 wg: 128 rows + x, S4", 1, 4, 16384, 128, 8, 1, 16384, 8 * MiB, 2048},
+        {"w2 as 4 wg: 256 rows + x, S4", 1, 4, 32768, 256, 16, 1, 16384, 8 * MiB, 2048},
     };
-    const size_t sizes[] = {(size_t)32 << 20, (size_t)8 << 20};
+    const size_t sizes[] = {32 * MiB, 8 * MiB};
     printf("| form | bytes | blocks | cold µs (events) | cold µs (kernel) | cold TB/s (kernel) | of copy | warm µs "
            "(events) | warm µs (kernel) | warm TB/s (kernel) |\n|---|---|---|---|---|---|---|---|---|---|\n");
     int bad = 0;
-    for (size_t T : sizes)
+    for (size_t T0 : sizes)
         for (const form_t &f : forms) {
-            int blocks, units = 0, threads;
+            if (f.T && f.T != T0)
+                continue;
+            size_t T = T0;
+            int blocks, units = 0, threads, rbk = 1;
             size_t smem = 0;
             CUtensorMap map;
             memset(&map, 0, sizeof map);
@@ -312,21 +342,21 @@ int main(int argc, char **argv)
                 T = T / (16 * (size_t)blocks) * 16 * blocks;
             } else {
                 threads = 32 * (f.W + 1);
-                smem = 384 + (size_t)f.S * f.B;
-                if (smem > 227 * 1024 || (f.blocks_per_sm_hint == 2 && 2 * (smem + 1024) > 228 * 1024)) {
+                smem = 384 + (size_t)f.S * (f.B + f.X);
+                if (smem > 220 * 1024 || (f.blocks_per_sm_hint == 2 && 2 * (smem + 1024) > 228 * 1024)) {
                     printf("| %s | — | — | does not fit | | | | | | |\n", f.name);
                     continue;
                 }
                 if (f.mode == 0) {
-                    /* the blocks the box form of the same stage would take: T / (1024 R) rows' blocks */
                     blocks = sms * f.blocks_per_sm_hint;
                     units = (int)(T / ((size_t)blocks * f.B));
                     T = (size_t)blocks * units * f.B;
                 } else {
-                    int rows = (int)(T / 1024);
-                    blocks = rows / f.R;
+                    int rowb = f.rowb ? f.rowb : 1024, rows = (int)(T / rowb);
+                    rbk = rows / f.R;
+                    blocks = rbk * (rowb / 1024);
                     units = 1024 / (f.B / f.R);
-                    cuuint64_t dims[2] = {1024, (cuuint64_t)rows}, strides[1] = {1024};
+                    cuuint64_t dims[2] = {(cuuint64_t)rowb, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)rowb};
                     cuuint32_t box[2] = {(cuuint32_t)(f.B / f.R), (cuuint32_t)f.R}, es[2] = {1, 1};
                     CUresult r = enc(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a, dims, strides, box, es,
                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
@@ -338,19 +368,20 @@ int main(int argc, char **argv)
                     }
                 }
             }
+            const uint8_t *xs = a + maxT;
             auto launch = [&]() {
                 if (f.mode < 0)
                     ldg_k<<<blocks, threads>>>(reinterpret_cast<const uint4 *>(a), T / 16 / blocks, sp, sums);
                 else if (f.mode == 0)
-                    pipe_k<0><<<blocks, threads, smem>>>(a, map, f.S, f.B, f.R, units, f.W, sp, sums);
+                    pipe_k<0><<<blocks, threads, smem>>>(a, map, xs, f.S, f.B, 0, f.R, 1, units, f.W, sp, sums);
                 else
-                    pipe_k<1><<<blocks, threads, smem>>>(a, map, f.S, f.B, f.R, units, f.W, sp, sums);
+                    pipe_k<1><<<blocks, threads, smem>>>(a, map, xs, f.S, f.B, f.X, f.R, rbk, units, f.W, sp, sums);
             };
             double ev[2] = {1e30, 1e30}, kn[2] = {1e30, 1e30};
             for (int rep = 0; rep < reps; rep++)
                 for (int warm = 0; warm < 2; warm++) {
                     if (!warm) {
-                        flush_k<<<4 * sms, 512>>>(reinterpret_cast<uint4 *>(fl), flushN / 16);
+                        flush_k<<<4 * sms, 512>>>(reinterpret_cast<const uint4 *>(fl), flushN / 16, sums + 4095);
                         CK(cudaGetLastError());
                     } else
                         launch(); /* brings the bytes into L2 */
@@ -370,17 +401,26 @@ int main(int argc, char **argv)
                     double k = (got.t1 - got.t0) * 1e-3;
                     kn[warm] = k < kn[warm] ? k : kn[warm];
                 }
-            /* the check: the xor of every block's word is the xor of the T bytes' 32-bit words */
+            /* the check: the xor of every block's word is the xor of the T bytes' 32-bit words, and
+             * of the x image's units each block read */
             std::vector<uint32_t> hs(blocks);
             CK(cudaMemcpy(hs.data(), sums, blocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
             uint32_t got = 0, want = 0;
             for (int i = 0; i < blocks; i++)
                 got ^= hs[i];
-            for (size_t i = 0; i < T; i += 4) {
-                uint32_t w;
-                memcpy(&w, &host[i], 4);
-                want ^= w;
-            }
+            auto xor_words = [&](size_t off, size_t n) {
+                uint32_t x = 0;
+                for (size_t i = 0; i < n; i += 4) {
+                    uint32_t w;
+                    memcpy(&w, &host[off + i], 4);
+                    x ^= w;
+                }
+                return x;
+            };
+            want = xor_words(0, T);
+            if (f.mode == 1 && f.X > 0)
+                for (int b = 0; b < blocks; b++)
+                    want ^= xor_words(maxT + (size_t)(b / rbk) * units * f.X, (size_t)units * f.X);
             const char *mark = got == want ? "" : " **WRONG SUM**";
             bad += got != want;
             printf("| %s%s | %.1f MiB | %d | %.2f | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n", f.name, mark,
