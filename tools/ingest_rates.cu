@@ -25,6 +25,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include "mbarrier.cuh" /* the loading-warp kernel's own barrier and copy helpers */
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
         cudaError_t e_ = (x);                                                                                          \
@@ -93,40 +94,6 @@ __global__ void __launch_bounds__(512) ldg_k(const uint4 *src, size_t per16, spa
 #define HAVE_TMA 1
 #endif
 
-__device__ __forceinline__ void mb_init(uint32_t b, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_expect(uint32_t b, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint32_t b)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
-}
-/* bounded: a phase not completed after 2 s traps */
-__device__ __forceinline__ void mb_wait(uint32_t b, unsigned parity)
-{
-    unsigned long long t0 = 0;
-    for (unsigned i = 1;; i++) {
-        uint32_t ok;
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(ok)
-                     : "r"(b), "r"(parity)
-                     : "memory");
-        if (ok)
-            return;
-        if ((i & 1023) == 0) {
-            unsigned long long now = gtime();
-            if (!t0)
-                t0 = now;
-            else if (now - t0 > 2000000000ull)
-                __trap();
-        }
-    }
-}
-
 /* The stage pipeline: warp W (its lane 0) fills S stages of B (+ X) bytes a unit, in unit order;
  * warps 0 .. W - 1 wait for a stage, each lane xors the 16-byte words lane, lane + 32, ... of it,
  * and the warp gives it back.  MODE 0: unit u of block b is the contiguous run at (b * units + u)
@@ -164,21 +131,11 @@ __global__ void __launch_bounds__(544)
                 uint32_t dst = st0 + s * SB, full = bar0 + 8 * s;
                 mb_expect(full, SB);
                 if (MODE == 0)
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-                                 "[%3];" ::"r"(dst),
-                                 "l"(src + ((size_t)blockIdx.x * units + u) * B), "r"(B), "r"(full)
-                                 : "memory");
+                    bulk_g2s(dst, src + ((size_t)blockIdx.x * units + u) * B, B, full);
                 else
-                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                                 "[%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-                                 "l"(reinterpret_cast<uint64_t>(&map)), "r"(ch * 1024 + u * (B / R)), "r"(bx * R),
-                                 "r"(full)
-                                 : "memory");
+                    tma_2d(dst, &map, ch * 1024 + u * (B / R), bx * R, full);
                 if (X > 0)
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-                                 "[%3];" ::"r"(dst + B),
-                                 "l"(xs + ((size_t)ch * units + u) * X), "r"(X), "r"(full)
-                                 : "memory");
+                    bulk_g2s(dst + B, xs + ((size_t)ch * units + u) * X, X, full);
             }
     } else if (warp < W) {
         for (int u = 0; u < units; u++) {
