@@ -13,7 +13,9 @@
  *            B bytes, the block's consumer warps read each stage once and give it back;
  *   box      the loading-warp kernel's way: a 2D tensor map over rows of 1024 bytes, a stage one
  *            box of 128 bytes (a unit) by the block's R rows, S stages, units in order;
- *   box2     as box, a stage two units (a box of 256 bytes by R rows).
+ *   box2     as box, a stage two units (a box of 256 bytes by R rows);
+ *   the loading-warp kernel's forms at the shapes of wq_b, wo_b and the shared expert's w2, with
+ *            and without the split x's 16 KB image a stage (a bulk copy beside the box).
  * Each is timed two ways: with events around the one launch (what duet-check-ops --bench does),
  * and from the blocks' own clock (%globaltimer, first block start to last block end: the kernel
  * without its launch).  The copy ceiling is a 2 GiB device copy in the same run. */
@@ -22,10 +24,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
-#include "mbarrier.cuh" /* the loading-warp kernel's own barrier and copy helpers */
+#include "mbarrier.cuh" /* the loading-warp kernel's own barrier, copy and tensor-map helpers */
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
         cudaError_t e_ = (x);                                                                                          \
@@ -39,16 +39,10 @@ struct span_t {
     unsigned long long t0, t1;
 };
 
-__device__ __forceinline__ unsigned long long gtime()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ void span_begin(span_t *sp)
 {
     if (threadIdx.x == 0)
-        atomicMin(&sp->t0, gtime());
+        atomicMin(&sp->t0, d_globaltimer());
 }
 __device__ __forceinline__ void span_end(span_t *sp, uint32_t v, uint32_t *sums)
 {
@@ -61,7 +55,7 @@ __device__ __forceinline__ void span_end(span_t *sp, uint32_t v, uint32_t *sums)
     __syncthreads();
     if (threadIdx.x == 0) {
         sums[blockIdx.x] = red;
-        atomicMax(&sp->t1, gtime());
+        atomicMax(&sp->t1, d_globaltimer());
     }
 }
 
@@ -168,16 +162,6 @@ __global__ void flush_k(const uint4 *p, size_t n16, uint32_t *sink)
         *sink = acc;
 }
 
-static PFN_cuTensorMapEncodeTiled_v12000 encoder()
-{
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-        return NULL;
-    return (PFN_cuTensorMapEncodeTiled_v12000)f;
-}
-
 struct form_t {
     const char *name;
     int mode; /* -1 ldg, 0 bulk, 1 box */
@@ -211,7 +195,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ingest-rates: the bulk copies need compute capability 9.0 or later\n");
         return 1;
     }
-    auto enc = encoder();
+    auto enc = tma_encoder();
     if (!enc) {
         fprintf(stderr, "ingest-rates: the driver has no cuTensorMapEncodeTiled\n");
         return 1;
@@ -226,7 +210,8 @@ int main(int argc, char **argv)
     uint32_t *sums;
     CK(cudaMalloc(&sp, sizeof(span_t)));
     CK(cudaMalloc(&sums, 4096 * sizeof(uint32_t)));
-    /* the source: seeded bytes (the first 32 MiB), so each form's sums can be checked */
+    /* the source: seeded bytes (32 MiB of weights, then the x images), so each form's sums can be
+     * checked */
     std::vector<uint8_t> host(maxT + xmax);
     uint64_t s = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < maxT + xmax; i++) {

@@ -3108,21 +3108,6 @@ __global__ void __launch_bounds__(ws_form<WGS, PAIR>::THREADS, ws_form<WGS, PAIR
 #endif
 }
 
-/* cuTensorMapEncodeTiled from the driver, looked up once (NULL where the driver has none) */
-static PFN_cuTensorMapEncodeTiled_v12000 ws_encoder()
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = NULL;
-        (void)cudaGetLastError();
-        return (PFN_cuTensorMapEncodeTiled_v12000)f;
-    }();
-    return fn;
-}
-
 /* Whether `name` is set to a value starting with 0 in the environment */
 static bool env_zero(const char *name)
 {
@@ -3166,7 +3151,7 @@ static bool ws_ok(const duet_cuda_t *c, const duet_weight_t *w, int row_begin, i
     return TC_WS_MIN_N > 0 && n >= TC_WS_MIN_N && n <= WS_TOK && w->dtype == DUET_DT_F8_E4M3 && !w->tiled &&
            !tc_own_chunks(w) && wide_arch(c) && w->cols % 128 == 0 && row_begin % 16 == 0 &&
            (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0 && ws_env_on() && row_end > row_begin &&
-           ws_plan(c, row_end - row_begin, w->cols) > 0 && ws_encoder();
+           ws_plan(c, row_end - row_begin, w->cols) > 0 && tma_encoder();
 }
 
 /* The L2 promotion of the weights' boxes (a box row is one unit's 128 bytes of a weight row, the
@@ -3193,7 +3178,7 @@ static duet_status_t ws_map(duet_cuda_t *c, CUtensorMap *m, const void *base, CU
 {
     cuuint64_t dims[2] = {d0, d1}, strides[1] = {stride};
     cuuint32_t box[2] = {b0, b1}, es[2] = {1, 1};
-    CUresult r = ws_encoder()(m, type, 2, const_cast<void *>(base), dims, strides, box, es,
+    CUresult r = tma_encoder()(m, type, 2, const_cast<void *>(base), dims, strides, box, es,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promo,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)

@@ -1,9 +1,34 @@
-/* mbarrier and bulk-copy helpers (sm_90 and later) shared by the loading-warp matmul
+/* mbarrier, bulk-copy and tensor-map helpers (sm_90 and later) shared by the loading-warp matmul
  * (matmul.cu) and the ingest probe (tools/ingest_rates.cu), so that the probe times the copies
  * the kernel issues. */
 #pragma once
 #include <stdint.h>
 #include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+/* cuTensorMapEncodeTiled from the driver, looked up once (NULL where the driver has none) */
+static inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder()
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        (void)cudaGetLastError();
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+
+/* the GPU's nanosecond clock */
+__device__ __forceinline__ unsigned long long d_globaltimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 __device__ __forceinline__ void mb_init(uint32_t b, unsigned count)
 {
@@ -32,8 +57,7 @@ __device__ __forceinline__ void mb_wait(uint32_t b, unsigned parity)
         if (ok)
             return;
         if ((i & 1023) == 0) {
-            unsigned long long now;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            unsigned long long now = d_globaltimer();
             if (!t0)
                 t0 = now;
             else if (now - t0 > 4000000000ull)
