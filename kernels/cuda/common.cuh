@@ -143,6 +143,14 @@ duet_status_t duet_cuda_scratch(duet_cuda_t *c, size_t bytes, void **p);
  * for kernels queued after this call and before the next one). */
 duet_status_t duet_cuda_args(duet_cuda_t *c, const void *host, size_t bytes, void **dev);
 
+/* the GPU's nanosecond clock */
+__device__ __forceinline__ unsigned long long d_globaltimer()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 /* Programmatic dependent launch (sm_90 and later).  A kernel launched with duet_cuda_launch while
  * the context has them on (duet_cuda_set_pdl) may be scheduled as soon as every block of the
  * kernel ahead of it in the stream has exited, before that kernel's completion (its memory flush)

@@ -116,15 +116,9 @@ extern "C" int duet_cuda_stuck(const duet_cuda_t *c) { return c->stuck || (c->si
 
 __global__ void test_hold_kernel(unsigned long long ns)
 {
-    unsigned long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 >= ns)
-            break;
+    unsigned long long t0 = d_globaltimer();
+    while (d_globaltimer() - t0 < ns)
         __nanosleep(100000);
-    }
 }
 
 extern "C" duet_status_t duet_cuda_test_hold(duet_cuda_t *c, uint32_t ms)

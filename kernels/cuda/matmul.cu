@@ -3179,8 +3179,8 @@ static duet_status_t ws_map(duet_cuda_t *c, CUtensorMap *m, const void *base, CU
     cuuint64_t dims[2] = {d0, d1}, strides[1] = {stride};
     cuuint32_t box[2] = {b0, b1}, es[2] = {1, 1};
     CUresult r = tma_encoder()(m, type, 2, const_cast<void *>(base), dims, strides, box, es,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promo,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, promo,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return duet_cuda_failf(c, DUET_ERR_CUDA, "matmul: tensor map of %llu x %llu (stride %llu, box %u x %u): error %d",
                                (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)stride, b0, b1,

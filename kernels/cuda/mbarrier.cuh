@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include "common.cuh" /* d_globaltimer */
 
 /* cuTensorMapEncodeTiled from the driver, looked up once (NULL where the driver has none) */
 static inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder()
@@ -20,14 +21,6 @@ static inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder()
         return (PFN_cuTensorMapEncodeTiled_v12000)f;
     }();
     return fn;
-}
-
-/* the GPU's nanosecond clock */
-__device__ __forceinline__ unsigned long long d_globaltimer()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
 
 __device__ __forceinline__ void mb_init(uint32_t b, unsigned count)

@@ -245,12 +245,10 @@ extern "C" duet_status_t duet_cuda_flush_l2(duet_cuda_t *c)
 
 __global__ void busy_kernel(unsigned long long ns)
 {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
+    unsigned long long t0 = d_globaltimer();
+    do
         __nanosleep(500);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
+    while (d_globaltimer() - t0 < ns);
 }
 
 extern "C" duet_status_t duet_cuda_busy_us(duet_cuda_t *c, uint32_t us)
