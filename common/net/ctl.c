@@ -1120,6 +1120,36 @@ static int conn_watch_dial(conn_watch_t *w)
     return rv;
 }
 
+/* The req socket of a client or pusher (`what`: "req" or "event", for the error) on `cm`'s url: never
+ * resending, since a command (Reserve, Prefill) must not run twice because a reply was slow (with
+ * resending off, NNG fails a request whose connection breaks with NNG_ECONNRESET instead of
+ * requeueing it); its pipe events to `cb`; watched by `w` and dialled.  Closed again on failure. */
+static duet_status_t req_open_dial(nng_socket *sock, conn_watch_t *w, common_t *cm, const duet_ctl_opts_t *o,
+                                   nng_pipe_cb cb, void *arg, const char *what, duet_err_t *err)
+{
+    char msg[48];
+    int rv = nng_req0_open(sock);
+    if (rv)
+        return nng_fail(err, rv, cm->url, "cannot open a req socket");
+    if ((rv = nng_socket_set_ms(*sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
+        (rv = set_recv_limit(*sock, &cm->lim)) || (rv = set_reconnect(*sock, o)) ||
+        (rv = nng_pipe_notify(*sock, NNG_PIPE_EV_ADD_POST, cb, arg)) ||
+        (rv = nng_pipe_notify(*sock, NNG_PIPE_EV_REM_POST, cb, arg))) {
+        snprintf(msg, sizeof msg, "cannot set up the %s socket", what);
+        duet_status_t st = nng_fail(err, rv, cm->url, msg);
+        nng_close(*sock);
+        return st;
+    }
+    conn_watch_init(w, *sock, cm->url, o);
+    if ((rv = conn_watch_dial(w))) {
+        duet_status_t st = nng_fail(err, rv, cm->url, "cannot dial");
+        pthread_mutex_destroy(&w->rmu);
+        nng_close(*sock);
+        return st;
+    }
+    return DUET_OK;
+}
+
 /* From the socket's pipe events (NNG's threads). */
 static void conn_watch_event(conn_watch_t *w, nng_pipe pipe, nng_pipe_ev ev)
 {
@@ -1371,7 +1401,6 @@ static void client_ctx_put(duet_ctl_client_t *c, nng_ctx ctx)
 duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t **out, duet_err_t *err)
 {
     duet_status_t st;
-    int rv;
 
     duet_ctl_client_t *c = DUET_NEW(duet_ctl_client_t);
     if (!c)
@@ -1380,29 +1409,10 @@ duet_status_t duet_ctl_client_create(const duet_ctl_opts_t *o, duet_ctl_client_t
     pthread_mutex_init(&c->pmu, NULL);
     if ((st = common_init(&c->c, o, err)))
         goto err_free;
-    if ((rv = nng_req0_open(&c->sock))) {
-        st = nng_fail(err, rv, c->c.url, "cannot open a req socket");
+    if ((st = req_open_dial(&c->sock, &c->watch, &c->c, o, client_pipe_event, c, "req", err)))
         goto err_free;
-    }
-    /* Never resend: a command (Reserve, Prefill) must not run twice because a
-     * reply was slow.  With resending off, NNG fails a request whose
-     * connection breaks with NNG_ECONNRESET instead of requeueing it. */
-    if ((rv = nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
-        (rv = set_recv_limit(c->sock, &c->c.lim)) || (rv = set_reconnect(c->sock, o)) ||
-        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, client_pipe_event, c)) ||
-        (rv = nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, client_pipe_event, c))) {
-        st = nng_fail(err, rv, c->c.url, "cannot set up the req socket");
-        goto err_close;
-    }
-    conn_watch_init(&c->watch, c->sock, c->c.url, o);
-    if ((rv = conn_watch_dial(&c->watch))) {
-        st = nng_fail(err, rv, c->c.url, "cannot dial");
-        goto err_close;
-    }
     *out = c;
     return DUET_OK;
-err_close:
-    nng_close(c->sock);
 err_free:
     free(c);
     return st;
@@ -1780,7 +1790,6 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
 {
     duet_status_t st;
     pthread_condattr_t ca;
-    int rv;
 
     duet_ctl_pusher_t *p = DUET_NEW(duet_ctl_pusher_t);
     if (!p)
@@ -1794,22 +1803,8 @@ duet_status_t duet_ctl_pusher_create(const duet_ctl_opts_t *o, duet_ctl_pusher_t
         st = duet_err_set(err, DUET_ERR_NOMEM, "ctl pusher: out of memory");
         goto err_free;
     }
-    if ((rv = nng_req0_open(&p->sock))) {
-        st = nng_fail(err, rv, p->c.url, "cannot open a req socket");
+    if ((st = req_open_dial(&p->sock, &p->watch, &p->c, o, pusher_pipe_event, p, "event", err)))
         goto err_queue;
-    }
-    if ((rv = nng_socket_set_ms(p->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE)) ||
-        (rv = set_recv_limit(p->sock, &p->c.lim)) || (rv = set_reconnect(p->sock, o)) ||
-        (rv = nng_pipe_notify(p->sock, NNG_PIPE_EV_ADD_POST, pusher_pipe_event, p)) ||
-        (rv = nng_pipe_notify(p->sock, NNG_PIPE_EV_REM_POST, pusher_pipe_event, p))) {
-        st = nng_fail(err, rv, p->c.url, "cannot set up the event socket");
-        goto err_close;
-    }
-    conn_watch_init(&p->watch, p->sock, p->c.url, o);
-    if ((rv = conn_watch_dial(&p->watch))) {
-        st = nng_fail(err, rv, p->c.url, "cannot dial");
-        goto err_close;
-    }
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&p->mu, NULL);
@@ -1833,7 +1828,6 @@ err_sync:
     pthread_cond_destroy(&p->dcv);
     pthread_mutex_destroy(&p->dmu);
     pthread_mutex_destroy(&p->mu);
-err_close:
     nng_close(p->sock);
 err_queue:
     free(p->q);
