@@ -1124,7 +1124,7 @@ static int conn_watch_dial(conn_watch_t *w)
  * resending, since a command (Reserve, Prefill) must not run twice because a reply was slow (with
  * resending off, NNG fails a request whose connection breaks with NNG_ECONNRESET instead of
  * requeueing it); its pipe events to `cb`; watched by `w` and dialled.  Closed again on failure. */
-static duet_status_t req_open_dial(nng_socket *sock, conn_watch_t *w, common_t *cm, const duet_ctl_opts_t *o,
+static duet_status_t req_open_dial(nng_socket *sock, conn_watch_t *w, const common_t *cm, const duet_ctl_opts_t *o,
                                    nng_pipe_cb cb, void *arg, const char *what, duet_err_t *err)
 {
     char msg[48];
@@ -1829,6 +1829,7 @@ err_sync:
     pthread_mutex_destroy(&p->dmu);
     pthread_mutex_destroy(&p->mu);
     nng_close(p->sock);
+    pthread_mutex_destroy(&p->watch.rmu);
 err_queue:
     free(p->q);
 err_free:
