@@ -3086,7 +3086,7 @@ __global__ void __launch_bounds__(ws_form<WGS, PAIR>::THREADS, ws_form<WGS, PAIR
                 dst[(size_t)(p0 + tok) * m_out + (row - a.row_begin)] = fmaf(pc[mt][t][e], 1.0f, 0.0f);
         });
     }
-    if (sp.chunks <= 1)
+    if (sp.chunks <= 1 || !sp.count) /* no count: ws_sum_kernel adds the partials after the launch */
         return;
     /* the tile's last block to finish adds the chunks' partials in order: a thread a row */
     const int tile_id = blockIdx.y * gridDim.x + blockIdx.x;
@@ -3113,6 +3113,34 @@ static bool env_zero(const char *name)
 {
     const char *e = getenv(name);
     return e && e[0] == '0';
+}
+
+/* A split loading-warp launch's chunk sum as a dependent launch of its own: a thread an output of
+ * the `outputs` (n x m_out, [token][row]), the `chunks` partials `plane` floats apart added in
+ * chunk order from 0, as splitk_sum adds them, so the same bits.  It lets the launch after it be
+ * scheduled at once, whose weight loads before its wait then overlap the sum.  Spread over the
+ * SMs it takes 1-3 us off each split launch whose tiles' last blocks summed through one SM each
+ * (at 32 tokens on an H100: wo_b 4096 x 8192 24.9 -> 22.1 us, docs/PERF.md). */
+__global__ void __launch_bounds__(256) ws_sum_kernel(const float *part, float *y, size_t plane, int chunks,
+                                                     size_t outputs)
+{
+    duet_pdl_launch_dependents();
+    duet_pdl_wait();
+    size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= outputs)
+        return;
+    float v = 0.0f;
+    for (int z = 0; z < chunks; z++)
+        v += __ldcg(part + z * plane + o);
+    y[o] = v;
+}
+
+/* DUET_CUDA_WS_SUM=0 in the environment keeps the split loading-warp launches' chunk sum with
+ * each tile's last block instead of ws_sum_kernel (timing variants) */
+static bool ws_sum_env_on()
+{
+    static const bool on = !env_zero("DUET_CUDA_WS_SUM");
+    return on;
 }
 
 /* DUET_CUDA_WS=0 in the environment keeps the decode kernel for these launches (timing variants) */
@@ -3212,8 +3240,17 @@ static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const ui
         sp.chunks = chunks;
     }
     dim3 grid(row_blocks, duet_cdiv((size_t)a.n, WS_TOK), chunks);
+    const bool sum_apart = chunks > 1 && ws_sum_env_on();
+    if (sum_apart)
+        sp.count = NULL;
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_ws_kernel<WGS, PAIR>, grid, dim3(F::THREADS), F::SMEM, a, sp, wmap, xmap,
                                         xsc, npad));
+    if (sum_apart) {
+        /* the outputs are y's [token][row - row_begin] of m_out = rows, as the partials' */
+        size_t outputs = (size_t)a.n * rows;
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, ws_sum_kernel, dim3(duet_cdiv(outputs, 256)), dim3(256), 0, sp.part, a.y,
+                                            outputs, chunks, outputs));
+    }
     return DUET_OK;
 }
 
