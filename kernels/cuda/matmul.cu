@@ -3121,18 +3121,13 @@ static bool env_zero(const char *name)
  * scheduled at once, whose weight loads before its wait then overlap the sum.  Spread over the
  * SMs it takes 1-3 us off each split launch whose tiles' last blocks summed through one SM each
  * (at 32 tokens on an H100: wo_b 4096 x 8192 24.9 -> 22.1 us, docs/PERF.md). */
-__global__ void __launch_bounds__(256) ws_sum_kernel(const float *part, float *y, size_t plane, int chunks,
-                                                     size_t outputs)
+__global__ void __launch_bounds__(256) ws_sum_kernel(tc_split sp, float *y, size_t plane, size_t outputs)
 {
     duet_pdl_launch_dependents();
     duet_pdl_wait();
     size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= outputs)
-        return;
-    float v = 0.0f;
-    for (int z = 0; z < chunks; z++)
-        v += __ldcg(part + z * plane + o);
-    y[o] = v;
+    if (o < outputs) /* one output: the stride between a thread's outputs is not used */
+        splitk_sum<1>(sp, plane, o, 0, y, [](int) { return true; });
 }
 
 /* DUET_CUDA_WS_SUM=0 in the environment keeps the split loading-warp launches' chunk sum with
@@ -3234,22 +3229,26 @@ static duet_status_t ws_launch_form(duet_cuda_t *c, const gemv_args &a, const ui
     DUET_TRY(ws_map(c, &xmap, img, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2 * (uint64_t)npad, 32 * (uint64_t)xu,
                     16 * (uint64_t)npad, 2 * WS_TOK, 32));
     unsigned row_blocks = duet_cdiv((size_t)rows, F::ROWS);
+    /* split: the partials summed by ws_sum_kernel after the launch (no counters), or with
+     * DUET_CUDA_WS_SUM=0 by each tile's last block (a counter a tile) */
+    const bool sum_apart = chunks > 1 && ws_sum_env_on();
     tc_split sp = tc_split{NULL, NULL, 1};
     if (chunks > 1) {
-        DUET_TRY(tc_split_buffers(c, sizeof(float) * (size_t)chunks * a.n * rows, (int)row_blocks, &sp));
+        size_t part_bytes = sizeof(float) * (size_t)chunks * a.n * rows;
+        DUET_TRY(tc_split_buffers(c, part_bytes, sum_apart ? 0 : (int)row_blocks, &sp));
         sp.chunks = chunks;
+        if (sum_apart)
+            sp.count = NULL;
     }
     dim3 grid(row_blocks, duet_cdiv((size_t)a.n, WS_TOK), chunks);
-    const bool sum_apart = chunks > 1 && ws_sum_env_on();
-    if (sum_apart)
-        sp.count = NULL;
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, gemv_ws_kernel<WGS, PAIR>, grid, dim3(F::THREADS), F::SMEM, a, sp, wmap, xmap,
                                         xsc, npad));
     if (sum_apart) {
-        /* the outputs are y's [token][row - row_begin] of m_out = rows, as the partials' */
+        /* the outputs are y's [token][row - row_begin] of m_out = rows, as the partials' (a plane
+         * of them a chunk) */
         size_t outputs = (size_t)a.n * rows;
-        DUET_CUDA_CHECK(c, duet_cuda_launch(c, ws_sum_kernel, dim3(duet_cdiv(outputs, 256)), dim3(256), 0, sp.part, a.y,
-                                            outputs, chunks, outputs));
+        DUET_CUDA_CHECK(c, duet_cuda_launch(c, ws_sum_kernel, dim3(duet_cdiv(outputs, 256)), dim3(256), 0, sp, a.y,
+                                            outputs, outputs));
     }
     return DUET_OK;
 }
