@@ -77,6 +77,7 @@ struct duet_cuda {
     int fp8_scale_layout; /* duet_cuda_fp8_act_scale_layout */
     int topk_smem_set;    /* topk's shared-memory limit raised */
     int ist_blocks[2];    /* index_score's tensor-core kernels (bf16, fp8 pool): blocks an SM (0: not asked yet) */
+    int isw_blocks[2];    /* the same for its shared-q form (IST_WG warpgroups a block) */
     int sample_clusters[3]; /* sample: clusters of 8, 4, 2 blocks resident at once (0: not asked yet) */
     unsigned long long tc_smem_set[2]; /* matmul tensor-core kernels whose shared-memory limit was raised */
     void *tc_part;        /* matmul split-K partials, grown on demand */

@@ -268,7 +268,8 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
  * staged pieces, fp8 entries' e4m3 bytes into a raw buffer of the same order ([16-value
  * piece][key], widened after they land); keys past the row's count as zeros. */
 template <int KS>
-__device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw)
+__device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, uint16_t *kb, uint8_t *raw,
+                                          int t = threadIdx.x)
 {
     auto copy = [&](const uint8_t *row, int kk, int p) {
         void *dst = KS == 1 ? static_cast<void *>(kb + p * IST_PIECE + 8 * kk)
@@ -284,14 +285,14 @@ __device__ __forceinline__ void ist_issue(const uint8_t *const *krow, int cpk, u
          * warp taking two keys' 16 pieces wrote 1 KB apart (eight-way conflicts).  Thread t: keys
          * k0 = 8 (t / 32) + t % 8 and k0 + 32, pieces 4 m + (t / 8) % 4: two entry pointers a tile */
         static_assert(IST_KT == 64 && IST_WARPS == 4, "four warps of 8 keys, twice, cover the tile");
-        const int t = threadIdx.x, k0 = 8 * (t >> 5) + (t & 7), p0 = (t >> 3) & 3;
+        const int k0 = 8 * (t >> 5) + (t & 7), p0 = (t >> 3) & 3;
         const uint8_t *r0 = krow[k0], *r1 = krow[k0 + 32];
         for (int m = 0; m < cpk / 4; m++) {
             copy(r0, k0, 4 * m + p0);
             copy(r1, k0 + 32, 4 * m + p0);
         }
     } else { /* pieces a key not a multiple of 4: a key's pieces on adjacent threads */
-        for (int c = threadIdx.x; c < IST_KT * cpk; c += IST_WARPS * 32) {
+        for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
             int kk = c / cpk;
             copy(krow[kk], kk, c - kk * cpk);
         }
@@ -520,6 +521,265 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
     cp_wait<0>();
 }
 
+/* ---- the shared-q form (a build setting, IST_WG > 1; sm_90a) ----
+ *
+ * index_score_wg_kernel: block (key tiles of one row, row b), IST_WG warpgroups, each with its own
+ * tiles (the block's tiles dealt round the warpgroups), staged buffers and named barrier, as the
+ * one-warpgroup kernel's block is.  What they share is the row's q: its hi part stays in each
+ * lane's registers as A fragments, its mid and lo parts are written once into shared memory
+ * ([part][piece][head][8 values], K-major like the staged keys) and read by wgmma through a
+ * descriptor.  A lane then holds 32 words of q where it held 96, so the registers no longer hold
+ * an SM to three warpgroups; shared memory does (a warpgroup's buffers and the 32 KB of q).  Each
+ * accumulator takes the same k-steps and parts in the same order as in the one-warpgroup kernel:
+ * the same bits. */
+#ifndef IST_WG
+#define IST_WG 1
+#endif
+/* tiles a warpgroup at most: their keys' entries found at its start (enough for one wave of blocks
+ * at 32 rows of 8,193 keys: 129 tiles a row in 4 blocks of 4 x 9 or of 5 x 7) */
+#ifndef ISW_MAX_T
+#define ISW_MAX_T 16
+#endif
+#define ISW_QVALS (IST_MAX_DIM / 8 * IST_PIECE) /* bf16 values of a part of q in shared memory */
+
+template <int KS> __host__ __device__ constexpr size_t isw_smem_bytes()
+{
+    return (size_t)2 * ISW_QVALS * 2 + (size_t)IST_WG * ist_smem_bytes<KS>();
+}
+
+__device__ __forceinline__ void isw_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+
+template <int KS>
+__global__ void __launch_bounds__(IST_WG * 128, 1)
+    index_score_wg_kernel(const float *q, const float *w, int n_heads, int dim, is_keys ks, const int32_t *key_off,
+                          const int32_t *n_keys, const int32_t *score_off, float scale, int tiles_per_wg,
+                          float *score)
+{
+#if TC_HAVE_WGMMA
+    static_assert(KS == 1 || KS == 2, "index-K pools only");
+    constexpr int S = IST_STAGES, NB = KS == 1 ? S : 1, W = IST_WG;
+    static_assert(W >= 1 && W <= 8, "one to eight warpgroups");
+    extern __shared__ __align__(128) unsigned char ist_dyn[];
+    uint16_t *qs = reinterpret_cast<uint16_t *>(ist_dyn);
+    __shared__ const uint8_t *krow[W][ISW_MAX_T * IST_KT];
+    __shared__ float kscale[KS == 2 ? W : 1][KS == 2 ? ISW_MAX_T * IST_KT : 1];
+    __shared__ float red[W][IST_WARPS][IST_KT];
+    duet_pdl_wait();
+    int b = blockIdx.y, nk = n_keys[b];
+    int tile0 = blockIdx.x * W * tiles_per_wg, tile1 = min(tile0 + W * tiles_per_wg, (nk + IST_KT - 1) / IST_KT);
+    if (tile0 >= tile1)
+        return;
+    const int wg = threadIdx.x >> 7, t = threadIdx.x & 127, lane = t & 31, warp = t >> 5, g = lane >> 2, tq = lane & 3;
+    unsigned char *mine = ist_dyn + (size_t)2 * ISW_QVALS * 2 + (size_t)wg * ist_smem_bytes<KS>();
+    auto kb = reinterpret_cast<uint16_t(*)[IST_KT * IST_MAX_DIM]>(mine);
+    auto raw = reinterpret_cast<uint8_t(*)[IST_KT * IST_MAX_DIM]>(mine + (size_t)NB * IST_KT * IST_MAX_DIM * 2);
+    const int h_lo = 16 * warp + g, h_hi = h_lo + 8, left = tile1 - tile0 - wg;
+    const int ntiles = left > 0 ? (left + W - 1) / W : 0; /* tiles tile0 + wg + W j */
+    const bool has = 16 * warp < n_heads;
+    for (int i = t; i < ntiles * IST_KT; i += 128) {
+        int j = i / IST_KT, key = (tile0 + wg + W * j) * IST_KT + (i - j * IST_KT);
+        const uint8_t *row = NULL;
+        float sc = 0.0f;
+        if (key < nk) {
+            size_t e = (size_t)key_off[b] + key;
+            const uint8_t *page = ks.base + (size_t)__ldg(ks.unit + e) * ks.g.page_bytes;
+            uint32_t ix = __ldg(ks.idx + e);
+            row = page + (size_t)ix * ks.g.entry_data_bytes;
+            if (KS == 2)
+                sc = index_entry_scale_word(ks.g, page, ix);
+        }
+        krow[wg][i] = row;
+        if (KS == 2)
+            kscale[KS == 2 ? wg : 0][i] = sc;
+    }
+    /* q's hi part as the lane's A fragments (as in the one-warpgroup kernel); warpgroup 0 writes the
+     * mid and lo words of the same fragments into shared memory, which every head and dim covers */
+    uint32_t qa[IST_MAX_DIM / 16][4];
+    const float *qb = q + (size_t)b * n_heads * dim;
+    const int nks = dim / 16;
+#pragma unroll
+    for (int k = 0; k < IST_MAX_DIM / 16; k++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int h = (r & 1) ? h_hi : h_lo, c = 16 * k + 2 * tq + ((r & 2) ? 8 : 0);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (k < nks && h < n_heads)
+                v = *reinterpret_cast<const float2 *>(qb + (size_t)h * dim + c);
+            uint32_t mid, lo;
+            duet_d_bf16_split3(v, qa[k][r], mid, lo);
+            if (wg == 0) {
+                int off = (c >> 3) * IST_PIECE + 8 * h + (c & 7);
+                *reinterpret_cast<uint32_t *>(qs + off) = mid;
+                *reinterpret_cast<uint32_t *>(qs + ISW_QVALS + off) = lo;
+            }
+        }
+    float w_lo = h_lo < n_heads ? w[(size_t)b * n_heads + h_lo] : 0.0f;
+    float w_hi = h_hi < n_heads ? w[(size_t)b * n_heads + h_hi] : 0.0f;
+    const int cpk = KS == 1 ? dim / 8 : dim / 16;
+    for (int c = (dim / 8) * IST_PIECE + 8 * t; c < IST_KT * IST_MAX_DIM; c += 8 * 128)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            *reinterpret_cast<uint4 *>(kb[j] + c) = make_uint4(0, 0, 0, 0);
+    wg_fence_proxy();
+    __syncthreads();
+    const int bar = 1 + wg;
+    const uint32_t qaddr = (uint32_t)__cvta_generic_to_shared(qs);
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) {
+        if (j < ntiles)
+            ist_issue<KS>(krow[wg] + j * IST_KT, cpk, kb[j % NB], KS == 2 ? raw[j] : NULL, t);
+        else
+            cp_commit();
+    }
+    for (int i = 0; i < ntiles; i++) {
+        int key0 = (tile0 + wg + W * i) * IST_KT;
+        int nx = i + S - 1;
+        if (nx < ntiles)
+            ist_issue<KS>(krow[wg] + nx * IST_KT, cpk, kb[nx % NB], KS == 2 ? raw[nx % S] : NULL, t);
+        else
+            cp_commit();
+        cp_wait<S - 1>();
+        wg_fence_proxy();
+        isw_bar(bar);
+        const uint16_t *kt = kb[i % NB];
+        if constexpr (KS == 2) {
+            for (int c = t; c < IST_KT * cpk; c += 128) {
+                int kk = c % IST_KT, p = c / IST_KT;
+                uint4 v = *reinterpret_cast<const uint4 *>(raw[i % S] + 16 * c), lo, hi;
+                ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
+                ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
+                ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
+                ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
+                *reinterpret_cast<uint4 *>(kb[0] + 2 * p * IST_PIECE + 8 * kk) = lo;
+                *reinterpret_cast<uint4 *>(kb[0] + (2 * p + 1) * IST_PIECE + 8 * kk) = hi;
+            }
+            wg_fence_proxy();
+            isw_bar(bar);
+        }
+        float acc[IST_KT / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[nt][e] = 0.0f;
+        {
+            uint32_t kaddr = (uint32_t)__cvta_generic_to_shared(kt);
+#pragma unroll
+            for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    wg_keep(acc[nt][e]);
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < IST_MAX_DIM / 16; k++) {
+                uint64_t bd = wg_desc(kaddr + 2 * k * IST_PIECE * 2, IST_PIECE * 2, 8 * 16);
+                wg_mma64<true>(acc, qa[k], bd);
+                wg_mma64_ss(acc, wg_desc(qaddr + 2 * k * IST_PIECE * 2, IST_PIECE * 2, 8 * 16), bd);
+                wg_mma64_ss(acc, wg_desc(qaddr + (ISW_QVALS + 2 * k * IST_PIECE) * 2, IST_PIECE * 2, 8 * 16), bd);
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    wg_keep(acc[nt][e]);
+        }
+        if (has) {
+            const float *ksc = KS == 2 ? kscale[KS == 2 ? wg : 0] + i * IST_KT : NULL;
+            float v[IST_KT / 4];
+#pragma unroll
+            for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int key = 8 * nt + 2 * tq + j;
+                    float d0 = acc[nt][j], d1 = acc[nt][2 + j];
+                    if (KS == 2) {
+                        d0 = __fmul_rn(d0, ksc[key]);
+                        d1 = __fmul_rn(d1, ksc[key]);
+                    }
+                    d0 = d0 < 0.0f ? 0.0f : d0;
+                    d1 = d1 < 0.0f ? 0.0f : d1;
+                    v[2 * nt + j] =
+                        __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
+                }
+            /* the one-warpgroup kernel's reduce-scatter, the same sums */
+            const bool b0 = g & 1, b1 = g & 2, b2 = g & 4;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float keep = b0 ? v[k + 8] : v[k], send = b0 ? v[k] : v[k + 8];
+                v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float keep = b1 ? v[k + 4] : v[k], send = b1 ? v[k] : v[k + 4];
+                v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+            }
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
+                v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 16));
+            }
+            const int nt = 4 * b0 + 2 * b1 + b2;
+            red[wg][warp][8 * nt + 2 * tq] = v[0];
+            red[wg][warp][8 * nt + 2 * tq + 1] = v[1];
+        } else {
+            red[wg][warp][2 * lane] = 0.0f;
+            red[wg][warp][2 * lane + 1] = 0.0f;
+        }
+        isw_bar(bar);
+        if (t < IST_KT && key0 + t < nk) {
+            float s = __fadd_rn(__fadd_rn(red[wg][0][t], red[wg][1][t]), __fadd_rn(red[wg][2][t], red[wg][3][t]));
+            score[(size_t)(score_off ? score_off[b] : key_off[b]) + key0 + t] = s;
+        }
+    }
+    cp_wait<0>();
+#endif
+}
+
+/* Tiles a warpgroup of the shared-q form, from the same model as ist_tiles_per_block with a block
+ * of IST_WG warpgroups as the unit an SM holds `occ` of. */
+template <int KS> static duet_status_t isw_tiles_per_wg(duet_cuda_t *c, int tiles, int n_rows, int *T)
+{
+    int *occ_c = &c->isw_blocks[KS - 1];
+    if (!*occ_c) {
+        int nb = 0;
+        DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_wg_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)isw_smem_bytes<KS>()));
+        DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_wg_kernel<KS>, IST_WG * 128,
+                                                                         isw_smem_bytes<KS>()));
+        *occ_c = nb > 0 ? nb : 1;
+    }
+    long occ = *occ_c, sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
+    long best = -1;
+    int best_t = 1;
+    for (int t = 1; t <= ISW_MAX_T && (t - 1) * IST_WG < tiles; t++) {
+        long nb = (tiles + (long)IST_WG * t - 1) / ((long)IST_WG * t); /* a row's blocks */
+        long te = (tiles + nb * IST_WG - 1) / (nb * IST_WG);            /* a warpgroup's tiles */
+        long per = (nb * n_rows + sms - 1) / sms;
+        long cost = (per > occ ? per : occ) * (2 * te + 1);
+        if (best < 0 || cost < best || (cost == best && te > best_t)) {
+            best = cost;
+            best_t = (int)te;
+        }
+    }
+    *T = best_t;
+    return DUET_OK;
+}
+
+template <int KS>
+static duet_status_t isw_launch(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
+                                const is_keys &ks, const int32_t *key_off, const int32_t *n_keys,
+                                const int32_t *score_off, int max_keys, float scale, float *score)
+{
+    int T = 1, tiles = duet_cdiv(max_keys, IST_KT);
+    DUET_TRY(isw_tiles_per_wg<KS>(c, tiles, n_rows, &T));
+    dim3 grid((unsigned)duet_cdiv(tiles, (size_t)IST_WG * T), (unsigned)n_rows);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_wg_kernel<KS>, grid, dim3(IST_WG * 128), isw_smem_bytes<KS>(),
+                                        q, w, n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
+    return DUET_OK;
+}
+
 /* Tiles a block of the tensor-core kernel, from a model of the launch: an SM holding `occ` blocks
  * (asked of CUDA once) and given `per` of them takes about max(per, occ) / occ times a block's
  * time, a block about its tiles and half a tile for its start (q split, the keys' entries found).
@@ -632,6 +892,12 @@ extern "C" duet_status_t duet_cuda_index_score_cache(duet_cuda_t *c, const float
         ks.g.entry_data_bytes % 16 == 0 && (uintptr_t)base % 16 == 0 && n_rows > 0 && max_keys > 0) {
         if (n_rows > 65535)
             return duet_cuda_failf(c, DUET_ERR_UNSUPPORTED, "index_score: %d rows (at most 65535)", n_rows);
+        if (IST_WG > 1 && c->info.cc_major == 9 && c->info.cc_minor == 0) {
+            if (ks.g.mode == 0)
+                return isw_launch<1>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale,
+                                     score);
+            return isw_launch<2>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
+        }
         if (ks.g.mode == 0)
             return ist_launch<1>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);
         return ist_launch<2>(c, q, w, n_rows, n_heads, dim, ks, key_off, n_keys, score_off, max_keys, scale, score);

@@ -59,3 +59,21 @@ template <bool BF> __device__ __forceinline__ void wg_mma64(float (&d)[8][4], co
 #undef WG_D64
 #endif
 }
+
+/* d += A B with both operands in shared memory (bf16, K-major, no swizzle): the same product as
+ * wg_mma64 with A's fragments in registers, A read through its descriptor instead */
+__device__ __forceinline__ void wg_mma64_ss(float (&d)[8][4], uint64_t adesc, uint64_t bdesc)
+{
+#if TC_HAVE_WGMMA
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
+                 "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "%32, %33, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(adesc), "l"(bdesc));
+#endif
+}
