@@ -9,7 +9,9 @@
 # There (on the GPU machine, with the packed binaries and the bundle, build-fwd/device-forward.tgz
 # and .bundle, copied into the checkout there):
 #   bash scripts/device-forward.sh
-# (Copying build-fwd/tools/duet-check-forward, -ops, -mkmodel and -generate themselves works too.)
+# (Copying build-fwd/tools/duet-check-forward, -ops, -mkmodel and -generate themselves works too, and
+# so does build-fwd/device-agents.tgz alone, which holds the four: taken when device-forward.tgz is
+# not there.)
 #
 # On the GPU: unpacks .bundle (as device-check.sh), regenerates the fixtures
 # with duet-mkmodel the way the build does (tiny-bf16 seed 1, tiny-fp8-fp4
@@ -101,8 +103,11 @@ if [ "$bench" = 0 ] && { [ "$kernels" = 1 ] || [ -n "$stalls" ] || [ "$phases" =
 fi
 
 mkdir -p "$RES" "$FIX"
+ATGZ="$BUILD/device-agents.tgz"
 if [ -f "$TGZ" ]; then # the binaries this run was given packed, over any an earlier run left
   tar -xzf "$TGZ" -C "$BUILD" || { echo "device-forward: cannot unpack $TGZ" >&2; exit 2; }
+elif [ -f "$ATGZ" ]; then # or those of the agents runs' pack, which holds the same four
+  tar -xzf "$ATGZ" -C "$BUILD" $TOOLS || { echo "device-forward: cannot unpack $TOOLS from $ATGZ" >&2; exit 2; }
 fi
 LOG="$RES/device-forward.log"
 SUM="$RES/summary.txt"

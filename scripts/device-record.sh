@@ -8,9 +8,10 @@
 #
 # Here (any machine with nvcc; no GPU needed):
 #   scripts/device-record.sh --prepare
-#       both scripts' --prepare: build-fwd/device-forward.tgz, build-fwd/device-agents.tgz and
-#       .bundle, about 43 MB to carry beside the checkout
-# There (with those three copied into the checkout there):
+#       device-agents.sh --prepare: build-fwd/device-agents.tgz (which holds device-forward.sh's
+#       four binaries too; a build-fwd/device-forward.tgz left from before is removed, as that
+#       script would take it first) and .bundle, about 32 MB to carry beside the checkout
+# There (with those two copied into the checkout there):
 #   bash scripts/device-record.sh
 #
 # Each script runs under its own deadline (--forward-limit S, default 300; --agents-limit S,
@@ -34,7 +35,8 @@ usage() {
 
 if [ "${1:-}" = --prepare ]; then
   [ $# -eq 1 ] || usage
-  "$ROOT/scripts/device-forward.sh" --prepare && "$ROOT/scripts/device-agents.sh" --prepare
+  rm -f "${DUET_CUDA_BUILD:-$ROOT/build-fwd}/device-forward.tgz"
+  bash "$ROOT/scripts/device-agents.sh" --prepare
   exit $?
 fi
 

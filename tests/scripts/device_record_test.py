@@ -3,7 +3,7 @@
 checkout whose scripts/device-forward.sh and device-agents.sh write what the real ones write): the
 arguments it passes, the summary of both in order with their exit statuses, the files it leaves in
 $OUT, a script past its deadline reported and the exit status 1, a script that fails, one script
-alone, and clear errors for bad arguments."""
+alone, --prepare, and clear errors for bad arguments."""
 import os
 import shutil
 import subprocess
@@ -23,6 +23,7 @@ exit "${FORWARD_RC:-0}"
 
 AGENTS = """#!/usr/bin/env bash
 echo "agents args: $*"
+[ "$1" != --prepare ] || exit 0
 echo '{"verdict": "CLEAN"}' > "$OUT/agents-bf16.json"
 echo "a run's table"
 echo "== summary (3 s; device test)"
@@ -95,6 +96,17 @@ def main():
         p = record(["--agents-only", "--no-kernels"])
         check(p.returncode == 0 and "== forward" not in p.stdout and "== agents: exit 0" in p.stdout,
               "--agents-only: the agents alone, without $OUT (the summary on stdout)")
+
+        # --prepare: the agents' pack alone (it holds the forward's binaries), a stale forward pack
+        # removed so that the forward script cannot take it over the new one
+        bdir = os.path.join(root, "bfwd")
+        os.makedirs(bdir)
+        stale = os.path.join(bdir, "device-forward.tgz")
+        open(stale, "w").close()
+        p = record(["--prepare"], None, DUET_CUDA_BUILD=bdir)
+        check(p.returncode == 0 and "agents args: --prepare" in p.stdout and "forward args" not in p.stdout,
+              f"--prepare: device-agents.sh --prepare alone ({p.returncode})")
+        check(not os.path.exists(stale), "--prepare: a device-forward.tgz left from before removed")
 
         for args, what in ((["--forward-limit", "0"], "is not a count of seconds"),
                            (["--agents-limit", "x"], "is not a count of seconds"),
