@@ -264,6 +264,79 @@ __device__ __forceinline__ void ist_e4m3x4_to_bf16(uint32_t u, uint32_t &w0, uin
     w1 = __byte_perm(__float_as_uint(fb.x), __float_as_uint(fb.y), 0x7632);
 }
 
+/* A warp's share of a tile's scores from its accumulators (its 16 heads x the tile's 64 keys,
+ * mma.sync's layout): relu(q.k (x the key's fp8 scale ksc[key])) x scale x w[h], summed over the
+ * warp's heads into red_w[key]; a warp past the heads (has false) writes zeros. */
+template <int KS>
+__device__ __forceinline__ void ist_head_sums(const float (&acc)[IST_KT / 8][4], bool has, const float *ksc,
+                                              float scale, float w_lo, float w_hi, int lane, float *red_w)
+{
+    const int g = lane >> 2, tq = lane & 3;
+    if (has) {
+        /* the lane's 16 values v[2 nt + j] (its two heads' share of key 8 nt + 2 tq + j: heads
+         * h_lo then h_hi), summed over the warp's 8 lane groups g in the tree g, g ^ 1 / g ^ 2 / g ^ 4 */
+        float v[IST_KT / 4];
+#pragma unroll
+        for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                int key = 8 * nt + 2 * tq + j;
+                float d0 = acc[nt][j], d1 = acc[nt][2 + j];
+                if (KS == 2) {
+                    d0 = __fmul_rn(d0, ksc[key]);
+                    d1 = __fmul_rn(d1, ksc[key]);
+                }
+                d0 = d0 < 0.0f ? 0.0f : d0;
+                d1 = d1 < 0.0f ? 0.0f : d1;
+                v[2 * nt + j] =
+                    __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
+            }
+        /* as a reduce-scatter: at each level a lane keeps the half of its values its bit of g picks
+         * and sends the other half to the partner, which keeps that one: 14 shuffles where summing
+         * every value on every lane took 48 (16% off the fp8 pool's launch at 32 rows,
+         * docs/PERF.md); each sum adds the same two operands as that tree did, so the scores are
+         * the same bits.  The lane ends with v[8 b0 + 4 b1 + 2 b2 + k], k = 0, 1 */
+        const bool b0 = g & 1, b1 = g & 2, b2 = g & 4;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float keep = b0 ? v[k + 8] : v[k], send = b0 ? v[k] : v[k + 8];
+            v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float keep = b1 ? v[k + 4] : v[k], send = b1 ? v[k] : v[k + 4];
+            v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 8));
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
+            v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 16));
+        }
+        const int nt = 4 * b0 + 2 * b1 + b2;
+        red_w[8 * nt + 2 * tq] = v[0];
+        red_w[8 * nt + 2 * tq + 1] = v[1];
+    } else {
+        red_w[2 * lane] = 0.0f;
+        red_w[2 * lane + 1] = 0.0f;
+    }
+}
+
+/* An fp8 tile's landed e4m3 bytes (raw, [16-value piece][key]) widened into the staged bf16 tile
+ * kb0: a piece of the tile a thread t of the warpgroup, adjacent keys on adjacent threads. */
+__device__ __forceinline__ void ist_widen(const uint8_t *raw, uint16_t *kb0, int cpk, int t)
+{
+    for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
+        int kk = c % IST_KT, p = c / IST_KT;
+        uint4 v = *reinterpret_cast<const uint4 *>(raw + 16 * c), lo, hi;
+        ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
+        ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
+        ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
+        ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
+        *reinterpret_cast<uint4 *>(kb0 + 2 * p * IST_PIECE + 8 * kk) = lo;
+        *reinterpret_cast<uint4 *>(kb0 + (2 * p + 1) * IST_PIECE + 8 * kk) = hi;
+    }
+}
+
 /* A tile's 64 keys into shared memory, in flight (cp.async): bf16 entries straight into their
  * staged pieces, fp8 entries' e4m3 bytes into a raw buffer of the same order ([16-value
  * piece][key], widened after they land); keys past the row's count as zeros. */
@@ -389,17 +462,8 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
         wg_fence_proxy(); /* the landed bytes, read by wgmma's proxy */
         __syncthreads();
         const uint16_t *kt = kb[i % NB];
-        if constexpr (KS == 2) { /* a piece of the tile a thread, adjacent keys on adjacent threads */
-            for (int c = t; c < IST_KT * cpk; c += IST_WARPS * 32) {
-                int kk = c % IST_KT, p = c / IST_KT;
-                uint4 v = *reinterpret_cast<const uint4 *>(raw[i % S] + 16 * c), lo, hi;
-                ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
-                ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
-                ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
-                ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
-                *reinterpret_cast<uint4 *>(kb[0] + 2 * p * IST_PIECE + 8 * kk) = lo;
-                *reinterpret_cast<uint4 *>(kb[0] + (2 * p + 1) * IST_PIECE + 8 * kk) = hi;
-            }
+        if constexpr (KS == 2) {
+            ist_widen(raw[i % S], kb[0], cpk, t);
             wg_fence_proxy();
             __syncthreads();
         }
@@ -461,57 +525,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
             }
         }
 #endif
-        if (has) {
-            /* the lane's keys 8 nt + 2 tq + j: heads h_lo then h_hi, then the warp's other rows */
-            const float *ksc = KS == 2 ? kscale + i * IST_KT : NULL;
-            /* the lane's 16 values v[2 nt + j] (its two heads' share of key 8 nt + 2 tq + j),
-             * summed over the warp's 8 lane groups g in the tree g, g ^ 1 / g ^ 2 / g ^ 4 */
-            float v[IST_KT / 4];
-#pragma unroll
-            for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int key = 8 * nt + 2 * tq + j;
-                    float d0 = acc[nt][j], d1 = acc[nt][2 + j];
-                    if (KS == 2) {
-                        d0 = __fmul_rn(d0, ksc[key]);
-                        d1 = __fmul_rn(d1, ksc[key]);
-                    }
-                    d0 = d0 < 0.0f ? 0.0f : d0;
-                    d1 = d1 < 0.0f ? 0.0f : d1;
-                    v[2 * nt + j] =
-                        __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
-                }
-            /* as a reduce-scatter: at each level a lane keeps the half of its values its bit of g
-             * picks and sends the other half to the partner, which keeps that one: 14 shuffles
-             * where summing every value on every lane took 48 (16% off the fp8 pool's launch at
-             * 32 rows, docs/PERF.md); each sum adds the same two operands as that tree did, so
-             * the scores are the same bits.  The lane ends with v[8 b0 + 4 b1 + 2 b2 + k], k = 0, 1 */
-            {
-                const bool b0 = g & 1, b1 = g & 2, b2 = g & 4;
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    float keep = b0 ? v[k + 8] : v[k], send = b0 ? v[k] : v[k + 8];
-                    v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 4));
-                }
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    float keep = b1 ? v[k + 4] : v[k], send = b1 ? v[k] : v[k + 4];
-                    v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 8));
-                }
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
-                    v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 16));
-                }
-                const int nt = 4 * b0 + 2 * b1 + b2;
-                red[warp][8 * nt + 2 * tq] = v[0];
-                red[warp][8 * nt + 2 * tq + 1] = v[1];
-            }
-        } else {
-            red[warp][2 * lane] = 0.0f;
-            red[warp][2 * lane + 1] = 0.0f;
-        }
+        ist_head_sums<KS>(acc, has, KS == 2 ? kscale + i * IST_KT : NULL, scale, w_lo, w_hi, lane, red[warp]);
         __syncthreads();
         if (t < IST_KT && key0 + t < nk) {
             float s = __fadd_rn(__fadd_rn(red[0][t], red[1][t]), __fadd_rn(red[2][t], red[3][t]));
@@ -643,16 +657,7 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
         isw_bar(bar);
         const uint16_t *kt = kb[i % NB];
         if constexpr (KS == 2) {
-            for (int c = t; c < IST_KT * cpk; c += 128) {
-                int kk = c % IST_KT, p = c / IST_KT;
-                uint4 v = *reinterpret_cast<const uint4 *>(raw[i % S] + 16 * c), lo, hi;
-                ist_e4m3x4_to_bf16(v.x, lo.x, lo.y);
-                ist_e4m3x4_to_bf16(v.y, lo.z, lo.w);
-                ist_e4m3x4_to_bf16(v.z, hi.x, hi.y);
-                ist_e4m3x4_to_bf16(v.w, hi.z, hi.w);
-                *reinterpret_cast<uint4 *>(kb[0] + 2 * p * IST_PIECE + 8 * kk) = lo;
-                *reinterpret_cast<uint4 *>(kb[0] + (2 * p + 1) * IST_PIECE + 8 * kk) = hi;
-            }
+            ist_widen(raw[i % S], kb[0], cpk, t);
             wg_fence_proxy();
             isw_bar(bar);
         }
@@ -685,48 +690,8 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
                 for (int e = 0; e < 4; e++)
                     wg_keep(acc[nt][e]);
         }
-        if (has) {
-            const float *ksc = KS == 2 ? kscale[KS == 2 ? wg : 0] + i * IST_KT : NULL;
-            float v[IST_KT / 4];
-#pragma unroll
-            for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int key = 8 * nt + 2 * tq + j;
-                    float d0 = acc[nt][j], d1 = acc[nt][2 + j];
-                    if (KS == 2) {
-                        d0 = __fmul_rn(d0, ksc[key]);
-                        d1 = __fmul_rn(d1, ksc[key]);
-                    }
-                    d0 = d0 < 0.0f ? 0.0f : d0;
-                    d1 = d1 < 0.0f ? 0.0f : d1;
-                    v[2 * nt + j] =
-                        __fadd_rn(__fmul_rn(__fmul_rn(d0, scale), w_lo), __fmul_rn(__fmul_rn(d1, scale), w_hi));
-                }
-            /* the one-warpgroup kernel's reduce-scatter, the same sums */
-            const bool b0 = g & 1, b1 = g & 2, b2 = g & 4;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float keep = b0 ? v[k + 8] : v[k], send = b0 ? v[k] : v[k + 8];
-                v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 4));
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float keep = b1 ? v[k + 4] : v[k], send = b1 ? v[k] : v[k + 4];
-                v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 8));
-            }
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                float keep = b2 ? v[k + 2] : v[k], send = b2 ? v[k] : v[k + 2];
-                v[k] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 16));
-            }
-            const int nt = 4 * b0 + 2 * b1 + b2;
-            red[wg][warp][8 * nt + 2 * tq] = v[0];
-            red[wg][warp][8 * nt + 2 * tq + 1] = v[1];
-        } else {
-            red[wg][warp][2 * lane] = 0.0f;
-            red[wg][warp][2 * lane + 1] = 0.0f;
-        }
+        ist_head_sums<KS>(acc, has, KS == 2 ? kscale[KS == 2 ? wg : 0] + i * IST_KT : NULL, scale, w_lo, w_hi, lane,
+                          red[wg][warp]);
         isw_bar(bar);
         if (t < IST_KT && key0 + t < nk) {
             float s = __fadd_rn(__fadd_rn(red[wg][0][t], red[wg][1][t]), __fadd_rn(red[wg][2][t], red[wg][3][t]));
@@ -737,49 +702,6 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
 #endif
 }
 
-/* Tiles a warpgroup of the shared-q form, from the same model as ist_tiles_per_block with a block
- * of IST_WG warpgroups as the unit an SM holds `occ` of. */
-template <int KS> static duet_status_t isw_tiles_per_wg(duet_cuda_t *c, int tiles, int n_rows, int *T)
-{
-    int *occ_c = &c->isw_blocks[KS - 1];
-    if (!*occ_c) {
-        int nb = 0;
-        DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_wg_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)isw_smem_bytes<KS>()));
-        DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_wg_kernel<KS>, IST_WG * 128,
-                                                                         isw_smem_bytes<KS>()));
-        *occ_c = nb > 0 ? nb : 1;
-    }
-    long occ = *occ_c, sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
-    long best = -1;
-    int best_t = 1;
-    for (int t = 1; t <= ISW_MAX_T && (t - 1) * IST_WG < tiles; t++) {
-        long nb = (tiles + (long)IST_WG * t - 1) / ((long)IST_WG * t); /* a row's blocks */
-        long te = (tiles + nb * IST_WG - 1) / (nb * IST_WG);            /* a warpgroup's tiles */
-        long per = (nb * n_rows + sms - 1) / sms;
-        long cost = (per > occ ? per : occ) * (2 * te + 1);
-        if (best < 0 || cost < best || (cost == best && te > best_t)) {
-            best = cost;
-            best_t = (int)te;
-        }
-    }
-    *T = best_t;
-    return DUET_OK;
-}
-
-template <int KS>
-static duet_status_t isw_launch(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
-                                const is_keys &ks, const int32_t *key_off, const int32_t *n_keys,
-                                const int32_t *score_off, int max_keys, float scale, float *score)
-{
-    int T = 1, tiles = duet_cdiv(max_keys, IST_KT);
-    DUET_TRY(isw_tiles_per_wg<KS>(c, tiles, n_rows, &T));
-    dim3 grid((unsigned)duet_cdiv(tiles, (size_t)IST_WG * T), (unsigned)n_rows);
-    DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_wg_kernel<KS>, grid, dim3(IST_WG * 128), isw_smem_bytes<KS>(),
-                                        q, w, n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
-    return DUET_OK;
-}
-
 /* Tiles a block of the tensor-core kernel, from a model of the launch: an SM holding `occ` blocks
  * (asked of CUDA once) and given `per` of them takes about max(per, occ) / occ times a block's
  * time, a block about its tiles and half a tile for its start (q split, the keys' entries found).
@@ -787,24 +709,25 @@ static duet_status_t isw_launch(duet_cuda_t *c, const float *q, const float *w, 
  * row's blocks.  (At 32 rows of 8,193 keys the earlier rule, four blocks an SM in all, made 544
  * blocks of 8 tiles for 396 places: a second wave, a launch of 16 tiles' time where 12 blocks a
  * row of 11 tiles take 11.) */
-template <int KS> static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int tiles, int n_rows, int *T)
+template <typename K>
+static duet_status_t ist_tiles_model(duet_cuda_t *c, K kernel, int threads, size_t smem, int *occ_c, int wgs,
+                                     int max_t, int tiles, int n_rows, int *T)
 {
-    int *occ_c = &c->ist_blocks[KS - 1];
     if (!*occ_c) {
         int nb = 0;
         /* the staged buffers may pass the default 48 KB of dynamic shared memory: raised once, with
          * the occupancy question (which needs the same size) */
-        DUET_CUDA_CHECK(c, cudaFuncSetAttribute(index_score_tc_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)ist_smem_bytes<KS>()));
-        DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, index_score_tc_kernel<KS>, IST_WARPS * 32,
-                                                                         ist_smem_bytes<KS>()));
+        DUET_CUDA_CHECK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        DUET_CUDA_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem));
         *occ_c = nb > 0 ? nb : 1;
     }
     long occ = *occ_c, sms = c->info.sm_count > 0 ? c->info.sm_count : 1;
     long best = -1;
     int best_t = 1;
-    for (int t = 1; t <= IST_MAX_T && t <= tiles; t++) {
-        long nb = (tiles + t - 1) / t, te = (tiles + nb - 1) / nb; /* a row's blocks, their tiles */
+    /* t: tiles a warpgroup; a block's wgs warpgroups take wgs t of a row's tiles */
+    for (int t = 1; t <= max_t && (long)(t - 1) * wgs < tiles; t++) {
+        long nb = (tiles + (long)wgs * t - 1) / ((long)wgs * t); /* a row's blocks */
+        long te = (tiles + nb * wgs - 1) / (nb * wgs);            /* their warpgroups' tiles */
         long per = (nb * n_rows + sms - 1) / sms;
         long cost = (per > occ ? per : occ) * (2 * te + 1); /* in units of occ / 2 tiles */
         if (best < 0 || cost < best || (cost == best && te > best_t)) {
@@ -814,6 +737,19 @@ template <int KS> static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int t
     }
     *T = best_t;
     return DUET_OK;
+}
+
+template <int KS> static duet_status_t ist_tiles_per_block(duet_cuda_t *c, int tiles, int n_rows, int *T)
+{
+    return ist_tiles_model(c, index_score_tc_kernel<KS>, IST_WARPS * 32, ist_smem_bytes<KS>(), &c->ist_blocks[KS - 1], 1,
+                           IST_MAX_T, tiles, n_rows, T);
+}
+
+/* The shared-q form: the same model with a block of IST_WG warpgroups as the unit an SM holds */
+template <int KS> static duet_status_t isw_tiles_per_wg(duet_cuda_t *c, int tiles, int n_rows, int *T)
+{
+    return ist_tiles_model(c, index_score_wg_kernel<KS>, IST_WG * 128, isw_smem_bytes<KS>(), &c->isw_blocks[KS - 1],
+                           IST_WG, ISW_MAX_T, tiles, n_rows, T);
 }
 
 template <int KS>
@@ -828,6 +764,19 @@ static duet_status_t is_launch(duet_cuda_t *c, const float *q, const float *w, i
     dim3 grid(duet_cdiv(max_keys, IS_KT), n_rows);
     DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_kernel<KS>, grid, dim3(IS_THREADS), 0, q, w, n_heads, dim, ks,
                                         key_off, n_keys, score_off, scale, score));
+    return DUET_OK;
+}
+
+template <int KS>
+static duet_status_t isw_launch(duet_cuda_t *c, const float *q, const float *w, int n_rows, int n_heads, int dim,
+                                const is_keys &ks, const int32_t *key_off, const int32_t *n_keys,
+                                const int32_t *score_off, int max_keys, float scale, float *score)
+{
+    int T = 1, tiles = duet_cdiv(max_keys, IST_KT);
+    DUET_TRY(isw_tiles_per_wg<KS>(c, tiles, n_rows, &T));
+    dim3 grid((unsigned)duet_cdiv(tiles, (size_t)IST_WG * T), (unsigned)n_rows);
+    DUET_CUDA_CHECK(c, duet_cuda_launch(c, index_score_wg_kernel<KS>, grid, dim3(IST_WG * 128), isw_smem_bytes<KS>(),
+                                        q, w, n_heads, dim, ks, key_off, n_keys, score_off, scale, T, score));
     return DUET_OK;
 }
 
