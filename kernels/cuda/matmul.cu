@@ -3126,8 +3126,15 @@ __global__ void __launch_bounds__(256) ws_sum_kernel(tc_split sp, float *y, size
     duet_pdl_launch_dependents();
     duet_pdl_wait();
     size_t o = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (o < outputs) /* one output: the stride between a thread's outputs is not used */
-        splitk_sum<1>(sp, plane, o, 0, y, [](int) { return true; });
+    if (o >= outputs)
+        return;
+    /* the loop of splitk_sum at one output, without its `unroll 2` (which keeps a K-wide sum's
+     * registers down): this way every chunk's load is in flight at once (sixteen a pass), as in
+     * the form measured; with splitk_sum<1> two were, a round trip to L2 for every two chunks */
+    float v = 0.0f;
+    for (int z = 0; z < sp.chunks; z++)
+        v += __ldcg(sp.part + z * plane + o);
+    y[o] = v;
 }
 
 /* DUET_CUDA_WS_SUM=0 in the environment keeps the split loading-warp launches' chunk sum with
