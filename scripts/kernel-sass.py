@@ -7,7 +7,13 @@ else cuobjdump on PATH, else /usr/local/cuda/bin/cuobjdump).  A cubin of one ker
     nvcc -std=c++17 -O3 -D_GNU_SOURCE -I kernels/cuda -I kernels -I common -I BUILD \
          -gencode arch=compute_90a,code=sm_90a -cubin -o X.cubin kernels/cuda/X.cu
 
-(BUILD: a configured build directory, for duet_config.h.)
+(BUILD: a configured build directory, for duet_config.h.)  Where the toolkit has no cuobjdump (a
+minimal CUDA install), NVIDIA's wheel holds one:
+
+    pip download --no-deps -d /tmp/cuobjdump nvidia-cuda-cuobjdump
+    python3 -m zipfile -e /tmp/cuobjdump/nvidia_cuda_cuobjdump-*.whl /tmp/cuobjdump/x
+    chmod +x /tmp/cuobjdump/x/nvidia/cu13/bin/cuobjdump
+    export CUOBJDUMP=/tmp/cuobjdump/x/nvidia/cu13/bin/cuobjdump
 
   kernel-sass.py count SASS [--function SUBSTR]
       for each function (whose name contains SUBSTR): its instruction count, and each loop (a
@@ -38,7 +44,8 @@ def sass_text(path):
             return f.read()
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     if not os.path.exists(tool) and not shutil.which(tool):
-        sys.exit("kernel-sass: no cuobjdump (set CUOBJDUMP) to read %s" % path)
+        sys.exit("kernel-sass: no cuobjdump (set CUOBJDUMP; the wheel nvidia-cuda-cuobjdump holds one, see "
+                 "this script's header) to read %s" % path)
     p = subprocess.run([tool, "-sass", path], capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("kernel-sass: cuobjdump -sass %s failed: %s" % (path, p.stderr.strip()[:300]))
