@@ -337,6 +337,36 @@ __device__ __forceinline__ void ist_widen(const uint8_t *raw, uint16_t *kb0, int
     }
 }
 
+/* A tile's accumulators set to zero, and held in place across the wgmma issue and wait */
+__device__ __forceinline__ void ist_acc_zero(float (&acc)[IST_KT / 8][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[nt][e] = 0.0f;
+}
+
+__device__ __forceinline__ void ist_acc_keep(float (&acc)[IST_KT / 8][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < IST_KT / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            wg_keep(acc[nt][e]);
+}
+
+/* The staged pieces past the dims of a warpgroup's NB staged buffers kb, set to zeros once (never
+ * written after): thread t of the warpgroup */
+template <int NB>
+__device__ __forceinline__ void ist_zero_tail(uint16_t (*kb)[IST_KT * IST_MAX_DIM], int dim, int t)
+{
+    for (int c = (dim / 8) * IST_PIECE + 8 * t; c < IST_KT * IST_MAX_DIM; c += 8 * IST_WARPS * 32)
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            *reinterpret_cast<uint4 *>(kb[j] + c) = make_uint4(0, 0, 0, 0);
+}
+
 /* A tile's 64 keys into shared memory, in flight (cp.async): bf16 entries straight into their
  * staged pieces, fp8 entries' e4m3 bytes into a raw buffer of the same order ([16-value
  * piece][key], widened after they land); keys past the row's count as zeros. */
@@ -436,11 +466,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
     float w_lo = h_lo < n_heads ? w[(size_t)b * n_heads + h_lo] : 0.0f;
     float w_hi = h_hi < n_heads ? w[(size_t)b * n_heads + h_hi] : 0.0f;
     const int cpk = KS == 1 ? dim / 8 : dim / 16; /* 16-byte pieces of a key's entry */
-    /* the staged pieces past the dims, zeros once (never written after) */
-    for (int c = (dim / 8) * IST_PIECE + 8 * t; c < IST_KT * IST_MAX_DIM; c += 8 * IST_WARPS * 32)
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-            *reinterpret_cast<uint4 *>(kb[j] + c) = make_uint4(0, 0, 0, 0);
+    ist_zero_tail<NB>(kb, dim, t);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < S - 1; j++) {
@@ -469,21 +495,13 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
         }
         /* every warp multiplies (wgmma takes the warpgroup; warps past the heads hold zeros) */
         float acc[IST_KT / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nt][e] = 0.0f;
+        ist_acc_zero(acc);
 #if TC_HAVE_WGMMA
         /* sm_90a: one wgmma m64n64k16 a k-step and part for the warpgroup's 64 heads and the
          * tile's 64 keys, q from the registers (the same fragments, the same bits as mma.sync) */
         {
             uint32_t kaddr = (uint32_t)__cvta_generic_to_shared(kt);
-#pragma unroll
-            for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    wg_keep(acc[nt][e]);
+            ist_acc_keep(acc);
             wg_fence();
             /* every k-step, with no branch between the MMAs: past the dims q's fragments and the
              * staged pieces are zeros, whose products add nothing */
@@ -494,11 +512,7 @@ __global__ void __launch_bounds__(IST_WARPS * 32, IST_MIN_BLOCKS)
                     wg_mma64<true>(acc, qa[k][p], wg_desc(kaddr + 2 * k * IST_PIECE * 2, IST_PIECE * 2, 8 * 16));
             wg_commit();
             wg_wait0();
-#pragma unroll
-            for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    wg_keep(acc[nt][e]);
+            ist_acc_keep(acc);
         }
 #else
         {
@@ -591,6 +605,7 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
     const int ntiles = left > 0 ? (left + W - 1) / W : 0; /* tiles tile0 + wg + W j */
     const bool has = 16 * warp < n_heads;
     for (int i = t; i < ntiles * IST_KT; i += 128) {
+        /* as the one-warpgroup kernel finds its keys' entries (its tiles dealt round the warpgroups) */
         int j = i / IST_KT, key = (tile0 + wg + W * j) * IST_KT + (i - j * IST_KT);
         const uint8_t *row = NULL;
         float sc = 0.0f;
@@ -610,14 +625,13 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
      * mid and lo words of the same fragments into shared memory, which every head and dim covers */
     uint32_t qa[IST_MAX_DIM / 16][4];
     const float *qb = q + (size_t)b * n_heads * dim;
-    const int nks = dim / 16;
 #pragma unroll
     for (int k = 0; k < IST_MAX_DIM / 16; k++)
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             int h = (r & 1) ? h_hi : h_lo, c = 16 * k + 2 * tq + ((r & 2) ? 8 : 0);
             float2 v = make_float2(0.0f, 0.0f);
-            if (k < nks && h < n_heads)
+            if (k < dim / 16 && h < n_heads)
                 v = *reinterpret_cast<const float2 *>(qb + (size_t)h * dim + c);
             uint32_t mid, lo;
             duet_d_bf16_split3(v, qa[k][r], mid, lo);
@@ -630,10 +644,7 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
     float w_lo = h_lo < n_heads ? w[(size_t)b * n_heads + h_lo] : 0.0f;
     float w_hi = h_hi < n_heads ? w[(size_t)b * n_heads + h_hi] : 0.0f;
     const int cpk = KS == 1 ? dim / 8 : dim / 16;
-    for (int c = (dim / 8) * IST_PIECE + 8 * t; c < IST_KT * IST_MAX_DIM; c += 8 * 128)
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-            *reinterpret_cast<uint4 *>(kb[j] + c) = make_uint4(0, 0, 0, 0);
+    ist_zero_tail<NB>(kb, dim, t);
     wg_fence_proxy();
     __syncthreads();
     const int bar = 1 + wg;
@@ -662,18 +673,10 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
             isw_bar(bar);
         }
         float acc[IST_KT / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nt][e] = 0.0f;
+        ist_acc_zero(acc);
         {
             uint32_t kaddr = (uint32_t)__cvta_generic_to_shared(kt);
-#pragma unroll
-            for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    wg_keep(acc[nt][e]);
+            ist_acc_keep(acc);
             wg_fence();
 #pragma unroll
             for (int k = 0; k < IST_MAX_DIM / 16; k++) {
@@ -684,11 +687,7 @@ __global__ void __launch_bounds__(IST_WG * 128, 1)
             }
             wg_commit();
             wg_wait0();
-#pragma unroll
-            for (int nt = 0; nt < IST_KT / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    wg_keep(acc[nt][e]);
+            ist_acc_keep(acc);
         }
         ist_head_sums<KS>(acc, has, KS == 2 ? kscale[KS == 2 ? wg : 0] + i * IST_KT : NULL, scale, w_lo, w_hi, lane,
                           red[wg][warp]);

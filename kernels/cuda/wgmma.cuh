@@ -34,17 +34,19 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t smem_addr, uint32_t lead_by
            (uint64_t)(stride_bytes >> 4) << 32;
 }
 
-/* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B; BF: bf16
- * operands, else fp16 */
-template <bool BF> __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc)
-{
-#if TC_HAVE_WGMMA
+/* A warp's 32 accumulators of a m64n64 wgmma as asm operands (mma.sync's layout) */
 #define WG_D64                                                                                                         \
     "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),           \
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),       \
         "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),       \
         "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),       \
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+
+/* d (a warp's m16 rows by 64 tokens: [8-token tile][4], mma.sync's layout) += A B; BF: bf16
+ * operands, else fp16 */
+template <bool BF> __device__ __forceinline__ void wg_mma64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc)
+{
+#if TC_HAVE_WGMMA
 #define WG_MMA64(T)                                                                                                    \
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"      \
                  "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                  \
@@ -56,7 +58,6 @@ template <bool BF> __device__ __forceinline__ void wg_mma64(float (&d)[8][4], co
     else
         WG_MMA64("f16");
 #undef WG_MMA64
-#undef WG_D64
 #endif
 }
 
@@ -68,12 +69,7 @@ __device__ __forceinline__ void wg_mma64_ss(float (&d)[8][4], uint64_t adesc, ui
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,"
                  "%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
                  "%32, %33, 1, 1, 1, 0, 0;"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3])
+                 : WG_D64
                  : "l"(adesc), "l"(bdesc));
 #endif
 }
